@@ -1,0 +1,37 @@
+"""templm: training and evaluating language models across time (JAX/Flax, SeqIO, gin)."""
+import setuptools
+
+# The dependency set of the field, pinned to the versions templm is tested with.
+INSTALL_REQUIRES = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "seqio==0.0.20",
+    "tensorflow==2.21.0",
+    "tensorflow-text==2.21.1",
+    "tensorflow-datasets==4.9.10",
+    "sentencepiece==0.2.3",
+    "gin-config==0.5.0",
+    "absl-py>=2.1",
+    "clu==0.0.12",
+    "numpy",
+]
+
+setuptools.setup(
+    name="templm",
+    version="0.1.0",
+    description="Train and evaluate language models across time: time-aware T5, streaming perplexity, CALM.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=setuptools.find_packages(include=["templm", "templm.*", "tasks", "tasks.*"]),
+    install_requires=INSTALL_REQUIRES,
+    extras_require={
+        "test": ["pytest>=8"],
+        "gpu": ["jax[cuda12]==0.10.2"],
+        "tpu": ["jax[tpu]==0.10.2"],
+    },
+    entry_points={"console_scripts": ["templm = templm.cli:run"]},
+)

@@ -1,0 +1,112 @@
+"""The record types every reader yields, the one error type for bad input, and date parsing."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import re
+from typing import Optional, Tuple
+
+# Dates outside this range are treated as data errors (a year 0213 or 9999 is a typo, not news).
+MIN_DATE = datetime.date(1900, 1, 1)
+MAX_DATE = datetime.date(2100, 12, 31)
+
+
+class DataError(ValueError):
+    """Bad input: names the file, the line (or record) and what was expected."""
+
+    def __init__(self, message: str, path: Optional[str] = None, line: Optional[int] = None):
+        self.path = path
+        self.line = line
+        self.reason = message
+        where = ""
+        if path is not None:
+            where = f"{path}:{line}: " if line is not None else f"{path}: "
+        super().__init__(where + message)
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+    """One dated text: a news article, an abstract, a generated world document."""
+
+    id: str
+    date: datetime.date
+    text: str
+    source: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """A Wikidata item as TempLAMA names it: `{"wikidata_id": ..., "name": ...}`."""
+
+    wikidata_id: str
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Query:
+    """One TempLAMA cloze query: `query` holds `_X_` where an answer goes; `answers` are all objects valid in `year`."""
+
+    id: str
+    relation: str
+    subject_id: str
+    year: int
+    query: str
+    answers: Tuple[Answer, ...]
+    most_frequent: Optional[Answer] = None
+    most_recent: Optional[Answer] = None
+
+    @property
+    def answer_names(self) -> Tuple[str, ...]:
+        return tuple(a.name for a in self.answers)
+
+    def to_json(self) -> dict:
+        """The TempLAMA release format (list-valued `answer`)."""
+        def item(a):
+            return None if a is None else {"wikidata_id": a.wikidata_id, "name": a.name}
+        return {
+            "query": self.query,
+            "answer": [item(a) for a in self.answers],
+            "date": str(self.year),
+            "id": self.id,
+            "most_frequent_answer": item(self.most_frequent),
+            "most_recent_answer": item(self.most_recent),
+            "relation": self.relation,
+        }
+
+
+_DATE_FORMATS = (
+    (re.compile(r"^\d{4}-\d{2}-\d{2}$"), "%Y-%m-%d"),
+    (re.compile(r"^\d{8}$"), "%Y%m%d"),
+    (re.compile(r"^\d{4}-\d{2}$"), "%Y-%m"),
+)
+
+
+def parse_date(value: object, min_date: datetime.date = MIN_DATE,
+               max_date: datetime.date = MAX_DATE) -> datetime.date:
+    """Parses `YYYY-MM-DD`, `YYYYMMDD`, `YYYY-MM` (first of the month) or an ISO 8601 datetime.
+
+    Raises ValueError with what was expected; readers wrap it in a DataError that names the file and line.
+    """
+    if not isinstance(value, str):
+        raise ValueError(f"date must be a string, got {type(value).__name__} {value!r}")
+    text = value.strip()
+    date = None
+    for pattern, fmt in _DATE_FORMATS:
+        if pattern.match(text):
+            try:
+                date = datetime.datetime.strptime(text, fmt).date()
+            except ValueError:
+                raise ValueError(f"invalid date {value!r}") from None
+            break
+    if date is None:
+        if "T" in text or " " in text:
+            try:
+                date = datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).date()
+            except ValueError:
+                pass
+    if date is None:
+        raise ValueError(f"unparsable date {value!r}: expected YYYY-MM-DD, YYYYMMDD, YYYY-MM or an ISO 8601 datetime")
+    if not min_date <= date <= max_date:
+        raise ValueError(f"date {value!r} out of range {min_date.isoformat()}..{max_date.isoformat()}")
+    return date
