@@ -1,0 +1,509 @@
+"""The embedded temporal world: a seeded generator of entities, time-scoped facts, news and TempLAMA queries.
+
+Every verb of templm runs on this world by default, so it shows what the papers study: facts that change at
+different rates per relation, years with several valid answers, names that only appear from some date on, bursts of
+news about one event, and background topics whose mix drifts over the years.
+
+`generate_world(config, out_dir)` writes
+  news.jsonl                 {"id","date","text"} per document, in date order
+  templama/{train,val,test}.jsonl  TempLAMA release format, split by subject (20/10/70)
+  calibration.jsonl          queries of relations with a known change class, with their candidate set
+  world.json                 every entity (with its first date) and every fact (with its interval)
+  mentions.jsonl             per document: the facts it states and the character spans of the entities it names
+  stats.json                 counts by year, share of multi-answer queries, emerging names per year
+Same config, same bytes. Everything is drawn from one `random.Random(seed)`.
+"""
+
+from __future__ import annotations
+
+import calendar
+import collections
+import dataclasses
+import datetime
+import json
+import os
+import random
+import shutil
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from templm.data.records import Query
+from templm.data.templama import TEMPLATES, Fact, queries_from_facts, split_by_subject, write_queries
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldConfig:
+    """The size of the world. `subjects_per_relation` sets every entity pool; `docs_per_month` the news volume."""
+
+    seed: int = 0
+    start_year: int = 2010
+    end_year: int = 2020
+    subjects_per_relation: int = 40
+    docs_per_month: int = 60
+    emerging_share: float = 0.25  # share of objects (and some subjects) that appear only after the first year
+
+    def __post_init__(self):
+        if self.end_year < self.start_year:
+            raise ValueError(f"end_year {self.end_year} is before start_year {self.start_year}")
+        if self.subjects_per_relation < 4:
+            raise ValueError("subjects_per_relation must be at least 4")
+        if self.docs_per_month < 1:
+            raise ValueError("docs_per_month must be at least 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entity:
+    id: str
+    name: str
+    type: str
+    first_date: datetime.date
+
+
+@dataclasses.dataclass(frozen=True)
+class RelationSpec:
+    """How one relation behaves: who its subjects and objects are and how long a value lasts."""
+
+    subject_type: str
+    object_type: str
+    mean_years: float  # mean tenure of one object
+    static_share: float  # subjects that keep one object for the whole span
+    overlap_share: float  # transitions where the new object starts before the old one ends
+
+
+RELATIONS: Dict[str, RelationSpec] = {
+    "P54": RelationSpec("athlete", "club", 1.8, 0.15, 0.05),
+    "P39": RelationSpec("politician", "position", 3.0, 0.15, 0.1),
+    "P108": RelationSpec("employee", "company", 3.0, 0.2, 0.05),
+    "P102": RelationSpec("politician", "party", 7.0, 0.6, 0.0),
+    "P286": RelationSpec("club", "coach", 2.2, 0.1, 0.0),
+    "P69": RelationSpec("student", "university", 3.5, 0.3, 0.1),
+    "P488": RelationSpec("company", "executive", 4.0, 0.3, 0.0),
+    "P6": RelationSpec("place", "politician", 4.5, 0.2, 0.0),
+    "P127": RelationSpec("company", "company", 6.0, 0.5, 0.0),
+}
+
+# Relations for calibration into the future, by how often their value changes.
+CALIBRATION: Dict[str, Tuple[str, str, str, float]] = {
+    # relation: (change class, subject type, candidate type, mean years)
+    "host_city": ("frequent", "event", "city", 1.0),
+    "based_in": ("rare", "company", "country", 8.0),
+    "located_in": ("never", "landmark", "city", 0.0),
+}
+CALIBRATION_TEMPLATES = {
+    "host_city": "The <subject> is hosted by _X_.",
+    "based_in": "<subject> is based in _X_.",
+    "located_in": "<subject> is located in _X_.",
+}
+
+# News paraphrases per relation: {s} subject, {o} object, {d} the document's date. "start" templates report a new
+# fact in the weeks after it began; {d} is then the fact's start date.
+NEWS_TEMPLATES: Dict[str, List[str]] = {
+    "P54": ["{s} plays for {o}.", "{s} scored twice for {o} on {d}.", "{s}, who plays for {o}, was named man of "
+            "the match.", "{o} fielded {s} in the derby on {d}.", "Supporters of {o} cheered {s} at training."],
+    "P39": ["{s} holds the position of {o}.", "{s}, the {o}, spoke to reporters on {d}.", "As {o}, {s} signed a "
+            "new decree.", "{s} defended the budget in the role of {o}."],
+    "P108": ["{s} works for {o}.", "{s}, an engineer at {o}, presented a new product on {d}.", "{o} said its "
+             "employee {s} would lead the project.", "{s} of {o} gave a talk on {d}."],
+    "P102": ["{s} is a member of the {o}.", "{s} of the {o} addressed a rally on {d}.", "The {o} praised its "
+             "member {s}.", "{s} campaigned for the {o} in the spring."],
+    "P286": ["{o} is the head coach of {s}.", "{s} coach {o} praised the squad on {d}.", "Under head coach {o}, {s} "
+             "won again.", "{o}, who coaches {s}, named the team on {d}."],
+    "P69": ["{s} attended {o}.", "{s} is a student at {o}.", "{s}, enrolled at {o}, won a prize on {d}.",
+            "{o} welcomed its student {s} to a lecture."],
+    "P488": ["{o} is the chair of {s}.", "{s} chair {o} presented the annual results on {d}.", "{o}, who chairs "
+             "{s}, met investors.", "The board of {s}, led by {o}, approved the plan on {d}."],
+    "P6": ["{o} is the head of the government of {s}.", "{o}, head of the government of {s}, visited the capital "
+           "on {d}.", "The government of {s} under {o} passed a law.", "{o} led the cabinet of {s} on {d}."],
+    "P127": ["{s} is owned by {o}.", "{o}, the owner of {s}, reported strong sales on {d}.", "{s}, a subsidiary of "
+             "{o}, hired new staff.", "Shares of {o} rose after {s} grew on {d}."],
+    "host_city": ["The {s} is hosted by {o}.", "The {s} opened in {o} on {d}.", "Crowds gathered in {o} for the "
+                  "{s}."],
+    "based_in": ["{s} is based in {o}.", "{s}, a firm based in {o}, expanded on {d}.", "From its offices in {o}, "
+                 "{s} announced a merger."],
+    "located_in": ["{s} is located in {o}.", "Visitors flocked to {s} in {o} on {d}.", "{s} in {o} reopened after "
+                   "repairs."],
+}
+START_TEMPLATES: Dict[str, List[str]] = {
+    "P54": ["On {d}, {s} signed for {o}.", "{o} completed the transfer of {s} on {d}."],
+    "P39": ["On {d}, {s} took office as {o}.", "{s} was appointed {o} on {d}."],
+    "P108": ["On {d}, {s} joined {o}.", "{o} hired {s} on {d}."],
+    "P102": ["On {d}, {s} joined the {o}."],
+    "P286": ["On {d}, {s} appointed {o} as head coach.", "{o} took charge of {s} on {d}."],
+    "P69": ["On {d}, {s} enrolled at {o}."],
+    "P488": ["On {d}, {s} named {o} as its new chair."],
+    "P6": ["On {d}, {o} became head of the government of {s}."],
+    "P127": ["On {d}, {o} completed its purchase of {s}."],
+    "host_city": ["On {d}, {o} was chosen to host the {s}."],
+    "based_in": ["On {d}, {s} moved its base to {o}."],
+}
+BURST_TEMPLATES = [
+    "The {e} dominated the headlines on {d}.", "Officials in {c} discussed the {e} on {d}.",
+    "Analysts said the {e} would have lasting effects.", "New details of the {e} emerged on {d}.",
+]
+
+# Background topics, each with a share that drifts linearly from the first year to the last.
+TOPICS: Dict[str, Tuple[float, float, List[str]]] = {
+    "economy": (0.30, 0.15, ["Markets in {c} closed higher on {d}.", "Inflation in {c} slowed this month.",
+                             "Exporters in {c} reported rising orders.", "The central bank kept rates steady."]),
+    "weather": (0.25, 0.15, ["Heavy rain fell over {c} on {d}.", "A heatwave gripped {c} for a week.",
+                             "Snow closed roads near {c}.", "Forecasters expect a mild winter."]),
+    "sport": (0.20, 0.20, ["Fans in {c} celebrated a late winner.", "The marathon in {c} drew a record field on {d}.",
+                           "The league announced a new schedule."]),
+    "technology": (0.10, 0.35, ["Startups in {c} raised new funding on {d}.", "A new phone went on sale in {c}.",
+                                "Researchers unveiled a faster chip.", "Online shopping grew again in {c}."]),
+    "health": (0.15, 0.15, ["Hospitals in {c} expanded their wards.", "A vaccine trial began in {c} on {d}.",
+                            "Doctors urged people to exercise more."]),
+}
+
+_CONSONANTS = "bdfgklmnprstvz"
+_VOWELS = "aeiou"
+_CODAS = ["", "", "n", "r", "l", "s", "k"]
+
+
+class _Names:
+    """Pronounceable, unique names made of consonant-vowel syllables."""
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        self.used: set = set()
+
+    def word(self, syllables: Tuple[int, int] = (2, 3)) -> str:
+        rng = self.rng
+        while True:
+            n = rng.randint(*syllables)
+            w = "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(n)) + rng.choice(_CODAS)
+            w = w.capitalize()
+            if w not in self.used:
+                self.used.add(w)
+                return w
+
+    def unique(self, make) -> str:
+        while True:
+            name = make()
+            if name not in self.used:
+                self.used.add(name)
+                return name
+
+
+def _date_in_year(rng: random.Random, year: int) -> datetime.date:
+    return datetime.date(year, 1, 1) + datetime.timedelta(days=rng.randrange(365 if not calendar.isleap(year) else 366))
+
+
+def format_date(d: datetime.date) -> str:
+    return f"{d.day} {calendar.month_name[d.month]} {d.year}"
+
+
+class _Builder:
+    """Draws the world step by step from one generator; the public entry point is `generate_world`."""
+
+    def __init__(self, config: WorldConfig):
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.names = _Names(self.rng)
+        self.first = datetime.date(config.start_year, 1, 1)
+        self.last = datetime.date(config.end_year, 12, 31)
+        self.entities: List[Entity] = []
+        self.by_type: Dict[str, List[Entity]] = collections.defaultdict(list)
+        self.facts: List[Fact] = []
+
+    # -- entities ------------------------------------------------------------------------------------------------
+    def _add(self, type_: str, name: str, first_date: Optional[datetime.date] = None) -> Entity:
+        entity = Entity(f"W{len(self.entities) + 1:05d}", name, type_, first_date or self.first)
+        self.entities.append(entity)
+        self.by_type[type_].append(entity)
+        return entity
+
+    def _emerging_date(self) -> Optional[datetime.date]:
+        if self.rng.random() < self.config.emerging_share:
+            first_year = min(self.config.start_year + 1, self.config.end_year)
+            return _date_in_year(self.rng, self.rng.randint(first_year, self.config.end_year))
+        return None
+
+    def make_entities(self) -> None:
+        n = self.config.subjects_per_relation
+        w = self.names.word
+        person = lambda: f"{w((2, 2))} {w((2, 3))}"  # noqa: E731
+        for _ in range(max(6, n // 2)):
+            self._add("country", w((2, 3)).rstrip(_VOWELS) + self.rng.choice(["ia", "land", "stan", "ora"]))
+        for _ in range(n):
+            self._add("city", w((2, 3)))
+        cities = self.by_type["city"]
+        for i in range(n):
+            self._add("club", self.names.unique(lambda: f"{self.rng.choice(cities).name} "
+                                                        f"{self.rng.choice(['United', 'Rovers', 'Athletic', 'City'])}"),
+                      self._emerging_date() if i >= n // 2 else None)
+        for i in range(2 * n):
+            self._add("company", f"{w()} {self.rng.choice(['Systems', 'Holdings', 'Labs', 'Group', 'Motors'])}",
+                      self._emerging_date() if i >= n else None)
+        for _ in range(max(5, n // 6)):
+            self._add("party", f"{w()} {self.rng.choice(['Party', 'Alliance', 'Union', 'Front'])}")
+        for _ in range(max(6, n // 4)):
+            self._add("university", self.names.unique(lambda: f"University of {self.rng.choice(cities).name}"))
+        for _ in range(n):
+            office = self.rng.choice(["Minister of Finance", "Minister of Health", "Minister of Defence",
+                                      "Minister of Transport", "Mayor", "Governor"])
+            places = self.by_type["country"] if office.startswith("Minister") else cities
+            self._add("position", self.names.unique(lambda: f"{office} of {self.rng.choice(places).name}"))
+        for type_, count in (("athlete", n), ("politician", 2 * n), ("employee", n), ("student", n),
+                             ("coach", n), ("executive", n)):
+            for _ in range(count):
+                self._add(type_, person(), self._emerging_date())
+        for _ in range(max(4, n // 2)):
+            self._add("event", f"{w()} {self.rng.choice(['Games', 'Festival', 'Expo', 'Cup'])}")
+        for _ in range(max(4, n // 2)):
+            self._add("landmark", f"{w()} {self.rng.choice(['Tower', 'Bridge', 'Cathedral', 'Gate'])}")
+        # Burst events: two a year, each with a name that did not exist before it broke.
+        for year in range(self.config.start_year, self.config.end_year + 1):
+            for _ in range(2):
+                kind = self.rng.choice(["Summit", "Scandal", "Storm", "Strike"])
+                self._add("burst", f"{w()} {kind}", _date_in_year(self.rng, year))
+
+    def _pool(self, type_: str) -> List[Entity]:
+        if type_ == "place":
+            return self.by_type["country"] + self.by_type["city"]
+        return self.by_type[type_]
+
+    # -- facts -----------------------------------------------------------------------------------------------------
+    def _tenures(self, subject: Entity, spec_years: float, static_share: float, overlap_share: float,
+                 objects: Sequence[Entity]) -> List[Fact]:
+        """A chain of (object, start, end) for one subject over the span; None when it never changes."""
+        rng = self.rng
+        begin = max(subject.first_date, self.first)
+        if rng.random() < static_share or spec_years <= 0:
+            # Subjects that exist from the start held their one object since some time before the window.
+            chain = [(begin if subject.first_date > self.first else
+                      begin - datetime.timedelta(days=rng.randrange(1, 5 * 365)), self.last)]
+        else:
+            chain, start = [], begin
+            # The first tenure began before the window for subjects that exist from the start.
+            start_of_first = start if subject.first_date > self.first else \
+                start - datetime.timedelta(days=rng.randrange(1, int(365 * spec_years) + 2))
+            start = start_of_first
+            while start <= self.last:
+                length = max(120, int(rng.expovariate(1.0 / (365 * spec_years))))
+                end = start + datetime.timedelta(days=length)
+                chain.append((start, min(end, self.last)))
+                start = end + datetime.timedelta(days=1)
+        facts: List[Fact] = []
+        previous: Optional[str] = None
+        for start, end in chain:
+            eligible = [o for o in objects if o.first_date <= max(start, self.first) and o.id != previous
+                        and o.id != subject.id]
+            if not eligible:
+                eligible = [o for o in objects if o.first_date <= self.first and o.id != subject.id]
+            obj = rng.choice(eligible)
+            if previous is not None and rng.random() < overlap_share:
+                # Tenures last at least 120 days, so the new one still starts after the previous one did.
+                start = start - datetime.timedelta(days=rng.randint(30, 100))
+            # A fact never starts before both of its entities exist.
+            lower = max(subject.first_date, obj.first_date)
+            if lower > self.first:
+                start = max(start, lower)
+            facts.append(Fact(subject.id, "", obj.id, start, end if end < self.last else None))
+            previous = obj.id
+        return facts
+
+    def make_facts(self) -> None:
+        n = self.config.subjects_per_relation
+        for relation, spec in RELATIONS.items():
+            subjects = list(self._pool(spec.subject_type))
+            self.rng.shuffle(subjects)
+            for subject in sorted(subjects[:n], key=lambda e: e.id):
+                for fact in self._tenures(subject, spec.mean_years, spec.static_share, spec.overlap_share,
+                                          self._pool(spec.object_type)):
+                    self.facts.append(dataclasses.replace(fact, relation=relation))
+        for relation, (_, subject_type, object_type, years) in CALIBRATION.items():
+            for subject in self.by_type[subject_type][: max(4, n // 2)]:
+                static = 1.0 if years <= 0 else 0.0
+                for fact in self._tenures(subject, years, static, 0.0, self.by_type[object_type]):
+                    self.facts.append(dataclasses.replace(fact, relation=relation))
+
+    # -- news ------------------------------------------------------------------------------------------------------
+    def _end(self, fact: Fact) -> datetime.date:
+        return fact.end or self.last
+
+    def make_news(self):
+        """Yields (Document json, mentions json) in date order."""
+        rng = self.rng
+        config = self.config
+        entity = {e.id: e for e in self.entities}
+        span = max(1, config.end_year - config.start_year)
+        topics = list(TOPICS)
+        facts = [(i, f) for i, f in enumerate(self.facts)]
+        bursts = self.by_type["burst"]
+        counter = 0
+        for year in range(config.start_year, config.end_year + 1):
+            t = (year - config.start_year) / span
+            topic_weights = [TOPICS[k][0] + (TOPICS[k][1] - TOPICS[k][0]) * t for k in topics]
+            for month in range(1, 13):
+                days = calendar.monthrange(year, month)[1]
+                month_start = datetime.date(year, month, 1)
+                month_end = datetime.date(year, month, days)
+                active = [(i, f) for i, f in facts
+                          if (f.start or self.first) <= month_end and month_start <= self._end(f)]
+                cities = [c for c in self.by_type["city"] if c.first_date <= month_start]
+                live_bursts = [b for b in bursts if b.first_date <= month_end
+                               and (month_start - b.first_date).days <= 90]
+                dates = sorted(datetime.date(year, month, rng.randint(1, days)) for _ in range(config.docs_per_month))
+                for date in dates:
+                    counter += 1
+                    doc_id = f"world-{date.isoformat()}-{counter:06d}"
+                    yield self._document(doc_id, date, active, cities, live_bursts, topics, topic_weights, entity)
+
+    def _document(self, doc_id, date, active, cities, live_bursts, topics, topic_weights, entity):
+        rng = self.rng
+        valid = [(i, f) for i, f in active if f.valid_on(date)
+                 and entity[f.subject].first_date <= date and entity[f.object].first_date <= date]
+        # Facts that began in the last 60 days are news: they are drawn far more often (a burst of coverage).
+        weights = [8.0 if f.start is not None and 0 <= (date - f.start).days <= 60 else 1.0 for _, f in valid]
+        parts: List[Tuple[str, Optional[str]]] = []  # (text, entity id or None), concatenated into the document
+        stated: List[int] = []
+        for _ in range(rng.randint(2, 4)):
+            if not valid:
+                break
+            i, fact = rng.choices(valid, weights)[0]
+            is_new = fact.start is not None and 0 <= (date - fact.start).days <= 60 and fact.relation in START_TEMPLATES
+            if is_new and rng.random() < 0.5:
+                template, shown = rng.choice(START_TEMPLATES[fact.relation]), fact.start
+            else:
+                template, shown = rng.choice(NEWS_TEMPLATES[fact.relation]), date
+            self._render(parts, template, {"s": fact.subject, "o": fact.object}, shown, entity)
+            stated.append(i)
+        live_bursts = [b for b in live_bursts if 0 <= (date - b.first_date).days <= 90]
+        if live_bursts and rng.random() < 0.6:
+            burst = rng.choice(live_bursts)
+            self._render(parts, rng.choice(BURST_TEMPLATES), {"e": burst.id, "c": rng.choice(cities).id}, date,
+                             entity)
+        for _ in range(rng.randint(1, 3)):
+            topic = rng.choices(topics, topic_weights)[0]
+            self._render(parts, rng.choice(TOPICS[topic][2]), {"c": rng.choice(cities).id}, date, entity)
+        text, spans, offset = [], [], 0
+        for piece, eid in parts:
+            if eid is not None:
+                spans.append([offset, offset + len(piece), eid])
+            text.append(piece)
+            offset += len(piece)
+        doc = {"id": doc_id, "date": date.isoformat(), "text": "".join(text).strip()}
+        return doc, {"id": doc_id, "facts": stated, "entities": spans}
+
+    @staticmethod
+    def _render(parts, template: str, slots: Dict[str, str], date: datetime.date, entity) -> None:
+        """Appends a sentence, keeping each entity name as its own part so its span is known."""
+        if parts:
+            parts.append((" ", None))
+        rest = template
+        while rest:
+            brace = rest.find("{")
+            if brace < 0:
+                parts.append((rest, None))
+                break
+            close = rest.index("}", brace)
+            if brace:
+                parts.append((rest[:brace], None))
+            key = rest[brace + 1:close]
+            if key == "d":
+                parts.append((format_date(date), None))
+            else:
+                parts.append((entity[slots[key]].name, slots[key]))
+            rest = rest[close + 1:]
+
+
+def _calibration_queries(builder: _Builder, names: Dict[str, str]) -> Tuple[List[Query], Dict[str, dict]]:
+    config = builder.config
+    facts = [f for f in builder.facts if f.relation in CALIBRATION]
+    queries = queries_from_facts(facts, names, config.start_year, config.end_year, CALIBRATION_TEMPLATES)
+    extra = {}
+    for q in queries:
+        change_class, _, candidate_type, _ = CALIBRATION[q.relation]
+        extra[q.id] = {"change_class": change_class,
+                       "candidates": [e.name for e in builder.by_type[candidate_type]]}
+    return queries, extra
+
+
+def _stats(builder: _Builder, docs_by_year, queries: List[Query], splits) -> dict:
+    config = builder.config
+    by_year = collections.defaultdict(lambda: {"documents": 0, "queries": 0, "multi_answer_queries": 0,
+                                               "emerging_names": 0})
+    for year, count in docs_by_year.items():
+        by_year[year]["documents"] = count
+    for q in queries:
+        by_year[q.year]["queries"] += 1
+        by_year[q.year]["multi_answer_queries"] += len(q.answers) > 1
+    emerging = [e for e in builder.entities if e.first_date > builder.first]
+    for e in emerging:
+        by_year[e.first_date.year]["emerging_names"] += 1
+    multi = sum(len(q.answers) > 1 for q in queries)
+    return {
+        "config": dataclasses.asdict(config),
+        "documents": sum(docs_by_year.values()),
+        "entities": len(builder.entities),
+        "emerging_entities": len(emerging),
+        "facts": len(builder.facts),
+        "templama_queries": len(queries),
+        "templama_splits": {name: len(qs) for name, qs in splits.items()},
+        "templama_subjects": {name: len({q.subject_id for q in qs}) for name, qs in splits.items()},
+        "multi_answer_share": round(multi / max(1, len(queries)), 4),
+        "by_year": {str(y): by_year[y] for y in range(config.start_year, config.end_year + 1)},
+    }
+
+
+def generate_world(config: WorldConfig, out_dir: str) -> dict:
+    """Draws the world for `config` and writes it to `out_dir` (see the module docstring). Returns stats.json."""
+    builder = _Builder(config)
+    builder.make_entities()
+    builder.make_facts()
+    names = {e.id: e.name for e in builder.entities}
+    tmp = out_dir.rstrip("/") + ".partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(os.path.join(tmp, "templama"))
+    try:
+        stats = _write_world(builder, names, tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays behind
+        raise
+    if os.path.exists(out_dir):
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    return stats
+
+
+def _write_world(builder: _Builder, names: Dict[str, str], tmp: str) -> dict:
+    config = builder.config
+    docs_by_year: Dict[int, int] = collections.Counter()
+    with open(os.path.join(tmp, "news.jsonl"), "w", encoding="utf-8") as news, \
+            open(os.path.join(tmp, "mentions.jsonl"), "w", encoding="utf-8") as mentions:
+        for doc, mention in builder.make_news():
+            news.write(json.dumps(doc, ensure_ascii=False) + "\n")
+            mentions.write(json.dumps(mention, ensure_ascii=False) + "\n")
+            docs_by_year[int(doc["date"][:4])] += 1
+    templama_facts = [f for f in builder.facts if f.relation in RELATIONS]
+    queries = queries_from_facts(templama_facts, names, config.start_year, config.end_year, TEMPLATES)
+    splits = split_by_subject(queries, config.seed)
+    for split, split_queries in splits.items():
+        write_queries(os.path.join(tmp, "templama", f"{split}.jsonl"), split_queries)
+    calibration, extra = _calibration_queries(builder, names)
+    write_queries(os.path.join(tmp, "calibration.jsonl"), calibration, extra)
+    world = {
+        "config": dataclasses.asdict(config),
+        "entities": [{"id": e.id, "name": e.name, "type": e.type, "first_date": e.first_date.isoformat()}
+                     for e in builder.entities],
+        "facts": [{"id": i, "subject": f.subject, "relation": f.relation, "object": f.object,
+                   "start": f.start.isoformat() if f.start else None, "end": f.end.isoformat() if f.end else None}
+                  for i, f in enumerate(builder.facts)],
+    }
+    with open(os.path.join(tmp, "world.json"), "w", encoding="utf-8") as f:
+        json.dump(world, f, ensure_ascii=False, indent=1)
+    stats = _stats(builder, docs_by_year, queries, splits)
+    with open(os.path.join(tmp, "stats.json"), "w", encoding="utf-8") as f:
+        json.dump(stats, f, indent=1)
+    return stats
+
+
+def load_world(world_dir: str) -> dict:
+    """world.json with dates parsed into datetime.date and facts as templama.Fact, plus entities by id."""
+    path = os.path.join(world_dir, "world.json")
+    with open(path, encoding="utf-8") as f:
+        raw = json.load(f)
+    parse = lambda s: None if s is None else datetime.date.fromisoformat(s)  # noqa: E731
+    entities = {e["id"]: Entity(e["id"], e["name"], e["type"], parse(e["first_date"])) for e in raw["entities"]}
+    facts = [Fact(f["subject"], f["relation"], f["object"], parse(f["start"]), parse(f["end"])) for f in raw["facts"]]
+    return {"config": raw["config"], "entities": entities, "facts": facts}

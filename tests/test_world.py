@@ -1,0 +1,209 @@
+"""The embedded temporal world: determinism, and news/queries consistent with the facts in world.json."""
+
+import collections
+import filecmp
+import json
+import os
+import re
+
+import pytest
+
+from templm.data import JsonlReader, TemplamaReader
+from templm.data.world import CALIBRATION, WorldConfig, generate_world, load_world
+
+SMALL = WorldConfig(seed=7, start_year=2012, end_year=2016, subjects_per_relation=12, docs_per_month=8)
+
+
+@pytest.fixture(scope="module")
+def world_dir(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("world") / "w")
+    generate_world(WorldConfig(), out)  # the default size, as users get it
+    return out
+
+
+@pytest.fixture(scope="module")
+def world(world_dir):
+    return load_world(world_dir)
+
+
+@pytest.fixture(scope="module")
+def news(world_dir):
+    docs = list(JsonlReader(os.path.join(world_dir, "news.jsonl")))
+    with open(os.path.join(world_dir, "mentions.jsonl"), encoding="utf-8") as f:
+        mentions = [json.loads(line) for line in f]
+    return docs, mentions
+
+
+@pytest.fixture(scope="module")
+def queries(world_dir):
+    return {split: list(TemplamaReader(os.path.join(world_dir, "templama", f"{split}.jsonl")))
+            for split in ("train", "val", "test")}
+
+
+def _all_files(root):
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+
+
+def test_same_seed_same_bytes_and_other_seed_differs(tmp_path):
+    a, b, c = (str(tmp_path / name) for name in "abc")
+    generate_world(SMALL, a)
+    generate_world(SMALL, b)
+    generate_world(WorldConfig(**{**SMALL.__dict__, "seed": 8}), c)
+    files = _all_files(a)
+    assert files == ["calibration.jsonl", "mentions.jsonl", "news.jsonl", "stats.json",
+                     "templama/test.jsonl", "templama/train.jsonl", "templama/val.jsonl", "world.json"]
+    match, mismatch, errors = filecmp.cmpfiles(a, b, files, shallow=False)
+    assert mismatch == [] and errors == []
+    assert not filecmp.cmp(os.path.join(a, "news.jsonl"), os.path.join(c, "news.jsonl"), shallow=False)
+    assert not os.path.exists(a + ".partial")
+
+
+def test_news_is_chronological_dated_to_the_day_and_sized(news):
+    docs, mentions = news
+    config = WorldConfig()
+    assert len(docs) == 12 * (config.end_year - config.start_year + 1) * config.docs_per_month
+    dates = [d.date for d in docs]
+    assert dates == sorted(dates)
+    assert len({d.day for d in dates}) > 20
+    assert [m["id"] for m in mentions] == [d.id for d in docs]
+    assert len({d.id for d in docs}) == len(docs)
+
+
+def test_every_stated_fact_is_valid_on_the_document_date(news, world):
+    docs, mentions = news
+    facts, entities = world["facts"], world["entities"]
+    stated = 0
+    for doc, mention in zip(docs, mentions):
+        for index in mention["facts"]:
+            fact = facts[index]
+            assert fact.valid_on(doc.date), (doc.id, fact)
+            assert entities[fact.subject].name in doc.text and entities[fact.object].name in doc.text
+            stated += 1
+    assert stated > 2 * len(docs)
+
+
+def test_entity_spans_name_entities_that_exist_on_the_date(news, world):
+    docs, mentions = news
+    entities = world["entities"]
+    seen_emerging = set()
+    for doc, mention in zip(docs, mentions):
+        for start, end, eid in mention["entities"]:
+            entity = entities[eid]
+            assert doc.text[start:end] == entity.name
+            assert entity.first_date <= doc.date, (doc.id, entity)
+            if entity.first_date.year > 2010:
+                seen_emerging.add(eid)
+    assert len(seen_emerging) >= 40  # emerging names do show up in the news once they exist
+
+
+def test_templama_answers_are_what_world_json_says(queries, world):
+    facts, entities = world["facts"], world["entities"]
+    by_key = collections.defaultdict(list)
+    for fact in facts:
+        by_key[(fact.subject, fact.relation)].append(fact)
+    total = 0
+    for split in queries.values():
+        for q in split:
+            valid = {f.object for f in by_key[(q.subject_id, q.relation)] if q.year in f.covers(2010, 2020)}
+            assert {a.wikidata_id for a in q.answers} == valid, q.id
+            assert {a.name for a in q.answers} == {entities[o].name for o in valid}
+            assert entities[q.subject_id].name in q.query and "_X_" in q.query
+            total += 1
+    assert total > 1000
+
+
+def test_splits_are_subject_disjoint_about_20_10_70(queries):
+    subjects = {split: {q.subject_id for q in qs} for split, qs in queries.items()}
+    assert not subjects["train"] & subjects["val"]
+    assert not subjects["train"] & subjects["test"]
+    assert not subjects["val"] & subjects["test"]
+    n = sum(len(s) for s in subjects.values())
+    assert abs(len(subjects["train"]) / n - 0.2) < 0.01
+    assert abs(len(subjects["val"]) / n - 0.1) < 0.01
+
+
+def test_multi_answer_queries_and_emerging_answers_exist(queries, world):
+    entities = world["entities"]
+    flat = [q for qs in queries.values() for q in qs]
+    multi = sum(len(q.answers) > 1 for q in flat) / len(flat)
+    assert 0.05 < multi < 0.5
+    emerging_answers = {a.wikidata_id for q in flat for a in q.answers if entities[a.wikidata_id].first_date.year > 2010}
+    assert len(emerging_answers) >= 10
+    # An emerging answer is never an answer before the year its entity appears.
+    for q in flat:
+        for a in q.answers:
+            assert entities[a.wikidata_id].first_date.year <= q.year
+
+
+def test_relations_change_at_their_own_rates(world):
+    distinct = collections.defaultdict(list)
+    per_subject = collections.defaultdict(set)
+    for fact in world["facts"]:
+        per_subject[(fact.relation, fact.subject)].add(fact.object)
+    for (relation, _), objects in per_subject.items():
+        distinct[relation].append(len(objects))
+    mean = {r: sum(v) / len(v) for r, v in distinct.items()}
+    assert mean["P54"] > 2 * mean["P102"]  # athletes move clubs far more often than politicians change party
+    assert mean["P54"] > mean["P127"]
+    assert min(distinct["P54"]) == 1  # some subjects keep one object for the whole span
+    assert mean["located_in"] == 1.0
+
+
+def test_calibration_classes_order_by_change_rate(world_dir, world):
+    with open(os.path.join(world_dir, "calibration.jsonl"), encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    answers = collections.defaultdict(set)
+    classes = {}
+    for row in rows:
+        classes[row["relation"]] = row["change_class"]
+        for a in row["answer"]:
+            answers[(row["relation"], row["id"].rsplit("_", 1)[0])].add(a["name"])
+        assert all(a["name"] in row["candidates"] for a in row["answer"])
+    assert classes == {r: spec[0] for r, spec in CALIBRATION.items()}
+    changes = collections.defaultdict(list)
+    for (relation, _), names in answers.items():
+        changes[classes[relation]].append(len(names))
+    mean = {c: sum(v) / len(v) for c, v in changes.items()}
+    assert mean["frequent"] > mean["rare"] > mean["never"] == 1.0
+
+
+def test_topic_mix_drifts_and_bursts_are_concentrated(news, world):
+    docs, mentions = news
+    tech = re.compile(r"Startups in|new phone|faster chip|Online shopping")
+    share = {}
+    for year in (2010, 2020):
+        year_docs = [d for d in docs if d.date.year == year]
+        share[year] = sum(bool(tech.search(d.text)) for d in year_docs) / len(year_docs)
+    assert share[2020] > 2 * share[2010]
+    bursts = {eid for eid, e in world["entities"].items() if e.type == "burst"}
+    within, total = 0, 0
+    for doc, mention in zip(docs, mentions):
+        for _, _, eid in mention["entities"]:
+            if eid in bursts:
+                total += 1
+                within += (doc.date - world["entities"][eid].first_date).days <= 90
+    assert total > 100 and within == total
+
+
+def test_stats_match_the_files(world_dir, news, queries):
+    with open(os.path.join(world_dir, "stats.json"), encoding="utf-8") as f:
+        stats = json.load(f)
+    docs, _ = news
+    assert stats["documents"] == len(docs)
+    assert stats["templama_splits"] == {k: len(v) for k, v in queries.items()}
+    by_year = collections.Counter(d.date.year for d in docs)
+    assert {y: row["documents"] for y, row in stats["by_year"].items()} == {str(y): n for y, n in by_year.items()}
+    flat = [q for qs in queries.values() for q in qs]
+    assert stats["multi_answer_share"] == round(sum(len(q.answers) > 1 for q in flat) / len(flat), 4)
+
+
+def test_entity_names_are_unique(world):
+    names = [e.name for e in world["entities"].values()]
+    assert len(names) == len(set(names))
+    assert all(re.fullmatch(r"[A-Z][a-z]+( (of|[A-Z][a-z]+))*", n) for n in names), \
+        [n for n in names if not re.fullmatch(r"[A-Z][a-z]+( (of|[A-Z][a-z]+))*", n)][:5]
+
+
+def test_bad_config_is_refused():
+    with pytest.raises(ValueError, match="end_year"):
+        WorldConfig(start_year=2015, end_year=2010)
