@@ -17,7 +17,6 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/templm data world --out $(DEMO_DIR)/world
-	$(BIN)/templm data summary --world_dir $(DEMO_DIR)/world
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
