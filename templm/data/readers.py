@@ -28,6 +28,7 @@ ON_ERROR = ("raise", "skip")
 
 def open_text(path: str, mode: str = "rb"):
     """Opens `path` for binary reading or writing, through gzip or bz2 when its name ends in `.gz` or `.bz2`."""
+    path = os.fspath(path)
     if "r" in mode and not os.path.exists(path):
         raise DataError("no such file", path)
     if path.endswith(".gz"):
@@ -72,6 +73,8 @@ class Reader:
                 lineno += 1
                 if not raw.strip():
                     continue
+                if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark
+                    raw = raw[3:]
                 try:
                     try:
                         line = raw.decode("utf-8")
@@ -132,7 +135,7 @@ class JsonlReader(Reader):
     def parse(self, line: str) -> Document:
         obj = _json_object(line)
         doc_id = obj.get("id")
-        if isinstance(doc_id, int):
+        if isinstance(doc_id, int) and not isinstance(doc_id, bool):
             doc_id = str(doc_id)
         if not isinstance(doc_id, str) or not doc_id:
             raise ValueError("missing field 'id'")
@@ -178,6 +181,8 @@ class ArxivReader(Reader):
         if not versions or not isinstance(versions[0], dict) or "created" not in versions[0]:
             raise ValueError("missing field 'versions[0].created'")
         created = versions[0]["created"]
+        if not isinstance(created, str):
+            raise ValueError(f"unparsable date {created!r}: versions[0].created must be a string")
         try:
             stamp = email.utils.parsedate_to_datetime(created)
         except (TypeError, ValueError):
@@ -192,7 +197,8 @@ def _answer(value: Any, what: str) -> Answer:
         raise ValueError(f"{what} must be an object with 'wikidata_id' and 'name'")
     if not value["name"].strip():
         raise ValueError(f"empty name in {what}")
-    return Answer(str(value.get("wikidata_id", "")), value["name"])
+    wikidata_id = value.get("wikidata_id")
+    return Answer("" if wikidata_id is None else str(wikidata_id), value["name"])
 
 
 class TemplamaReader(Reader):
@@ -217,6 +223,8 @@ class TemplamaReader(Reader):
             raise ValueError(f"year {year} out of range {self.min_date.year}..{self.max_date.year}")
         qid = _field(obj, "id")
         relation = obj.get("relation") or (qid.split("_")[1] if qid.count("_") >= 2 else "")
+        if not isinstance(relation, str):
+            raise ValueError(f"field 'relation' must be str, got {type(relation).__name__}")
         if not relation:
             raise ValueError("missing field 'relation'")
         most_frequent = obj.get("most_frequent_answer")
@@ -236,15 +244,18 @@ FORMATS: Dict[str, Callable[..., Reader]] = {
 
 def detect_format(path: str) -> str:
     """Guesses a corpus format from the file name, then from its first line."""
-    name = os.path.basename(path)
+    name = os.path.basename(os.fspath(path))
     if "news-docs" in name:
         return "wmt"
-    with open_text(path) as f:
-        first = b""
-        for raw in f:
-            if raw.strip():
-                first = raw
-                break
+    first = b""
+    try:
+        with open_text(path) as f:
+            for raw in f:
+                if raw.strip():
+                    first = raw
+                    break
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(f"corrupt or truncated file at its first line: {e}", os.fspath(path)) from None
     try:
         obj = json.loads(first.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):

@@ -127,12 +127,16 @@ def write_queries(path: str, queries: Iterable[Query], extra: Optional[Mapping[s
     """Writes queries in the release format, one JSON object a line; `extra[q.id]` adds fields. Returns the count."""
     n = 0
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for q in queries:
-            obj = q.to_json()
-            if extra and q.id in extra:
-                obj.update(extra[q.id])
-            f.write(json.dumps(obj, ensure_ascii=False) + "\n")
-            n += 1
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for q in queries:
+                obj = q.to_json()
+                if extra and q.id in extra:
+                    obj.update(extra[q.id])
+                f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+                n += 1
+    except BaseException:
+        os.remove(tmp)
+        raise
     os.replace(tmp, path)
     return n

@@ -1,0 +1,193 @@
+"""SentencePiece vocabularies: train one on a corpus split (T5-compatible ids), load one as a seqio vocabulary.
+
+T5 conventions: pad=0, eos=1, unk=2, no bos. The 100 sentinels `<extra_id_0>`.. are not trained: seqio's
+`SentencePieceVocabulary(extra_ids=100)` appends them after the trained pieces, `<extra_id_0>` taking the last id.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import shutil
+import sys
+import tempfile
+from typing import TYPE_CHECKING, Iterable, List, Tuple
+
+import sentencepiece
+from sentencepiece import sentencepiece_model_pb2
+
+from templm.data.records import DataError, Document
+
+if TYPE_CHECKING:
+    import seqio
+
+MODEL_TYPES = ("unigram", "bpe", "char", "word")
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+
+# A sentence ends at . ! or ? (optionally closed by a quote or bracket) followed by whitespace.
+_SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+")
+
+
+def split_sentences_for_spm(text: str) -> List[str]:
+    """Training lines of a document: its lines, each cut after sentence-final punctuation; blank pieces dropped.
+
+    Only an approximation of sentence boundaries (abbreviations are cut too); it keeps lines short enough for the
+    trainer (which skips lines over 4192 bytes) and costs nothing in quality for a subword vocabulary.
+    """
+    out = []
+    for line in text.splitlines():
+        for piece in _SENTENCE_END.split(line):
+            piece = piece.strip()
+            if piece:
+                out.append(piece)
+    return out
+
+
+def sample_sentences(documents: Iterable[Document], max_sentences: int, seed: int = 0) -> Tuple[List[str], int]:
+    """A uniform sample of at most `max_sentences` training lines, streamed (reservoir sampling, `random.Random(seed)`).
+
+    Returns (sample, total number of lines seen). Same documents and seed give the same sample.
+    """
+    if max_sentences < 1:
+        raise ValueError(f"max_sentences must be >= 1, got {max_sentences}")
+    rng = random.Random(seed)
+    reservoir: List[str] = []
+    seen = 0
+    for doc in documents:
+        for sentence in split_sentences_for_spm(doc.text):
+            seen += 1
+            if len(reservoir) < max_sentences:
+                reservoir.append(sentence)
+            else:
+                j = rng.randrange(seen)
+                if j < max_sentences:
+                    reservoir[j] = sentence
+    return reservoir, seen
+
+
+def train_spm(documents: Iterable[Document], model_prefix: str, vocab_size: int = 32000,
+              max_sentences: int = 1_000_000, seed: int = 0, model_type: str = "unigram",
+              character_coverage: float = 1.0) -> str:
+    """Trains a SentencePiece model on (a sample of) `documents`; returns the path of `model_prefix + ".model"`.
+
+    Writes `<model_prefix>.model` and `<model_prefix>.vocab`, each renamed into place from a temporary file once
+    complete (the `.model` last). Ids follow T5: pad=0, eos=1, unk=2, no bos; `vocab_size` counts them and excludes
+    the sentinels seqio adds. The same documents, settings and seed give a byte-identical `.model`: the trainer runs on
+    one thread with a fixed seed, and the temporary paths it records are cleared from the model. The model's
+    `trainer_spec.input_sentence_size` holds the number of lines it was trained on.
+
+    Raises DataError (naming the corpus file when `documents` is a reader) when there is no text, and ValueError when
+    `vocab_size` is too large (or too small) for the text.
+    """
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
+    if not isinstance(vocab_size, int) or vocab_size < 4:
+        raise ValueError(f"vocab_size must be an integer >= 4 (pad, eos, unk and one piece), got {vocab_size!r}")
+    if not 0.0 < character_coverage <= 1.0:
+        raise ValueError(f"character_coverage must be in (0, 1], got {character_coverage}")
+    source = getattr(documents, "path", None)
+    sentences, seen = sample_sentences(documents, max_sentences, seed)
+    n_sentences = len(sentences)
+    if not sentences:
+        raise DataError("no text to train a SentencePiece vocabulary on (no non-blank lines in any document)", source)
+    logging.info("spm: training a %d-piece %s vocabulary on %d of %d sentences", vocab_size, model_type,
+                 n_sentences, seen)
+
+    model_prefix = os.fspath(model_prefix)
+    out_dir = os.path.dirname(os.path.abspath(model_prefix))
+    os.makedirs(out_dir, exist_ok=True)
+    tmp_dir = tempfile.mkdtemp(prefix=".spm-", dir=out_dir)  # same filesystem: the renames below are atomic
+    try:
+        text_path = os.path.join(tmp_dir, "sentences.txt")
+        with open(text_path, "w", encoding="utf-8", newline="\n") as f:
+            for sentence in sentences:
+                f.write(sentence + "\n")
+        del sentences
+        tmp_prefix = os.path.join(tmp_dir, "spm")
+        sentencepiece.set_random_generator_seed(seed)
+        try:
+            sentencepiece.SentencePieceTrainer.train(
+                input=text_path, model_prefix=tmp_prefix, vocab_size=vocab_size, model_type=model_type,
+                character_coverage=character_coverage, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
+                input_sentence_size=n_sentences, shuffle_input_sentence=False,
+                num_threads=1, minloglevel=1)
+        except RuntimeError as e:
+            raise _training_error(str(e), vocab_size, n_sentences, source) from None
+        # The trainer records its (temporary) input and output paths: clear them so the bytes depend on the data only.
+        model = sentencepiece_model_pb2.ModelProto()
+        with open(tmp_prefix + ".model", "rb") as f:
+            model.ParseFromString(f.read())
+        del model.trainer_spec.input[:]
+        model.trainer_spec.model_prefix = ""
+        with open(tmp_prefix + ".model", "wb") as f:
+            f.write(model.SerializeToString(deterministic=True))
+        os.replace(tmp_prefix + ".vocab", model_prefix + ".vocab")
+        os.replace(tmp_prefix + ".model", model_prefix + ".model")
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    _forget_cached_models()
+    return model_prefix + ".model"
+
+
+def _training_error(message: str, vocab_size: int, n_sentences: int, source) -> ValueError:
+    reason = message.strip().splitlines()[-1] if message.strip() else "unknown error"
+    match = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", message)
+    if match:
+        return ValueError(
+            f"vocab_size={vocab_size} is too large for this text: {n_sentences} sentence(s) support at most "
+            f"{match.group(2)} pieces; lower vocab_size or train on more text"
+            + (f" (corpus {source})" if source else ""))
+    match = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", message)
+    if match:
+        return ValueError(
+            f"vocab_size={vocab_size} is too small for this text: its characters (at character_coverage) and the "
+            f"pad/eos/unk pieces need at least {match.group(2)}; raise vocab_size or lower character_coverage")
+    return ValueError(f"SentencePiece could not train a {vocab_size}-piece vocabulary: {reason}")
+
+
+def _forget_cached_models() -> None:
+    """seqio caches loaded models by path: drop them so a model rewritten in place is reloaded."""
+    vocabularies = sys.modules.get("seqio.vocabularies")
+    cached = getattr(vocabularies, "_load_model_internal", None)
+    if cached is not None and hasattr(cached, "cache_clear"):
+        cached.cache_clear()
+
+
+def load_vocabulary(model_path: str, extra_ids: int = 100) -> "seqio.SentencePieceVocabulary":
+    """A seqio SentencePieceVocabulary over `model_path` with `extra_ids` sentinels, loaded and checked now.
+
+    `model_path` may be any path tf.io.gfile reads (local or gs://). Raises DataError naming the path when the file
+    is missing, is not a SentencePiece model (garbage, truncated), or does not use T5's pad=0 and eos=1.
+    """
+    import seqio  # here, not at module level: tensorflow takes seconds to import and training does not need it
+    import tensorflow as tf
+    from google.protobuf.message import DecodeError
+
+    model_path = os.fspath(model_path)
+    if not tf.io.gfile.exists(model_path):
+        raise DataError("no such SentencePiece model file", model_path)
+    try:
+        with tf.io.gfile.GFile(model_path, "rb") as f:
+            data = f.read()
+    except tf.errors.OpError as e:
+        raise DataError(f"cannot read SentencePiece model: {e.message}", model_path) from None
+    model = sentencepiece_model_pb2.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except DecodeError as e:
+        raise DataError(f"not a SentencePiece model (corrupt or truncated): {e}", model_path) from None
+    if not model.pieces or not model.HasField("trainer_spec") or not model.HasField("normalizer_spec"):
+        raise DataError("not a SentencePiece model (corrupt or truncated): missing pieces, trainer or normalizer spec",
+                        model_path)
+    vocabulary = seqio.SentencePieceVocabulary(model_path, extra_ids=extra_ids)
+    try:
+        vocabulary.load_model()
+    except (RuntimeError, OSError, ValueError, DecodeError, tf.errors.OpError) as e:
+        raise DataError(f"not a valid SentencePiece model: {e}", model_path) from None
+    pad_id, eos_id = vocabulary.tokenizer.pad_id(), vocabulary.tokenizer.eos_id()
+    if (pad_id, eos_id) != (PAD_ID, EOS_ID):
+        raise DataError(f"not a T5 vocabulary: expected pad id {PAD_ID} and eos id {EOS_ID}, the model has pad id "
+                        f"{pad_id} and eos id {eos_id} (train one with templm.data.vocab.train_spm)", model_path)
+    return vocabulary
