@@ -20,7 +20,6 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import app, flags, logging
 
-from templm.data.records import DataError
 
 FLAGS = flags.FLAGS
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -129,22 +128,115 @@ def format_world_summary(stats: dict, out: str) -> str:
     return "\n".join(lines)
 
 
-def _define_data_stats():
+def _define_corpus_flags(split: bool = True):
     flags.DEFINE_string("corpus", None, "Corpus file (.gz and .bz2 are read transparently).", required=True)
     flags.DEFINE_enum("format", "auto", ["auto", "jsonl", "wmt", "arxiv"], "Corpus format.")
     flags.DEFINE_enum("on_error", "raise", ["raise", "skip"], "On a bad line: stop, or skip and count it.")
+    if split:
+        flags.DEFINE_string("split_dir", None, "Apply a split file from this folder (published or `templm data "
+                            "splits` output) to the corpus by document id.")
+        flags.DEFINE_string("split", "time_stratified_train", "Which split of --split_dir: the file stem, e.g. "
+                            "control_train, test, yearly/2014_train.")
+
+
+def _corpus_documents():
+    """The documents of --corpus, or of its --split; returns (iterable, report) where report() -> dict."""
+    from templm.data.readers import read_documents
+    from templm.data.splits import apply_split
+
+    if FLAGS.split_dir:
+        path = os.path.join(FLAGS.split_dir, FLAGS.split + ".gz")
+        docs, report = apply_split(FLAGS.corpus, path, FLAGS.format, FLAGS.on_error)
+        return docs, report.as_dict
+    reader = read_documents(FLAGS.corpus, FLAGS.format, FLAGS.on_error)
+    return reader, lambda: {"read": reader.read, "skipped": reader.skipped}
+
+
+def _define_data_stats():
+    _define_corpus_flags()
 
 
 def _main_data_stats():
-    from templm.data.readers import read_documents
-
-    reader = read_documents(FLAGS.corpus, FLAGS.format, FLAGS.on_error)
+    docs_iter, report = _corpus_documents()
     docs, words = collections.Counter(), collections.Counter()
-    for doc in reader:
+    for doc in docs_iter:
         docs[doc.date.year] += 1
         words[doc.date.year] += len(doc.text.split())
-    print(json.dumps({"corpus": FLAGS.corpus, "documents": sum(docs.values()), "skipped": reader.skipped,
+    print(json.dumps({"corpus": FLAGS.corpus, "documents": sum(docs.values()), **report(),
                       "by_year": {str(y): {"documents": docs[y], "words": words[y]} for y in sorted(docs)}}))
+
+
+def _define_data_splits():
+    _define_corpus_flags(split=False)
+    flags.DEFINE_string("out", None, "Output folder for the split files and stats.json.", required=True)
+    flags.DEFINE_string("cutoff", "2017-09-30", "TIME-STRATIFIED cut-off date; empty for yearly buckets only.")
+    flags.DEFINE_integer("test_docs_per_month", 1000, "Test documents sampled per month (all if fewer).")
+    flags.DEFINE_integer("validation_docs", None, "Validation size (default 3 x --test_docs_per_month).")
+    flags.DEFINE_integer("test_months", 24, "Months in the test period.")
+    flags.DEFINE_integer("validation_months", 3, "Months in the validation period after the cut-off.")
+    flags.DEFINE_boolean("yearly", True, "Also write yearly buckets with held-out documents (time-aware T5).")
+    flags.DEFINE_integer("heldout_per_year", 2000, "Yearly buckets: at most this many held-out documents a year.")
+    flags.DEFINE_float("heldout_fraction", 0.1, "Yearly buckets: at most this share of a year held out.")
+    flags.DEFINE_integer("seed", 0, "Sampling seed.")
+
+
+def _main_data_splits():
+    from templm.data.records import parse_date
+    from templm.data.splits import make_splits, yearly_buckets
+
+    summary = {}
+    if FLAGS.cutoff:
+        try:
+            cutoff = parse_date(FLAGS.cutoff)
+        except ValueError as e:
+            raise ConfigError(f"--cutoff: {e}") from None
+        stats = make_splits(FLAGS.corpus, FLAGS.out, cutoff=cutoff, test_months=FLAGS.test_months,
+                            validation_months=FLAGS.validation_months,
+                            test_docs_per_month=FLAGS.test_docs_per_month, validation_docs=FLAGS.validation_docs,
+                            seed=FLAGS.seed, format=FLAGS.format, on_error=FLAGS.on_error)
+        summary["splits"] = {k: v["documents"] for k, v in stats["splits"].items()}
+        summary["control_train_test_period_share"] = stats["control_train_test_period_share"]
+    if FLAGS.yearly:
+        yearly = yearly_buckets(FLAGS.corpus, FLAGS.out, heldout_per_year=FLAGS.heldout_per_year,
+                                heldout_fraction=FLAGS.heldout_fraction, seed=FLAGS.seed, format=FLAGS.format,
+                                on_error=FLAGS.on_error)
+        summary["yearly"] = yearly["years"]
+    print(json.dumps(summary))
+
+
+def _define_data_spm():
+    _define_corpus_flags()
+    flags.DEFINE_string("out", None, "Model prefix: writes PREFIX.model and PREFIX.vocab.", required=True)
+    flags.DEFINE_integer("vocab_size", 32000, "Pieces in the model; seqio adds 100 sentinel ids on top.")
+    flags.DEFINE_integer("max_sentences", 1_000_000, "Train on at most this many sampled lines.")
+    flags.DEFINE_integer("seed", 0, "Sampling and training seed.")
+
+
+def _main_data_spm():
+    from templm.data.vocab import train_spm
+
+    docs, report = _corpus_documents()
+    path = train_spm(docs, FLAGS.out, vocab_size=FLAGS.vocab_size, max_sentences=FLAGS.max_sentences,
+                     seed=FLAGS.seed)
+    print(json.dumps({"model": path, **report()}))
+
+
+def _define_data_templama():
+    flags.DEFINE_string("dump", None, "Wikidata JSON dump (latest-all.json.gz or .bz2).", required=True)
+    flags.DEFINE_string("out", None, "Output folder for train/val/test.jsonl and stats.json.", required=True)
+    flags.DEFINE_integer("start_year", 2010, "First year of the queries.")
+    flags.DEFINE_integer("end_year", 2020, "Last year of the queries.")
+    flags.DEFINE_integer("max_subjects", 1000, "Most popular subjects kept per relation.")
+    flags.DEFINE_boolean("require_enwiki", False, "Subjects and objects need an English Wikipedia article.")
+    flags.DEFINE_integer("seed", 0, "Seed of the subject split (20/10/70).")
+
+
+def _main_data_templama():
+    from templm.data.wikidata import build_templama
+
+    stats = build_templama(FLAGS.dump, FLAGS.out, start_year=FLAGS.start_year, end_year=FLAGS.end_year,
+                           max_subjects=FLAGS.max_subjects, require_enwiki=FLAGS.require_enwiki, seed=FLAGS.seed)
+    print(json.dumps({k: stats[k] for k in ("subjects", "queries", "splits")}))
 
 
 VERBS: Dict[str, Verb] = {v.name: v for v in [
@@ -152,6 +244,12 @@ VERBS: Dict[str, Verb] = {v.name: v for v in [
          _define_data_world, _main_data_world, takes_gin=True),
     Verb("data stats", "Read a corpus (JSONL, WMT news-docs, arXiv OAI) and print documents and words per year.",
          _define_data_stats, _main_data_stats),
+    Verb("data splits", "TIME-STRATIFIED / CONTROL splits (Mind the Gap) and yearly buckets of a corpus.",
+         _define_data_splits, _main_data_splits),
+    Verb("data spm", "Train a SentencePiece vocabulary on a corpus or one of its splits.",
+         _define_data_spm, _main_data_spm),
+    Verb("data templama", "Build TempLAMA from a Wikidata JSON dump (nine relations, any years).",
+         _define_data_templama, _main_data_templama),
 ]}
 
 
@@ -217,7 +315,8 @@ def run(argv: Optional[Sequence[str]] = None) -> None:
             if v.takes_gin:
                 parse_gin(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
             return v.main() or 0
-        except (DataError, ConfigError, FileNotFoundError) as e:
+        except (ValueError, FileNotFoundError) as e:  # DataError, ConfigError and bad values: the input's fault
+            logging.debug("templm %s failed", name, exc_info=True)  # the traceback, with --verbosity=1
             print(f"templm {name}: error: {e}", file=sys.stderr)
             return 1
 

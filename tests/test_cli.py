@@ -87,3 +87,52 @@ def test_rewrite_gin_args():
                                                                         "--seed=1"]
     with pytest.raises(ConfigError, match="--gin.NAME=VALUE"):
         rewrite_gin_args(["--gin.MODEL_DIR"])
+
+
+@pytest.fixture(scope="module")
+def small_world(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "world"
+    result = templm("data", "world", f"--out={out}", "--start_year=2015", "--end_year=2019",
+                    "--subjects_per_relation=6", "--docs_per_month=20")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_data_splits_then_stats_and_spm_on_a_split(small_world, tmp_path):
+    news = small_world / "news.jsonl"
+    result = templm("data", "splits", f"--corpus={news}", f"--out={tmp_path / 's'}", "--cutoff=2016-12-31",
+                    "--test_docs_per_month=5", "--test_months=12", "--heldout_per_year=10")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["splits"]["time_stratified_train"] == 2 * 12 * 20  # 2015 and 2016
+    assert summary["splits"]["control_train"] == summary["splits"]["time_stratified_train"]
+    assert summary["splits"]["test"] == 12 * 5
+    assert summary["yearly"]["2017"]["validation"] + summary["yearly"]["2017"]["test"] == 10
+
+    stats = templm("data", "stats", f"--corpus={news}", f"--split_dir={tmp_path / 's'}", "--split=test")
+    assert stats.returncode == 0, stats.stderr
+    report = json.loads(stats.stdout)
+    assert report["documents"] == 60 and report["missing"] == 0
+    assert set(report["by_year"]) == {"2017"} or set(report["by_year"]) == {"2017", "2018"}
+
+    spm = templm("data", "spm", f"--corpus={news}", f"--split_dir={tmp_path / 's'}",
+                 "--split=time_stratified_train", f"--out={tmp_path / 'spm'}", "--vocab_size=300")
+    assert spm.returncode == 0, spm.stderr
+    assert json.loads(spm.stdout)["found"] == 480
+    assert (tmp_path / "spm.model").exists()
+    too_big = templm("data", "spm", f"--corpus={news}", f"--out={tmp_path / 'big'}", "--vocab_size=100000")
+    assert too_big.returncode == 1 and "vocab_size=100000 is too large" in too_big.stderr
+    assert not (tmp_path / "big.model").exists()
+
+
+def test_data_templama_from_the_test_dump(tmp_path):
+    dump = os.path.join(os.path.dirname(__file__), "data", "wikidata_dump.json")
+    result = templm("data", "templama", f"--dump={dump}", f"--out={tmp_path}", "--max_subjects=4")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    lines = sum(1 for split in ("train", "val", "test") for _ in open(tmp_path / f"{split}.jsonl"))
+    assert summary["queries"] == lines > 0
+    bad = tmp_path / "bad.json"
+    bad.write_text('[\n{"id": "Q1", "labels": {}},\n{not json\n]\n')
+    broken = templm("data", "templama", f"--dump={bad}", f"--out={tmp_path / 'b'}")
+    assert broken.returncode == 1 and f"{bad}:3" in broken.stderr

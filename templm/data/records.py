@@ -92,7 +92,13 @@ def parse_date(value: object, min_date: datetime.date = MIN_DATE,
         raise ValueError(f"date must be a string, got {type(value).__name__} {value!r}")
     text = value.strip()
     date = None
-    for pattern, fmt in _DATE_FORMATS:
+    if len(text) == 10 and text[4] == "-" and text[7] == "-":  # the common case, without strptime
+        try:
+            date = datetime.date(int(text[:4]), int(text[5:7]), int(text[8:]))
+        except ValueError:
+            if _DATE_FORMATS[0][0].match(text):
+                raise ValueError(f"invalid date {value!r}") from None
+    for pattern, fmt in _DATE_FORMATS if date is None else ():
         if pattern.match(text):
             try:
                 date = datetime.datetime.strptime(text, fmt).date()

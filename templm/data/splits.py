@@ -1,0 +1,598 @@
+"""TIME-STRATIFIED / CONTROL splits ("Mind the Gap", Lazaridou et al. 2021) and yearly buckets (time-aware T5).
+
+A split is a file of document ids, one `YYYYMMDD<TAB>doc_id` line per document in date order then id order, gzipped
+when its name ends in `.gz`: the format of the published WMT / arXiv split files. The corpus itself is never copied;
+`apply_split` streams a corpus and keeps the documents a split file names.
+
+The protocol (`make_splits`), for a cut-off date C:
+
+- TIME-STRATIFIED train: every document dated on or before C.
+- TIME-STRATIFIED validation: a uniform sample of the documents in the `validation_months` months after C.
+- test: the `test_months` months after those; `test_docs_per_month` documents sampled in each month (all of them if the
+  month has fewer). Both setups share it.
+- CONTROL validation: a sample of the test period's non-test documents, as large as TIME-STRATIFIED validation where the
+  test period allows. It is drawn before CONTROL train, so the two are disjoint.
+- CONTROL train: exactly as many documents as TIME-STRATIFIED train: the most recent documents counted backwards from
+  the end of the test period, skipping test and CONTROL validation documents. Its share of documents from the test
+  period is the paper's Table 1 column.
+
+Memory: one streaming pass keeps only an int32 day ordinal per document and its id string (no texts, no Document
+objects); sampling then works on index arrays with seeded numpy Generators, so a seed gives byte-identical files.
+Outputs are written to temporary names in the output folder and renamed into place only once all are complete.
+"""
+
+from __future__ import annotations
+
+import array
+import dataclasses
+import datetime
+import gzip
+import json
+import os
+import tempfile
+import time
+import zlib
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+from absl import logging
+
+from templm.data.readers import open_text, read_documents
+from templm.data.records import DataError, Document
+
+SPLIT_NAMES = ("time_stratified_train", "time_stratified_validation", "control_train", "control_validation", "test")
+YEARLY_PARTS = ("train", "validation", "test")
+STATS_FILE = "stats.json"
+MISSING_IDS_SHOWN = 10  # how many missing ids a SplitReport lists
+
+# Stream purposes, folded into each Generator's seed so that every sample has its own stream (changing the number of
+# test months does not change the validation sample, and adding a year to a corpus does not change another year's).
+_VALIDATION, _TEST, _CONTROL_VALIDATION, _YEARLY = 1, 2, 3, 4
+
+
+# ----------------------------------------------------------------------------------------------------------- dates
+
+
+def add_months(date: datetime.date, months: int) -> datetime.date:
+    """`date` moved by whole months, the day clamped to the month's length (Jan 31 + 1 month = Feb 28/29)."""
+    index = date.year * 12 + date.month - 1 + months
+    year, month = divmod(index, 12)
+    month += 1
+    next_first = datetime.date(year + (month == 12), month % 12 + 1, 1)
+    last_day = (next_first - datetime.timedelta(days=1)).day
+    return datetime.date(year, month, min(date.day, last_day))
+
+
+def _period_label(start: datetime.date) -> str:
+    return start.strftime("%Y-%m") if start.day == 1 else start.isoformat()
+
+
+def _iso(ordinal: int) -> str:
+    return datetime.date.fromordinal(int(ordinal)).isoformat()
+
+
+# ------------------------------------------------------------------------------------------- the streaming pass
+
+
+@dataclasses.dataclass
+class _Index:
+    """Every distinct document of a corpus as (day ordinal, id), sorted by date then id."""
+
+    dates: np.ndarray          # int32 day ordinals, ascending
+    ids: np.ndarray            # object array of id strings, same order
+    read: int                  # documents the reader yielded
+    duplicates: int            # later documents whose id was already seen (dropped; the first one is kept)
+
+    def __len__(self) -> int:
+        return len(self.dates)
+
+    def span(self, first: datetime.date, last: datetime.date) -> Tuple[int, int]:
+        """Positions [lo, hi) of the documents dated first..last inclusive."""
+        lo = int(np.searchsorted(self.dates, first.toordinal(), side="left"))
+        hi = int(np.searchsorted(self.dates, last.toordinal(), side="right"))
+        return lo, max(lo, hi)
+
+
+def _index_corpus(corpus_path: str, format: str, on_error: str) -> _Index:
+    """One streaming pass over the corpus keeping only (date, id) of each document."""
+    reader = read_documents(corpus_path, format=format, on_error=on_error)
+    ordinals = array.array("i")
+    ids: List[str] = []
+    start = last_log = time.monotonic()
+    for doc in reader:
+        doc_id = doc.id
+        if "\t" in doc_id or "\n" in doc_id or "\r" in doc_id:
+            raise DataError(f"document #{len(ids) + 1} has id {doc_id!r}: a split file cannot hold an id with a "
+                            "tab or a line break", reader.path)
+        ordinals.append(doc.date.toordinal())
+        ids.append(doc_id)
+        now = time.monotonic()
+        if now - last_log >= 30.0:
+            last_log = now
+            logging.info("%s: indexed %d documents (%.0f/s)", reader.path, len(ids), len(ids) / (now - start))
+    n = len(ids)
+    if n == 0:
+        raise DataError("no documents", reader.path)
+    dates = np.frombuffer(ordinals, dtype=np.int32).copy()
+    del ordinals
+    id_array = np.empty(n, dtype=object)
+    id_array[:] = ids
+    del ids
+    # Duplicate ids sit next to each other in id order; a stable sort keeps the first occurrence first.
+    by_id = np.argsort(id_array, kind="stable")
+    sorted_ids = id_array[by_id]
+    duplicate = np.zeros(n, dtype=bool)
+    duplicate[by_id[1:]] = sorted_ids[1:] == sorted_ids[:-1]
+    del sorted_ids
+    id_rank = np.empty(n, dtype=np.int64)
+    id_rank[by_id] = np.arange(n)
+    del by_id
+    order = np.lexsort((id_rank, dates))
+    del id_rank
+    order = order[~duplicate[order]]
+    duplicates = int(duplicate.sum())
+    if duplicates:
+        logging.warning("%s: %d document(s) repeat an earlier id; only the first occurrence of each id is used",
+                        reader.path, duplicates)
+    logging.info("%s: indexed %d documents in %.1fs", reader.path, n, time.monotonic() - start)
+    return _Index(dates=dates[order], ids=id_array[order], read=n, duplicates=duplicates)
+
+
+def _sample(rng: np.random.Generator, lo: int, hi: int, size: int) -> np.ndarray:
+    """`size` positions drawn without replacement from [lo, hi) (all of them if fewer), ascending."""
+    count = hi - lo
+    if size >= count:
+        return np.arange(lo, hi, dtype=np.int64)
+    return np.sort(lo + rng.choice(count, size=size, replace=False)).astype(np.int64)
+
+
+def _sample_from(rng: np.random.Generator, pool: np.ndarray, size: int) -> np.ndarray:
+    if size >= len(pool):
+        return pool.astype(np.int64)
+    return np.sort(pool[rng.choice(len(pool), size=size, replace=False)]).astype(np.int64)
+
+
+# ------------------------------------------------------------------------------------------------------- writing
+
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+class _AtomicOutputs:
+    """Files written to temporary names in their folder and renamed into place together by `commit`."""
+
+    def __init__(self):
+        self._pending: List[Tuple[str, str]] = []
+
+    def __enter__(self) -> "_AtomicOutputs":
+        return self
+
+    def temp_path(self, final_path: str) -> str:
+        folder, name = os.path.split(final_path)
+        os.makedirs(folder or ".", exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder or ".")
+        os.close(fd)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; give them the usual mode
+        self._pending.append((tmp, final_path))
+        return tmp
+
+    def commit(self) -> None:
+        for tmp, final in self._pending:
+            os.replace(tmp, final)
+        self._pending = []
+
+    def __exit__(self, *exc) -> None:
+        for tmp, _ in self._pending:  # an error before commit: leave nothing behind
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
+        self._pending = []
+
+
+def _write_positions(outputs: _AtomicOutputs, path: str, index: _Index, positions: np.ndarray) -> None:
+    positions = np.sort(positions)
+    _write_split(outputs.temp_path(path), path, index.dates[positions], index.ids[positions])
+
+
+def _write_split(tmp: str, final: str, dates: np.ndarray, ids: Sequence[str]) -> None:
+    """Writes `YYYYMMDD<TAB>id` lines to `tmp`, gzipped when `final` ends in `.gz` (with a fixed header: no name, no
+    time stamp, so equal content gives equal bytes)."""
+    if final.endswith(".gz"):
+        with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=6, mtime=0) as f:
+            _write_lines(f, dates, ids)
+    else:
+        with open(tmp, "wb") as f:
+            _write_lines(f, dates, ids)
+
+
+def _write_lines(f, dates: np.ndarray, ids: Sequence[str]) -> None:
+    day_text: Dict[int, str] = {}
+    chunk: List[str] = []
+    for ordinal, doc_id in zip(dates.tolist(), ids):
+        text = day_text.get(ordinal)
+        if text is None:
+            text = day_text[ordinal] = datetime.date.fromordinal(ordinal).strftime("%Y%m%d")
+        chunk.append(f"{text}\t{doc_id}\n")
+        if len(chunk) >= 65536:
+            f.write("".join(chunk).encode("utf-8"))
+            chunk = []
+    if chunk:
+        f.write("".join(chunk).encode("utf-8"))
+
+
+def _load_stats(out_dir: str) -> dict:
+    """The existing stats.json of `out_dir` (sections written by other calls are kept), or {}."""
+    path = os.path.join(out_dir, STATS_FILE)
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            stats = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"not valid JSON ({e}); delete it to start the statistics afresh", path) from None
+    if not isinstance(stats, dict):
+        raise DataError(f"expected a JSON object, got {type(stats).__name__}", path)
+    return stats
+
+
+def _write_stats(outputs: _AtomicOutputs, out_dir: str, stats: dict) -> None:
+    tmp = outputs.temp_path(os.path.join(out_dir, STATS_FILE))
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(stats, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def _range_stats(index: _Index, positions: np.ndarray) -> dict:
+    if len(positions) == 0:
+        return {"documents": 0, "first_date": None, "last_date": None}
+    dates = index.dates[positions]
+    return {"documents": int(len(positions)), "first_date": _iso(dates.min()), "last_date": _iso(dates.max())}
+
+
+def _check_positive(name: str, value: int, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+# ------------------------------------------------------------------------------------------------- make_splits
+
+
+def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime.date(2017, 9, 30),
+                test_months: int = 24, validation_months: int = 3, test_docs_per_month: int = 1000,
+                validation_docs: Optional[int] = None, seed: int = 0, format: str = "auto",
+                on_error: str = "raise") -> dict:
+    """Writes the TIME-STRATIFIED and CONTROL splits of a corpus and returns their statistics.
+
+    Args:
+      corpus_path: any corpus `read_documents` accepts (JSONL, WMT news-docs, arXiv OAI; .gz / .bz2 too).
+      out_dir: receives `{time_stratified_train, time_stratified_validation, control_train, control_validation,
+        test}.gz` and `stats.json` (other sections of an existing stats.json, e.g. "yearly", are kept).
+      cutoff: the last day of TIME-STRATIFIED training data (the paper's WMT cut-off, 2017-09-30, by default).
+      test_months: months in the test period, which starts `validation_months` months after the day after `cutoff`.
+      validation_months: months after the cut-off that TIME-STRATIFIED validation is drawn from.
+      test_docs_per_month: documents sampled from each test month (all of them if a month has fewer).
+      validation_docs: size of each validation set. Default (None): `validation_months * test_docs_per_month`
+        (3000 with the defaults), i.e. the test set's monthly density; all documents of the window if it has fewer.
+      seed: every sample comes from numpy Generators seeded with it; the same seed gives byte-identical files.
+      format: corpus format, one of `templm.data.FORMATS` or "auto".
+      on_error: "raise" (default) or "skip" bad corpus lines, as in `read_documents`.
+
+    Returns:
+      The statistics written to stats.json: `splits` (per split: documents, first_date, last_date), `periods`
+      (first/last day of the train, validation and test periods), `test_per_month`,
+      `control_train_test_period_documents` and `control_train_test_period_share` (fraction of CONTROL train dated in
+      the test period), the settings, and corpus counts (`corpus_documents`, `duplicates_dropped`, first/last date).
+
+    Raises:
+      DataError (naming the corpus) if it has no document on or before the cut-off, none in the validation window or
+      none in the test period; ValueError on bad arguments.
+    """
+    if not isinstance(cutoff, datetime.date) or isinstance(cutoff, datetime.datetime):
+        raise ValueError(f"cutoff must be a datetime.date, got {cutoff!r}")
+    _check_positive("test_months", test_months)
+    _check_positive("validation_months", validation_months)
+    _check_positive("test_docs_per_month", test_docs_per_month)
+    if validation_docs is None:
+        validation_docs = validation_months * test_docs_per_month
+    _check_positive("validation_docs", validation_docs)
+    _check_positive("seed", seed, 0)
+    corpus_path = os.fspath(corpus_path)
+    out_dir = os.fspath(out_dir)
+
+    validation_first = cutoff + datetime.timedelta(days=1)
+    test_first = add_months(validation_first, validation_months)
+    validation_last = test_first - datetime.timedelta(days=1)
+    month_starts = [add_months(test_first, k) for k in range(test_months + 1)]
+    test_last = month_starts[-1] - datetime.timedelta(days=1)
+
+    index = _index_corpus(corpus_path, format, on_error)
+    corpus_span = f"the corpus spans {_iso(index.dates[0])}..{_iso(index.dates[-1])}"
+
+    # TIME-STRATIFIED train: everything up to the cut-off.
+    _, train_hi = index.span(datetime.date.min, cutoff)
+    if train_hi == 0:
+        raise DataError(f"no document dated on or before the cut-off {cutoff.isoformat()}; {corpus_span}",
+                        corpus_path)
+    ts_train = np.arange(train_hi, dtype=np.int64)
+
+    # TIME-STRATIFIED validation: a uniform sample of the months after the cut-off.
+    val_lo, val_hi = index.span(validation_first, validation_last)
+    if val_hi == val_lo:
+        raise DataError(f"no document dated {validation_first.isoformat()}..{validation_last.isoformat()} for "
+                        f"validation; {corpus_span}", corpus_path)
+    ts_validation = _sample(np.random.default_rng([seed, _VALIDATION]), val_lo, val_hi, validation_docs)
+
+    # Test: a sample of each month of the test period.
+    test_parts, test_per_month = [], {}
+    for k in range(test_months):
+        lo, hi = index.span(month_starts[k], month_starts[k + 1] - datetime.timedelta(days=1))
+        part = _sample(np.random.default_rng([seed, _TEST, k]), lo, hi, test_docs_per_month)
+        test_parts.append(part)
+        test_per_month[_period_label(month_starts[k])] = int(len(part))
+    test = np.concatenate(test_parts)
+    if len(test) == 0:
+        raise DataError(f"no document dated {test_first.isoformat()}..{test_last.isoformat()} for the test "
+                        f"period; {corpus_span}", corpus_path)
+    empty = [label for label, count in test_per_month.items() if count == 0]
+    if empty:
+        logging.warning("%s: no documents in test month(s) %s", corpus_path, ", ".join(empty))
+
+    # CONTROL validation: from the test period, excluding test documents (drawn before CONTROL train takes the rest).
+    test_lo, test_hi = index.span(test_first, test_last)
+    available = np.ones(test_hi, dtype=bool)
+    available[test] = False
+    pool = np.flatnonzero(available[test_lo:]) + test_lo
+    control_validation = _sample_from(np.random.default_rng([seed, _CONTROL_VALIDATION]), pool, len(ts_validation))
+    if len(control_validation) < len(ts_validation):
+        logging.warning("%s: CONTROL validation has %d documents, fewer than TIME-STRATIFIED validation's %d: the "
+                        "test period has no more non-test documents", corpus_path, len(control_validation),
+                        len(ts_validation))
+
+    # CONTROL train: the most recent non-test, non-validation documents up to the end of the test period.
+    available[control_validation] = False
+    candidates = np.flatnonzero(available)
+    del available
+    if len(candidates) < len(ts_train):  # a guard: TIME-STRATIFIED train is among the candidates
+        raise DataError(f"only {len(candidates)} documents up to {test_last.isoformat()} outside the test and "
+                        f"validation sets; CONTROL train needs {len(ts_train)}", corpus_path)
+    control_train = candidates[len(candidates) - len(ts_train):].astype(np.int64)
+    del candidates
+    in_test_period = int(np.count_nonzero(control_train >= test_lo))
+
+    splits = {
+        "time_stratified_train": ts_train,
+        "time_stratified_validation": ts_validation,
+        "control_train": control_train,
+        "control_validation": control_validation,
+        "test": test,
+    }
+    section = {
+        "corpus": corpus_path,
+        "seed": int(seed),
+        "cutoff": cutoff.isoformat(),
+        "validation_months": int(validation_months),
+        "test_months": int(test_months),
+        "test_docs_per_month": int(test_docs_per_month),
+        "validation_docs": int(validation_docs),
+        "corpus_documents": index.read,
+        "duplicates_dropped": index.duplicates,
+        "corpus_first_date": _iso(index.dates[0]),
+        "corpus_last_date": _iso(index.dates[-1]),
+        "periods": {
+            "train": {"first_date": _iso(index.dates[0]), "last_date": cutoff.isoformat()},
+            "validation": {"first_date": validation_first.isoformat(), "last_date": validation_last.isoformat()},
+            "test": {"first_date": test_first.isoformat(), "last_date": test_last.isoformat()},
+        },
+        "splits": {name: _range_stats(index, positions) for name, positions in splits.items()},
+        "test_per_month": test_per_month,
+        "control_train_test_period_documents": in_test_period,
+        "control_train_test_period_share": in_test_period / len(control_train),
+    }
+
+    stats = _load_stats(out_dir)
+    stats.update(section)
+    with _AtomicOutputs() as outputs:
+        for name, positions in splits.items():
+            _write_positions(outputs, os.path.join(out_dir, f"{name}.gz"), index, positions)
+        _write_stats(outputs, out_dir, stats)
+        outputs.commit()
+    logging.info("%s: wrote splits to %s: %s; CONTROL train %.1f%% from the test period", corpus_path, out_dir,
+                 ", ".join(f"{name} {len(p)}" for name, p in splits.items()), 100.0 * section[
+                     "control_train_test_period_share"])
+    return section
+
+
+# ------------------------------------------------------------------------------------------------ yearly buckets
+
+
+def yearly_buckets(corpus_path: str, out_dir: str, heldout_per_year: int = 2000, heldout_fraction: float = 0.1,
+                   seed: int = 0, format: str = "auto", on_error: str = "raise") -> dict:
+    """Groups a corpus by year, holding out documents of each year for validation and test (time-aware T5 side).
+
+    Each year Y holds out `min(heldout_per_year, floor(heldout_fraction * n_Y))` documents drawn at random (seeded by
+    `seed` and Y, so a year's buckets do not depend on the other years); half of them (rounded down) are validation,
+    the rest test, and every other document of Y is train. Writes `out_dir/yearly/{Y}_{train,validation,test}.gz` in
+    the split-file format for every year that has documents, and a "yearly" section in `out_dir/stats.json` (other
+    sections kept), which is also returned: the settings and, per year, `train`, `validation`, `test` counts and the
+    year's first and last document date.
+    """
+    _check_positive("heldout_per_year", heldout_per_year, 0)
+    if isinstance(heldout_fraction, bool) or not isinstance(heldout_fraction, (int, float)) or \
+            not 0.0 <= heldout_fraction <= 1.0:
+        raise ValueError(f"heldout_fraction must be a number in [0, 1], got {heldout_fraction!r}")
+    _check_positive("seed", seed, 0)
+    corpus_path = os.fspath(corpus_path)
+    out_dir = os.fspath(out_dir)
+
+    index = _index_corpus(corpus_path, format, on_error)
+    first_year = datetime.date.fromordinal(int(index.dates[0])).year
+    last_year = datetime.date.fromordinal(int(index.dates[-1])).year
+    years: Dict[str, dict] = {}
+    buckets = []
+    for year in range(first_year, last_year + 1):
+        lo, hi = index.span(datetime.date(year, 1, 1), datetime.date(year, 12, 31))
+        n = hi - lo
+        if n == 0:
+            continue
+        heldout = min(heldout_per_year, int(heldout_fraction * n))
+        chosen = lo + np.random.default_rng([seed, _YEARLY, year]).permutation(n)[:heldout]
+        validation = np.sort(chosen[:heldout // 2])
+        test = np.sort(chosen[heldout // 2:])
+        train_mask = np.ones(n, dtype=bool)
+        train_mask[chosen - lo] = False
+        train = np.flatnonzero(train_mask) + lo
+        buckets.append((year, {"train": train, "validation": validation, "test": test}))
+        years[str(year)] = {"train": int(len(train)), "validation": int(len(validation)), "test": int(len(test)),
+                            "first_date": _iso(index.dates[lo]), "last_date": _iso(index.dates[hi - 1])}
+    section = {
+        "corpus": corpus_path,
+        "seed": int(seed),
+        "heldout_per_year": int(heldout_per_year),
+        "heldout_fraction": float(heldout_fraction),
+        "corpus_documents": index.read,
+        "duplicates_dropped": index.duplicates,
+        "years": years,
+    }
+    stats = _load_stats(out_dir)
+    stats["yearly"] = section
+    with _AtomicOutputs() as outputs:
+        for year, parts in buckets:
+            for part in YEARLY_PARTS:
+                _write_positions(outputs, os.path.join(out_dir, "yearly", f"{year}_{part}.gz"), index, parts[part])
+        _write_stats(outputs, out_dir, stats)
+        outputs.commit()
+    logging.info("%s: wrote yearly buckets for %d year(s) to %s", corpus_path, len(years),
+                 os.path.join(out_dir, "yearly"))
+    return section
+
+
+# ------------------------------------------------------------------------------------------- reading and applying
+
+
+def read_split_file(path: str) -> List[Tuple[datetime.date, str]]:
+    """The (date, id) pairs of a split file (`YYYYMMDD<TAB>doc_id` per line; gzip/bz2 by suffix), in file order.
+
+    Blank lines are skipped. A malformed line (wrong field count, bad date, empty id) or an id listed twice raises a
+    DataError naming the file and the line.
+    """
+    path = os.fspath(path)
+    pairs: List[Tuple[datetime.date, str]] = []
+    first_line: Dict[str, int] = {}
+    with open_text(path) as f:
+        lineno = 0
+        while True:
+            try:
+                raw = f.readline()
+            except (OSError, EOFError, zlib.error) as e:
+                raise DataError(f"corrupt or truncated file after line {lineno}: {e}", path) from None
+            if not raw:
+                break
+            lineno += 1
+            if not raw.strip():
+                continue
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise DataError(f"invalid UTF-8 at byte {e.start}", path, lineno) from None
+            fields = line.split("\t")
+            if len(fields) != 2:
+                raise DataError(f"expected 2 tab-separated fields (YYYYMMDD, doc_id), got {len(fields)}: "
+                                f"{line[:80]!r}", path, lineno)
+            date_text, doc_id = fields
+            if not (len(date_text) == 8 and date_text.isdigit()):
+                raise DataError(f"unparsable date {date_text!r}: expected YYYYMMDD", path, lineno)
+            try:
+                date = datetime.date(int(date_text[:4]), int(date_text[4:6]), int(date_text[6:]))
+            except ValueError:
+                raise DataError(f"invalid date {date_text!r}", path, lineno) from None
+            if not doc_id.strip():
+                raise DataError("empty doc_id", path, lineno)
+            if doc_id in first_line:
+                raise DataError(f"doc_id {doc_id!r} already listed on line {first_line[doc_id]}", path, lineno)
+            first_line[doc_id] = lineno
+            pairs.append((date, doc_id))
+    return pairs
+
+
+class SplitReport:
+    """What `apply_split` found; the counts are final once its document iterator is exhausted (`done`)."""
+
+    def __init__(self, corpus_path: str, split_path: str, expected: int):
+        self.corpus_path = corpus_path
+        self.split_path = split_path
+        self.expected = expected          # ids in the split file
+        self.found = 0                    # documents yielded
+        self.date_mismatches = 0          # yielded documents whose corpus date differs from the split file's
+        self.duplicates = 0               # corpus documents skipped because their id was already yielded
+        self.done = False
+        self._missing: Optional[int] = None
+        self._missing_ids: List[str] = []
+
+    def _require_done(self) -> None:
+        if not self.done:
+            raise RuntimeError("the split's documents have not all been read yet: iterate them to the end first")
+
+    @property
+    def missing(self) -> int:
+        """Split ids with no document in the corpus."""
+        self._require_done()
+        return self._missing
+
+    @property
+    def missing_ids(self) -> List[str]:
+        """The first (up to MISSING_IDS_SHOWN) missing ids, in split-file order."""
+        self._require_done()
+        return list(self._missing_ids)
+
+    def as_dict(self) -> dict:
+        self._require_done()
+        return {"corpus": self.corpus_path, "split": self.split_path, "expected": self.expected, "found": self.found,
+                "missing": self._missing, "missing_ids": list(self._missing_ids),
+                "date_mismatches": self.date_mismatches, "duplicates": self.duplicates}
+
+    def __repr__(self) -> str:
+        state = f"missing={self._missing}" if self.done else "reading"
+        return f"SplitReport(expected={self.expected}, found={self.found}, {state})"
+
+
+def apply_split(corpus_path: str, split_path: str, format: str = "auto",
+                on_error: str = "raise") -> Tuple[Iterator[Document], SplitReport]:
+    """Streams the corpus documents a split file names, in corpus order.
+
+    Returns `(documents, report)`: `documents` is an iterator that yields each split id's first document; once it is
+    exhausted, `report.found`, `report.missing` (split ids absent from the corpus) and `report.missing_ids` (the
+    first few) are final, and any missing ids have been logged as a warning. The split file is read (and validated)
+    at once; the corpus only as the iterator is consumed.
+    """
+    corpus_path = os.fspath(corpus_path)
+    split_path = os.fspath(split_path)
+    pending: Dict[str, datetime.date] = dict((doc_id, date) for date, doc_id in read_split_file(split_path))
+    report = SplitReport(corpus_path, split_path, len(pending))
+    reader = read_documents(corpus_path, format=format, on_error=on_error)
+
+    def documents() -> Iterator[Document]:
+        yielded = set()
+        for doc in reader:
+            expected_date = pending.pop(doc.id, None)
+            if expected_date is None:
+                if doc.id in yielded:
+                    report.duplicates += 1
+                continue
+            yielded.add(doc.id)
+            if doc.date != expected_date:
+                report.date_mismatches += 1
+            report.found += 1
+            yield doc
+        report._missing = len(pending)
+        report._missing_ids = [doc_id for doc_id, _ in zip(pending, range(MISSING_IDS_SHOWN))]
+        report.done = True
+        if pending:
+            logging.warning("%s: %d of %d id(s) in %s are not in the corpus; first: %s", corpus_path, len(pending),
+                            report.expected, split_path, ", ".join(report._missing_ids))
+        if report.date_mismatches:
+            logging.warning("%s: %d document(s) of %s have a date other than the split file's", corpus_path,
+                            report.date_mismatches, split_path)
+
+    return documents(), report

@@ -1,0 +1,1 @@
+"""Evaluation: QA metrics, perplexity, calibration, yearly routing, dynamic evaluation, streaming analysis."""
