@@ -17,6 +17,12 @@ INSTALL_REQUIRES = [
     "absl-py>=2.1",
     "clu==0.0.12",
     "numpy",
+    # Beyond the core set, each for one job: safetensors reads Hugging Face checkpoints without unpickling,
+    # sacremoses gives the Moses word split of word-level perplexity, scikit-learn the LDA topics, matplotlib plots.
+    "safetensors==0.8.0",
+    "sacremoses==0.2.0",
+    "scikit-learn==1.9.1",
+    "matplotlib==3.11.2",
 ]
 
 setuptools.setup(

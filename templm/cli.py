@@ -239,6 +239,41 @@ def _main_data_templama():
     print(json.dumps({k: stats[k] for k in ("subjects", "queries", "splits")}))
 
 
+def _define_data_tasks():
+    flags.DEFINE_string("out", None, "Output folder: point TEMPLM_DATA_DIR (or tasks.configure.data_dir) at it.",
+                        required=True)
+    flags.DEFINE_string("corpus", None, "News corpus; default: the embedded world (drawn with --seed and the "
+                        "WorldConfig gin bindings).")
+    flags.DEFINE_enum("format", "auto", ["auto", "jsonl", "wmt", "arxiv"], "Corpus format.")
+    flags.DEFINE_string("templama_dir", None, "TempLAMA release folder ({train,val,test}.jsonl); default: the "
+                        "world's, or none for a corpus.")
+    flags.DEFINE_integer("vocab_size", 768, "SentencePiece pieces (768 suits the world; 32000 for real news).")
+    flags.DEFINE_integer("max_spm_sentences", 1_000_000, "SentencePiece training lines, at most.")
+    flags.DEFINE_string("detector", "builtin", "Entity detector: builtin, or an installed spaCy pipeline name.")
+    flags.DEFINE_boolean("one_span_per_sentence", False, "One sampled salient span per sentence instead of all.")
+    flags.DEFINE_integer("heldout_per_year", 2000, "Held-out (validation + test) documents per year, at most.")
+    flags.DEFINE_float("heldout_fraction", 0.1, "Held-out share of each year, at most.")
+    flags.DEFINE_integer("future_years", 2, "The last N years form the 'future' evaluation slice.")
+    flags.DEFINE_integer("seed", 0, "Seed of the world, the held-out draw and the training answers.")
+    _world_configurable()
+
+
+def _main_data_tasks():
+    from templm.data.task_data import TaskDataConfig, prepare_task_data
+
+    world = dataclasses.replace(_world_configurable()(), seed=FLAGS.seed)
+    config = TaskDataConfig(
+        corpus=FLAGS.corpus, corpus_format=FLAGS.format, templama_dir=FLAGS.templama_dir, world=world,
+        vocab_size=FLAGS.vocab_size, max_spm_sentences=FLAGS.max_spm_sentences, detector=FLAGS.detector,
+        one_span_per_sentence=FLAGS.one_span_per_sentence, heldout_per_year=FLAGS.heldout_per_year,
+        heldout_fraction=FLAGS.heldout_fraction, future_years=FLAGS.future_years, seed=FLAGS.seed)
+    manifest = prepare_task_data(config, FLAGS.out)
+    totals = {folder: {split: sum(by_year.values()) for split, by_year in splits.items()}
+              for folder, splits in manifest["counts"].items()}
+    print(json.dumps({"out": FLAGS.out, "years": manifest["years"], "future_years": manifest["future_years"],
+                      "examples": totals}))
+
+
 VERBS: Dict[str, Verb] = {v.name: v for v in [
     Verb("data world", "Generate the embedded temporal world: news, TempLAMA queries, calibration queries, facts.",
          _define_data_world, _main_data_world, takes_gin=True),
@@ -250,6 +285,8 @@ VERBS: Dict[str, Verb] = {v.name: v for v in [
          _define_data_spm, _main_data_spm),
     Verb("data templama", "Build TempLAMA from a Wikidata JSON dump (nine relations, any years).",
          _define_data_templama, _main_data_templama),
+    Verb("data tasks", "Build the record files behind the SeqIO tasks (SSM examples, TempLAMA, vocabulary).",
+         _define_data_tasks, _main_data_tasks, takes_gin=True),
 ]}
 
 

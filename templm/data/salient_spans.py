@@ -23,7 +23,7 @@ SENTINEL = "<extra_id_0>"
 _ABBREVIATIONS = {
     "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "mt", "gen", "gov", "sen", "rep", "lt", "col", "capt", "sgt",
     "inc", "ltd", "co", "corp", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec",
-    "no", "vs", "etc", "e.g", "i.e", "u.s", "u.k", "u.n", "e.u", "a.m", "p.m", "approx", "dept", "est", "fig",
+    "vs", "etc", "e.g", "i.e", "u.s", "u.k", "u.n", "e.u", "a.m", "p.m", "approx", "dept", "est", "fig",
 }
 _SENTENCE_END = re.compile(r"[.!?][\"'\u201d)\]]*\s+(?=[\"'\u201c(\[]?[A-Z0-9])")
 
@@ -36,8 +36,10 @@ def split_sentences(text: str) -> List[Tuple[int, int]]:
         for match in _SENTENCE_END.finditer(line.group()):
             stop = line.start() + match.start()  # the . ! or ?
             words = text[start:stop].split()
-            word = words[-1].lower() if words else ""
-            if text[stop] == "." and (word in _ABBREVIATIONS or re.fullmatch(r"[a-z]", word)):
+            word = words[-1].lower().lstrip("(\"'\u201c[") if words else ""
+            follows = line.group()[match.end():match.end() + 1]
+            if text[stop] == "." and (word in _ABBREVIATIONS or re.fullmatch(r"(?:[a-z]\.)*[a-z]", word)
+                                      or (word == "no" and follows.isdigit())):
                 continue
             spans.append((start, line.start() + match.start() + len(match.group().rstrip())))
             start = line.start() + match.end()
@@ -61,8 +63,8 @@ _DATE_PATTERNS = [
     re.compile(rf"\b{_YEAR}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])\b"),  # 2014-03-12
 ]
 _YEAR_CONTEXT = re.compile(
-    rf"\b(?:[Ii]n|[Ss]ince|[Uu]ntil|[Bb]y|[Ff]rom|[Dd]uring|[Bb]efore|[Aa]fter|[Ee]arly|[Ll]ate|[Mm]id-?|"
-    rf"[Tt]hrough|[Tt]ill|[Tt]he year|[Ss]eason)\s+({_YEAR})\b")
+    rf"\b(?:(?:[Ii]n|[Ss]ince|[Uu]ntil|[Bb]y|[Ff]rom|[Dd]uring|[Bb]efore|[Aa]fter|[Ee]arly|[Ll]ate|[Mm]id|"
+    rf"[Tt]hrough|[Tt]ill|[Tt]he year|[Ss]eason)\s+|[Mm]id-)({_YEAR})\b")
 
 
 def find_dates(text: str) -> List[Tuple[int, int]]:
@@ -88,12 +90,12 @@ _FUNCTION_WORDS = {
     "a", "an", "the", "on", "in", "at", "as", "by", "for", "from", "of", "to", "with", "under", "after", "before",
     "during", "since", "until", "when", "while", "if", "but", "and", "or", "so", "yet", "this", "that", "these",
     "those", "it", "its", "he", "she", "they", "we", "i", "you", "his", "her", "their", "our", "my", "there", "here",
-    "what", "who", "which", "where", "why", "how", "all", "some", "many", "most", "more", "no", "not", "new",
+    "what", "who", "which", "where", "why", "how", "all", "some", "many", "most", "more", "no", "not",
     "monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday",
     "january", "february", "march", "april", "may", "june", "july", "august", "september", "october", "november",
     "december", "mr", "mrs", "ms", "dr",
 }
-_CONNECTORS = {"of", "de", "la", "von", "van", "der", "and", "for", "the", "du", "del", "da"}
+_CONNECTORS = {"of", "de", "la", "von", "van", "der", "for", "the", "du", "del", "da"}
 _TOKEN = re.compile(r"(?:[A-Z]\.){2,}|[A-Za-z0-9][\w'\u2019\-.&]*\w|[A-Za-z0-9]")
 
 
@@ -218,11 +220,12 @@ def ssm_examples(text: str, detector=None, one_per_sentence: bool = False,
     """An example per salient span, or (one_per_sentence) one span drawn per sentence with `rng`."""
     sentences = split_sentences(text)
     spans = salient_spans(text, detector, sentences)
+    rng = rng or random.Random(0)
     examples = []
     for s, e in sentences:
         inside = [(a, b) for a, b in spans if s <= a and b <= e]
         if one_per_sentence and inside:
-            inside = [(rng or random.Random(0)).choice(inside)]
+            inside = [rng.choice(inside)]
         for a, b in inside:
             examples.append(SsmExample(text[s:a] + SENTINEL + text[b:e], text[a:b], a, b))
     return examples

@@ -177,11 +177,12 @@ class _Names:
                 return w
 
     def unique(self, make) -> str:
-        while True:
+        for _ in range(10_000):
             name = make()
             if name not in self.used:
                 self.used.add(name)
                 return name
+        raise ValueError("the world is too small to give every entity a unique name: raise subjects_per_relation")
 
 
 def _date_in_year(rng: random.Random, year: int) -> datetime.date:
@@ -224,7 +225,7 @@ class _Builder:
         person = lambda: f"{w((2, 2))} {w((2, 3))}"  # noqa: E731
         for _ in range(max(6, n // 2)):
             self._add("country", w((2, 3)).rstrip(_VOWELS) + self.rng.choice(["ia", "land", "stan", "ora"]))
-        for _ in range(n):
+        for _ in range(max(n, 12)):  # clubs and universities are named after cities
             self._add("city", w((2, 3)))
         cities = self.by_type["city"]
         for i in range(n):

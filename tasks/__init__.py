@@ -1,0 +1,63 @@
+"""`import tasks` registers every templm SeqIO task and mixture; see tasks/registry.py for their names.
+
+Where the data comes from, in order: `tasks.configure(data_dir=...)` (gin: `tasks.configure.data_dir = '...'`), the
+`TEMPLM_DATA_DIR` environment variable (a folder written by `templm data tasks --out DIR`), or by default the embedded
+world, prepared on first use in `$TEMPLM_CACHE` (default `~/.cache/templm`) under a lock.
+"""
+
+import functools
+import os
+
+import gin
+
+from tasks import registry
+from tasks.registry import adapt_mixture, adapt_mixture_name
+from templm.data import task_data
+from templm.data.records import DataError
+
+__all__ = ["adapt_mixture", "adapt_mixture_name", "configure", "current"]
+
+_current = {}
+
+
+def configure(data_dir=None, vocabulary_path=None, extra_ids=100):
+    """Registers the tasks over `data_dir` (default: $TEMPLM_DATA_DIR, else the embedded world's cache folder).
+
+    `vocabulary_path` replaces the folder's own SentencePiece model (e.g. T5's cc_all.32000.100extra model).
+    Returns the manifest (for the default world before its first use: the years it will have).
+    """
+    data_dir = data_dir or os.environ.get("TEMPLM_DATA_DIR")
+    default = data_dir is None
+    data_dir = data_dir or task_data.default_data_dir()
+    manifest = task_data.read_manifest(data_dir)
+    if manifest is None and not default:
+        raise DataError("no task data here (no manifest.json): build it with `templm data tasks --out DIR`", data_dir)
+    if manifest is None:
+        config = task_data.TaskDataConfig()
+        years = list(range(config.world.start_year, config.world.end_year + 1))
+        manifest = {"years": years, "seen_years": years[:-config.future_years],
+                    "future_years": years[-config.future_years:], "vocabulary": "spm/vocab.model", "counts": None}
+        ensure = functools.partial(task_data.ensure_task_data, data_dir, config)
+    else:
+        ensure = lambda: None  # noqa: E731  (already prepared)
+    vocabulary = registry.PreparedVocabulary(vocabulary_path or os.path.join(data_dir, manifest["vocabulary"]),
+                                             ensure, extra_ids=extra_ids)
+    registry.register(data_dir, manifest["years"], manifest["seen_years"], manifest["future_years"], vocabulary,
+                      ensure, manifest.get("counts"))
+    _current.clear()
+    _current.update(data_dir=data_dir, manifest=manifest, vocabulary=vocabulary, ensure=ensure)
+    return manifest
+
+
+try:
+    configure = gin.configurable(configure, module="tasks")
+except ValueError:  # already registered: this module is being reloaded (importlib.reload), keep the first
+    pass
+
+
+def current():
+    """What `configure` last set up: data_dir, manifest, vocabulary and the `ensure` hook."""
+    return dict(_current)
+
+
+configure()

@@ -1,0 +1,191 @@
+"""Registers templm's SeqIO tasks and mixtures for one task-data folder (see templm.data.task_data).
+
+Task names (every one has the splits train, validation and test):
+
+    customnews_ssm_uniform         salient-span masking on every year, no time prefix
+    customnews_ssm_temporal        the same, inputs prefixed "year: YYYY " from the document date
+    customnews_ssm_yearly_YYYY     one year's documents, no prefix (one model per year)
+    customnews_ssm_temporal_YYYY   one year's documents with the prefix (the slices adaptation mixes)
+    templama_uniform, templama_temporal, templama_yearly_YYYY      TempLAMA cloze queries, same regimes
+
+Mixtures: `uniform_mixture`, `temporal_mixture`, `yearly_YYYY_mixture` mix CustomNews and TempLAMA training data
+1000:1; `temporal_adapt_YYYY_alphaAAA` samples year YYYY's news with probability alpha (AAA = 100 x alpha, 010..090)
+and the older years' with 1 - alpha, shared equally (`adapt_mixture(year, alpha)` registers any other alpha).
+
+Metrics come out by year through the `year` feature every example carries (keys `f1_2014`, `ppl_2014`, ...), and by
+slice (`seen_f1`, `future_f1`) from the manifest's seen and future years. TempLAMA tasks report EM/F1 and
+perplexity; CustomNews tasks report masked-LM perplexity.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
+
+import seqio
+import tensorflow as tf
+
+from templm.evaluation import qa_metrics
+
+CUSTOMNEWS, TEMPLAMA = "customnews", "templama"
+REGIMES = ("uniform", "temporal")
+SPLITS = ("train", "validation", "test")
+NEWS_TO_TEMPLAMA_RATE = 1000.0
+ADAPT_ALPHAS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+_FEATURES = {
+    "inputs": tf.io.FixedLenFeature([], tf.string),
+    "targets": tf.io.FixedLenFeature([], tf.string),
+    "answers": tf.io.VarLenFeature(tf.string),
+    "year": tf.io.FixedLenFeature([], tf.int64),
+    "id": tf.io.FixedLenFeature([], tf.string),
+}
+
+_registered: List[str] = []  # names this module added, so that `register` can replace them
+
+
+class PreparedSource(seqio.TFExampleDataSource):
+    """A TFExample source whose files are built on first use (`ensure()` runs before the files are listed)."""
+
+    def __init__(self, ensure: Callable[[], object], **kwargs):
+        self._ensure = ensure
+        super().__init__(**kwargs)
+
+    def list_shards(self, split: str) -> Sequence[str]:
+        self._ensure()
+        return super().list_shards(split)
+
+
+class PreparedVocabulary(seqio.SentencePieceVocabulary):
+    """A SentencePiece vocabulary whose model file is built on first use."""
+
+    def __init__(self, path: str, ensure: Callable[[], object], extra_ids: int = 100):
+        self._ensure = ensure
+        super().__init__(path, extra_ids=extra_ids)
+
+    def _model_context(self):
+        self._ensure()
+        return super()._model_context()
+
+
+def _parse(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    def fix(ex):
+        ex = dict(ex)
+        ex["answers"] = tf.sparse.to_dense(ex["answers"])
+        ex["year"] = tf.cast(ex["year"], tf.int32)
+        return ex
+
+    return dataset.map(fix, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def add_year_prefix(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """The Temporal regime: inputs become "year: YYYY " + inputs."""
+    def prefix(ex):
+        ex = dict(ex)
+        ex["inputs"] = tf.strings.join(["year: ", tf.strings.as_string(ex["year"]), " ", ex["inputs"]])
+        return ex
+
+    return dataset.map(prefix, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def qa_ppl_postprocessor(output, example=None, is_target=False):
+    """Targets carry what both the EM/F1 and the perplexity metrics need; predictions are the answer text."""
+    if not is_target:
+        return qa_metrics.qa_postprocessor(output, example, is_target)
+    return {**qa_metrics.qa_postprocessor(output, example, True),
+            **qa_metrics.ppl_postprocessor(output, example, True)}
+
+
+def _task(name: str, folder: str, pattern: str, regime: str, data_dir: str, ensure, vocabulary,
+          num_examples: Optional[Dict[str, int]], seen_years, future_years) -> None:
+    source = PreparedSource(
+        ensure,
+        split_to_filepattern={split: f"{data_dir}/{folder}/{split}-{pattern}.tfrecord" for split in SPLITS},
+        feature_description=_FEATURES,
+        num_input_examples=num_examples)
+    preprocessors = [_parse]
+    if regime == "temporal":
+        preprocessors.append(add_year_prefix)
+    preprocessors += [seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim]
+    metric_fns = [qa_metrics.make_perplexity_metric_fn()]
+    if folder == TEMPLAMA:
+        metric_fns.insert(0, qa_metrics.make_qa_metric_fn(seen_years, future_years))
+    seqio.TaskRegistry.add(
+        name, source=source, preprocessors=preprocessors,
+        output_features={"inputs": seqio.Feature(vocabulary, add_eos=True),
+                         "targets": seqio.Feature(vocabulary, add_eos=True)},
+        postprocess_fn=qa_ppl_postprocessor, metric_fns=metric_fns, shuffle_buffer_size=10_000)
+    _registered.append(name)
+
+
+def _mixture(name: str, tasks_and_rates) -> None:
+    seqio.MixtureRegistry.add(name, list(tasks_and_rates))
+    _registered.append(name)
+
+
+def _count(counts: Optional[dict], folder: str, years: Iterable[int]) -> Optional[Dict[str, int]]:
+    if not counts or folder not in counts:
+        return None
+    return {split: sum(counts[folder].get(split, {}).get(str(y), 0) for y in years) for split in SPLITS}
+
+
+def unregister() -> None:
+    """Removes every task and mixture this module registered."""
+    for name in _registered:
+        seqio.MixtureRegistry.remove(name)
+        seqio.TaskRegistry.remove(name)
+    _registered.clear()
+
+
+def register(data_dir: str, years: Sequence[int], seen_years: Sequence[int], future_years: Sequence[int],
+             vocabulary: seqio.Vocabulary, ensure: Callable[[], object] = lambda: None,
+             counts: Optional[dict] = None) -> None:
+    """(Re-)registers every task and mixture over the record files in `data_dir`."""
+    unregister()
+    years = sorted(years)
+    common = dict(data_dir=data_dir, ensure=ensure, vocabulary=vocabulary, seen_years=seen_years,
+                  future_years=future_years)
+    for folder, stem in ((CUSTOMNEWS, "customnews_ssm"), (TEMPLAMA, "templama")):
+        for regime in REGIMES:
+            _task(f"{stem}_{regime}", folder, "*", regime, num_examples=_count(counts, folder, years), **common)
+        for year in years:
+            _task(f"{stem}_yearly_{year}", folder, str(year), "uniform",
+                  num_examples=_count(counts, folder, [year]), **common)
+            if folder == CUSTOMNEWS:
+                _task(f"{stem}_temporal_{year}", folder, str(year), "temporal",
+                      num_examples=_count(counts, folder, [year]), **common)
+    for regime in REGIMES:
+        _mixture(f"{regime}_mixture", [(f"customnews_ssm_{regime}", NEWS_TO_TEMPLAMA_RATE),
+                                       (f"templama_{regime}", 1.0)])
+    for year in years:
+        _mixture(f"yearly_{year}_mixture", [(f"customnews_ssm_yearly_{year}", NEWS_TO_TEMPLAMA_RATE),
+                                            (f"templama_yearly_{year}", 1.0)])
+    global _adapt_years
+    _adapt_years = years
+    for year in years[1:]:
+        for alpha in ADAPT_ALPHAS:
+            adapt_mixture(year, alpha)
+
+
+_adapt_years: List[int] = []
+
+
+def adapt_mixture_name(year: int, alpha: float) -> str:
+    return f"temporal_adapt_{year}_alpha{round(alpha * 100):03d}"
+
+
+def adapt_mixture(year: int, alpha: float) -> str:
+    """Registers (once) and returns the mixture that samples `year` with probability alpha, older years 1 - alpha."""
+    name = adapt_mixture_name(year, alpha)
+    if name in seqio.MixtureRegistry.names():
+        return name
+    older = [y for y in _adapt_years if y < year]
+    if year not in _adapt_years or not older:
+        raise ValueError(f"adapt_mixture: year {year} needs task data for it and for an earlier year "
+                         f"(have {_adapt_years})")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"adapt_mixture: alpha must be in (0, 1), got {alpha}")
+    rates = [(f"customnews_ssm_temporal_{year}", alpha)]
+    rates += [(f"customnews_ssm_temporal_{y}", (1.0 - alpha) / len(older)) for y in older]
+    _mixture(name, rates)
+    return name

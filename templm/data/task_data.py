@@ -1,0 +1,255 @@
+"""Record files behind the SeqIO tasks: CustomNews salient-span-masking examples and TempLAMA cloze queries.
+
+`prepare_task_data(config, out_dir)` turns a corpus (or the embedded world) into
+
+    customnews/{train,validation,test}-YYYY.tfrecord   one SSM example per salient span of each document
+    templama/{train,validation,test}-YYYY.tfrecord      one example per TempLAMA query
+    splits/yearly/YYYY_{train,validation,test}.gz      which documents went where (split-file format)
+    spm/vocab.model                                    SentencePiece model trained on the training documents
+    manifest.json                                      years, seen/future slices, counts, vocabulary, config
+
+Files are split by year so a Yearly task reads only its year and a Uniform or Temporal task reads them all; records
+are tf.train.Example protos with `inputs`, `targets`, `answers` (every gold answer), `year` and `id`. Record files
+(rather than a generator) make shuffling seeded and resumable, and keep seqio from re-running the extraction.
+
+`ensure_task_data(out_dir, config)` prepares the folder once, under a file lock, so two processes that start at the
+same time do not both build it; everything is written under `out_dir.partial` and renamed at the end.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import datetime
+import fcntl
+import itertools
+import json
+import os
+import random
+import shutil
+from typing import Dict, Iterator, Optional, Sequence, Tuple
+
+from absl import logging
+
+from templm.data.readers import TemplamaReader, read_documents
+from templm.data.records import DataError, Document
+from templm.data.salient_spans import BuiltinEntityDetector, cloze_to_ssm, make_entity_detector, ssm_examples
+from templm.data.world import WorldConfig, generate_world
+
+SPLITS = ("train", "validation", "test")
+MANIFEST = "manifest.json"
+MANIFEST_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskDataConfig:
+    """What to build the tasks from. `corpus=None` means the embedded world drawn with `world`."""
+
+    corpus: Optional[str] = None
+    corpus_format: str = "auto"
+    templama_dir: Optional[str] = None  # {train,val,test}.jsonl in the release format; default: the world's
+    world: WorldConfig = WorldConfig()
+    vocab_size: int = 768  # the world's vocabulary is small; use 32000 for a real news corpus
+    max_spm_sentences: int = 1_000_000
+    detector: str = "builtin"  # or the name of an installed spaCy pipeline
+    one_span_per_sentence: bool = False
+    heldout_per_year: int = 2000
+    heldout_fraction: float = 0.1
+    future_years: int = 2  # the last N years are the "future" slice; the rest are "seen"
+    seed: int = 0
+
+
+def _tf():
+    import tensorflow as tf  # deferred: 6 s to import, only the writer needs it
+
+    return tf
+
+
+def _example(tf, inputs: str, targets: str, answers: Sequence[str], year: int, example_id: str):
+    def text(values):
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v.encode("utf-8") for v in values]))
+
+    return tf.train.Example(features=tf.train.Features(feature={
+        "inputs": text([inputs]), "targets": text([targets]), "answers": text(answers), "id": text([example_id]),
+        "year": tf.train.Feature(int64_list=tf.train.Int64List(value=[year])),
+    })).SerializeToString()
+
+
+class _Writers:
+    """One TFRecord writer per (folder, split, year), opened on first use."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.open: Dict[Tuple[str, str, int], object] = {}
+        self.counts: Dict[str, Dict[str, Dict[str, int]]] = collections.defaultdict(
+            lambda: collections.defaultdict(lambda: collections.defaultdict(int)))
+
+    def write(self, folder: str, split: str, year: int, record: bytes) -> None:
+        key = (folder, split, year)
+        if key not in self.open:
+            os.makedirs(os.path.join(self.root, folder), exist_ok=True)
+            self.open[key] = _tf().io.TFRecordWriter(os.path.join(self.root, folder, f"{split}-{year}.tfrecord"))
+        self.open[key].write(record)
+        self.counts[folder][split][str(year)] += 1
+
+    def close(self) -> None:
+        for writer in self.open.values():
+            writer.close()
+
+
+def _split_of_documents(split_dir: str, years: Sequence[int]) -> Dict[str, str]:
+    from templm.data.splits import read_split_file
+
+    split_of: Dict[str, str] = {}
+    for year in years:
+        for split in ("validation", "test"):
+            path = os.path.join(split_dir, "yearly", f"{year}_{split}.gz")
+            if os.path.exists(path):
+                for _, doc_id in read_split_file(path):
+                    split_of[doc_id] = split
+    return split_of
+
+
+def _training_documents(corpus: str, fmt: str, split_of: Dict[str, str]) -> Iterator:
+    return (doc for doc in read_documents(corpus, fmt) if doc.id not in split_of)
+
+
+def prepare_task_data(config: TaskDataConfig, out_dir: str) -> dict:
+    """Builds the task folder for `config` at `out_dir` (see the module docstring). Returns the manifest."""
+    tmp = out_dir.rstrip("/") + ".partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        manifest = _prepare(config, tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if os.path.exists(out_dir):
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    return manifest
+
+
+def _prepare(config: TaskDataConfig, root: str) -> dict:
+    from templm.data.splits import yearly_buckets
+    from templm.data.vocab import train_spm
+
+    corpus, templama_dir, fmt = config.corpus, config.templama_dir, config.corpus_format
+    if corpus is None:
+        generate_world(config.world, os.path.join(root, "world"))
+        corpus, fmt = os.path.join(root, "world", "news.jsonl"), "jsonl"
+        templama_dir = templama_dir or os.path.join(root, "world", "templama")
+    buckets = yearly_buckets(corpus, os.path.join(root, "splits"), heldout_per_year=config.heldout_per_year,
+                             heldout_fraction=config.heldout_fraction, seed=config.seed, format=fmt)
+    years = sorted(int(y) for y in buckets["years"])
+    split_of = _split_of_documents(os.path.join(root, "splits"), years)
+    logging.info("task data: %d years (%d-%d), %d held-out documents", len(years), years[0], years[-1],
+                 len(split_of))
+
+    # Entity detection learns which words the corpus capitalises mid-sentence from a sample of training documents.
+    detector = make_entity_detector(config.detector)
+    if isinstance(detector, BuiltinEntityDetector):
+        sample = []
+        for doc in _training_documents(corpus, fmt, split_of):
+            sample.append(doc.text)
+            if len(sample) >= 5000:
+                break
+        detector = detector.fit(sample)
+
+    tf = _tf()
+    writers = _Writers(root)
+    rng = random.Random(config.seed)
+    try:
+        for doc in read_documents(corpus, fmt):
+            split = split_of.get(doc.id, "train")
+            examples = ssm_examples(doc.text, detector, config.one_span_per_sentence, rng)
+            for i, ex in enumerate(examples):
+                writers.write("customnews", split, doc.date.year,
+                              _example(tf, ex.inputs, ex.targets, [ex.targets], doc.date.year, f"{doc.id}#{i}"))
+        query_years = set()
+        if templama_dir:
+            for split, name in (("train", "train"), ("validation", "val"), ("test", "test")):
+                path = os.path.join(templama_dir, f"{name}.jsonl")
+                if not os.path.exists(path):
+                    raise DataError(f"no TempLAMA {name} split (expected {name}.jsonl)", path)
+                for q in TemplamaReader(path):
+                    # Training uses one answer, drawn per query; evaluation keeps all of them in `answers`.
+                    target = random.Random(f"{config.seed}-{q.id}").choice(q.answer_names)
+                    writers.write("templama", split, q.year,
+                                  _example(tf, cloze_to_ssm(q.query), target, q.answer_names, q.year, q.id))
+                    query_years.add(q.year)
+    finally:
+        writers.close()
+
+    spm_prefix = os.path.join(root, "spm", "vocab")
+    os.makedirs(os.path.dirname(spm_prefix))
+    # The Temporal prefix ("year: 2014 ") must be in the vocabulary even where the corpus never writes a colon.
+    prefixes = [Document(f"prefix-{y}", datetime.date(y, 1, 1), f"year: {y}") for y in years]
+    train_spm(itertools.chain(prefixes, _training_documents(corpus, fmt, split_of)), spm_prefix,
+              vocab_size=config.vocab_size, max_sentences=config.max_spm_sentences, seed=config.seed)
+
+    all_years = sorted(set(years) | query_years)
+    n_future = min(config.future_years, max(0, len(all_years) - 1))
+    manifest = {
+        "version": MANIFEST_VERSION,
+        "years": all_years,
+        "seen_years": all_years[:len(all_years) - n_future],
+        "future_years": all_years[len(all_years) - n_future:],
+        "vocabulary": "spm/vocab.model",
+        "counts": {folder: {split: dict(sorted(by_year.items())) for split, by_year in splits.items()}
+                   for folder, splits in writers.counts.items()},
+        "config": _jsonable(dataclasses.asdict(config)),
+    }
+    with open(os.path.join(root, MANIFEST), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1)
+    return manifest
+
+
+def _jsonable(value):
+    return json.loads(json.dumps(value, default=str))
+
+
+def read_manifest(data_dir: str) -> Optional[dict]:
+    path = os.path.join(data_dir, MANIFEST)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except json.JSONDecodeError as e:
+        raise DataError(f"corrupt task manifest: {e}", path) from None
+    if manifest.get("version") != MANIFEST_VERSION:
+        raise DataError(f"task data version {manifest.get('version')}, expected {MANIFEST_VERSION}: rebuild it "
+                        f"with `templm data tasks --out {data_dir}`", path)
+    return manifest
+
+
+@contextlib.contextmanager
+def _locked(path: str):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def ensure_task_data(data_dir: str, config: TaskDataConfig = TaskDataConfig()) -> dict:
+    """The manifest of `data_dir`, preparing the folder first (once, under a lock) when it has none."""
+    manifest = read_manifest(data_dir)
+    if manifest is not None:
+        return manifest
+    with _locked(data_dir.rstrip("/") + ".lock"):
+        manifest = read_manifest(data_dir)  # another process may have built it while we waited
+        if manifest is None:
+            logging.info("preparing task data in %s (first use)", data_dir)
+            manifest = prepare_task_data(config, data_dir)
+    return manifest
+
+
+def default_data_dir() -> str:
+    """Where the embedded world's task data lives: $TEMPLM_CACHE (default ~/.cache/templm)/world-v1."""
+    cache = os.environ.get("TEMPLM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "templm")
+    return os.path.join(cache, f"world-v{MANIFEST_VERSION}")

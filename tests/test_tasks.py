@@ -1,0 +1,204 @@
+"""The SeqIO registry: task data, regimes (prefix or not, one year or all), mixtures, metrics, no hang at exit."""
+
+import collections
+import importlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import seqio
+
+import tasks
+from templm.data.task_data import TaskDataConfig, ensure_task_data, prepare_task_data, read_manifest
+from templm.data.world import WorldConfig
+
+WORLD = WorldConfig(seed=1, start_year=2012, end_year=2016, subjects_per_relation=6, docs_per_month=12)
+CONFIG = TaskDataConfig(world=WORLD, vocab_size=400, future_years=1)
+LENGTHS = {"inputs": 48, "targets": 12}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("tasks") / "data")
+    prepare_task_data(CONFIG, out)
+    tasks.configure(data_dir=out)
+    yield out
+    tasks.configure()  # back to the default, so other test files see the usual registry
+
+
+def _examples(name, split="validation", n=None, lengths=LENGTHS):
+    ds = seqio.get_mixture_or_task(name).get_dataset(lengths, split=split, shuffle=False)
+    if n is not None:
+        ds = ds.take(n)
+    return list(ds.as_numpy_iterator())
+
+
+def test_manifest_years_slices_and_counts(data_dir):
+    manifest = read_manifest(data_dir)
+    assert manifest["years"] == [2012, 2013, 2014, 2015, 2016]
+    assert manifest["seen_years"] == [2012, 2013, 2014, 2015] and manifest["future_years"] == [2016]
+    with open(os.path.join(data_dir, "world", "stats.json")) as f:
+        world_stats = json.load(f)
+    templama = manifest["counts"]["templama"]
+    assert sum(sum(v.values()) for v in templama.values()) == world_stats["templama_queries"]
+    assert sum(templama["validation"].values()) == world_stats["templama_splits"]["val"]
+    news = manifest["counts"]["customnews"]
+    assert all(news[split][str(y)] > 0 for split in ("train", "validation", "test") for y in manifest["years"])
+
+
+def test_year_prefix_only_in_temporal_tasks(data_dir):
+    temporal = _examples("customnews_ssm_temporal")
+    uniform = _examples("customnews_ssm_uniform")
+    assert len(temporal) == len(uniform) > 100
+    for ex in temporal:
+        assert ex["inputs_pretokenized"].decode().startswith(f"year: {ex['year']} ")
+    assert not any(ex["inputs_pretokenized"].decode().startswith("year:") for ex in uniform)
+    # Same examples, same order: the prefix is the only difference.
+    for t, u in zip(temporal, uniform):
+        assert t["inputs_pretokenized"].decode() == f"year: {u['year']} " + u["inputs_pretokenized"].decode()
+    for ex in _examples("templama_temporal"):
+        assert ex["inputs_pretokenized"].decode().startswith(f"year: {ex['year']} ")
+        assert b"<extra_id_0>" in ex["inputs_pretokenized"]
+        assert ex["targets_pretokenized"] in list(ex["answers"])
+
+
+def test_yearly_tasks_hold_only_their_year(data_dir):
+    manifest = read_manifest(data_dir)
+    for year in manifest["years"]:
+        for name in (f"customnews_ssm_yearly_{year}", f"templama_yearly_{year}", f"customnews_ssm_temporal_{year}"):
+            years = {int(ex["year"]) for ex in _examples(name)}
+            assert years == {year}, name
+    counted = collections.Counter(int(ex["year"]) for ex in _examples("templama_uniform"))
+    assert counted == {int(y): n for y, n in manifest["counts"]["templama"]["validation"].items()}
+
+
+def test_tokens_round_trip_through_the_task_vocabulary(data_dir):
+    vocab = tasks.current()["vocabulary"]
+    assert vocab.vocab_size == 400 + 100
+    ex = _examples("templama_temporal", n=1, lengths={"inputs": 128, "targets": 32})[0]
+    assert vocab.decode(ex["inputs"].tolist()) == ex["inputs_pretokenized"].decode()
+    assert ex["inputs"][-1] == 1  # EOS appended
+    assert vocab.encode("<extra_id_0>")[-1] == vocab.vocab_size - 1
+
+
+def _task_shares(name, n, key):
+    ds = seqio.get_mixture_or_task(name).get_dataset(LENGTHS, split="train", shuffle=True, seed=7, num_epochs=None,
+                                                     passthrough_features=["id", "year"])
+    counts = collections.Counter(key(ex) for ex in ds.take(n).as_numpy_iterator())
+    return {k: v / n for k, v in counts.items()}
+
+
+def test_news_to_templama_mixture_is_1000_to_1(data_dir):
+    mixture = seqio.get_mixture_or_task("temporal_mixture")
+    assert {t.name: mixture.get_rate(t) for t in mixture.tasks} == {"customnews_ssm_temporal": 1000.0,
+                                                                     "templama_temporal": 1.0}
+    n = 20_000
+    share = _task_shares("temporal_mixture", n, lambda ex: "news" if b"#" in ex["id"] else "templama")
+    expected = 1 / 1001  # about 20 of 20,000: a 100:1 or 10000:1 mixture would be far outside 4 sigma
+    sigma = (expected * (1 - expected) / n) ** 0.5
+    assert abs(share.get("templama", 0.0) - expected) < 4 * sigma
+
+
+def test_alpha_adaptation_mixture(data_dir):
+    name = tasks.adapt_mixture(2015, 0.3)
+    assert name == "temporal_adapt_2015_alpha030"
+    n = 4000
+    share = _task_shares(name, n, lambda ex: int(ex["year"]))
+    assert set(share) == {2012, 2013, 2014, 2015}
+    sigma = (0.3 * 0.7 / n) ** 0.5
+    assert abs(share[2015] - 0.3) < 4 * sigma
+    for year in (2012, 2013, 2014):
+        assert abs(share[year] - 0.7 / 3) < 4 * (0.7 / 3 * (1 - 0.7 / 3) / n) ** 0.5
+    with pytest.raises(ValueError, match="earlier year"):
+        tasks.adapt_mixture(2012, 0.5)
+
+
+def test_every_name_resolves_and_the_regimes_pack(data_dir):
+    task_names = [n for n in seqio.TaskRegistry.names() if n.startswith(("customnews_ssm_", "templama_"))]
+    mixture_names = [n for n in seqio.MixtureRegistry.names() if n.endswith("_mixture") or "_adapt_" in n]
+    assert len(task_names) == 2 * 2 + 5 * 3
+    preregistered = [n for n in mixture_names if not n.startswith("temporal_adapt_") or n[-3:] in
+                     {f"{round(a * 100):03d}" for a in tasks.registry.ADAPT_ALPHAS}]
+    assert len(preregistered) == 2 + 5 + 4 * 9  # regimes, yearly, and nine alphas for every year but the first
+    for name in task_names:
+        source = seqio.get_mixture_or_task(name).source
+        for split in ("train", "validation", "test"):
+            assert source.list_shards(split), (name, split)
+    for name in mixture_names:
+        assert all(t.name in task_names for t in seqio.get_mixture_or_task(name).tasks)
+    converter = seqio.EncDecFeatureConverter(pack=True)
+    for name in ("uniform_mixture", "temporal_mixture", "yearly_2014_mixture", "temporal_adapt_2016_alpha050",
+                 "templama_yearly_2016"):
+        ds = seqio.get_dataset(mixture_or_task_name=name, task_feature_lengths={"inputs": 128, "targets": 32},
+                               dataset_split="train", shuffle=True, seed=3, feature_converter=converter)
+        rows = list(ds.take(8).as_numpy_iterator())
+        assert rows[0]["encoder_input_tokens"].shape == (128,) and rows[0]["decoder_target_tokens"].shape == (32,)
+        assert max(row["encoder_segment_ids"].max() for row in rows) >= 2  # examples are packed together
+
+
+def test_metrics_through_the_task_postprocessor(data_dir):
+    task = seqio.get_mixture_or_task("templama_temporal")
+    examples = _examples("templama_temporal", split="test")
+    targets = [task.postprocess_fn(ex["targets_pretokenized"], example=ex, is_target=True) for ex in examples]
+    predictions = [task.postprocess_fn(b"<extra_id_0> " + ex["targets_pretokenized"] + b" <extra_id_1>")
+                   for ex in examples]
+    qa_fn, ppl_fn = task.metric_fns
+    perfect = qa_fn(targets, predictions)
+    assert perfect["em"] == 100.0 and perfect["f1"] == 100.0
+    assert perfect["seen_count"] + perfect["future_count"] == len(examples) == perfect["count"]
+    wrong = qa_fn(targets, ["nobody"] * len(targets))
+    assert wrong["f1"] == 0.0 and wrong["future_f1"] == 0.0
+    tokens = [t["num_tokens"] for t in targets]
+    assert tokens == [int(np.count_nonzero(ex["targets"])) for ex in examples]
+    # Every token at probability 1/2 gives perplexity 2 in every year.
+    scores = [-n * np.log(2.0) for n in tokens]
+    ppl = ppl_fn(targets, scores)
+    assert ppl["ppl"] == pytest.approx(2.0)
+    assert ppl["ppl_2016"] == pytest.approx(2.0)
+
+
+def test_import_twice_and_reconfigure(data_dir):
+    importlib.reload(tasks)  # registers the default world again over the same names
+    tasks.configure(data_dir=data_dir)
+    assert "templama_yearly_2016" in seqio.TaskRegistry.names()
+    assert "templama_yearly_2020" not in seqio.TaskRegistry.names()  # the default world's years are gone
+
+
+def test_iterating_then_exiting_does_not_hang(data_dir):
+    script = textwrap.dedent(f"""
+        import seqio, tasks
+        tasks.configure(data_dir={data_dir!r})
+        ds = seqio.get_mixture_or_task("temporal_mixture").get_dataset(
+            {{"inputs": 48, "targets": 12}}, split="train", shuffle=True, seed=1, num_epochs=None)
+        it = ds.as_numpy_iterator()
+        print(sum(1 for _, _ in zip(range(50), it)))
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "50"
+
+
+def test_default_data_is_built_once_under_a_lock(tmp_path):
+    """Two processes asking for the same folder at once: one builds it, the other waits and reads it."""
+    script = textwrap.dedent(f"""
+        import sys
+        from absl import logging
+        from templm.data.task_data import TaskDataConfig, ensure_task_data
+        from templm.data.world import WorldConfig
+        logging.set_verbosity(logging.INFO)
+        config = TaskDataConfig(world=WorldConfig(start_year=2014, end_year=2015, subjects_per_relation=4,
+                                                  docs_per_month=4), vocab_size=200)
+        print(ensure_task_data({str(tmp_path / 'data')!r}, config)["years"])
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert [out.strip() for out, _ in outputs] == ["[2014, 2015]"] * 2
+    assert sum("preparing task data" in err for _, err in outputs) == 1
+    assert ensure_task_data(str(tmp_path / "data"))["years"] == [2014, 2015]
+    assert not os.path.exists(str(tmp_path / "data") + ".partial")
