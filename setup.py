@@ -16,6 +16,7 @@ INSTALL_REQUIRES = [
     "gin-config==0.5.0",
     "absl-py>=2.1",
     "clu==0.0.12",
+    "tensorboard==2.21.0",  # clu's summary writer needs it; tensorflow 2.21 no longer pulls it in
     "numpy",
     # Beyond the core set, each for one job: safetensors reads Hugging Face checkpoints without unpickling,
     # sacremoses gives the Moses word split of word-level perplexity, scikit-learn the LDA topics, matplotlib plots.

@@ -15,7 +15,7 @@ from tasks.registry import adapt_mixture, adapt_mixture_name
 from templm.data import task_data
 from templm.data.records import DataError
 
-__all__ = ["adapt_mixture", "adapt_mixture_name", "configure", "current"]
+__all__ = ["adapt_mixture", "adapt_mixture_name", "configure", "current", "temporal_adapt_mixture", "yearly_mixture"]
 
 _current = {}
 
@@ -49,10 +49,24 @@ def configure(data_dir=None, vocabulary_path=None, extra_ids=100):
     return manifest
 
 
-try:
-    configure = gin.configurable(configure, module="tasks")
-except ValueError:  # already registered: this module is being reloaded (importlib.reload), keep the first
-    pass
+def yearly_mixture(year):
+    """The name of year `year`'s mixture (CustomNews 1000 : TempLAMA 1), for gin: `@tasks.yearly_mixture()`."""
+    name = f"yearly_{year}_mixture"
+    if name not in registry.registered():
+        raise ValueError(f"no yearly mixture for {year}: the task data has years {_current['manifest']['years']}")
+    return name
+
+
+def temporal_adapt_mixture(year, alpha):
+    """The alpha adaptation mixture of `year` (registered on demand), for gin: `@tasks.temporal_adapt_mixture()`."""
+    return adapt_mixture(year, alpha)
+
+
+for _fn in ("configure", "yearly_mixture", "temporal_adapt_mixture"):
+    try:
+        globals()[_fn] = gin.configurable(globals()[_fn], module="tasks")
+    except ValueError:  # already registered: this module is being reloaded (importlib.reload); keep the first
+        pass
 
 
 def current():

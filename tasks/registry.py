@@ -42,6 +42,7 @@ _FEATURES = {
 }
 
 _registered: List[str] = []  # names this module added, so that `register` can replace them
+_adapt_years: List[int] = []  # the years of the registered task data, for adapt_mixture
 
 
 class PreparedSource(seqio.TFExampleDataSource):
@@ -129,6 +130,11 @@ def _count(counts: Optional[dict], folder: str, years: Iterable[int]) -> Optiona
     return {split: sum(counts[folder].get(split, {}).get(str(y), 0) for y in years) for split in SPLITS}
 
 
+def registered() -> List[str]:
+    """Every task and mixture name this module has registered."""
+    return list(_registered)
+
+
 def unregister() -> None:
     """Removes every task and mixture this module registered."""
     for name in _registered:
@@ -160,14 +166,10 @@ def register(data_dir: str, years: Sequence[int], seen_years: Sequence[int], fut
     for year in years:
         _mixture(f"yearly_{year}_mixture", [(f"customnews_ssm_yearly_{year}", NEWS_TO_TEMPLAMA_RATE),
                                             (f"templama_yearly_{year}", 1.0)])
-    global _adapt_years
-    _adapt_years = years
+    _adapt_years[:] = years
     for year in years[1:]:
         for alpha in ADAPT_ALPHAS:
             adapt_mixture(year, alpha)
-
-
-_adapt_years: List[int] = []
 
 
 def adapt_mixture_name(year: int, alpha: float) -> str:

@@ -64,7 +64,7 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
     """Applies gin files and bindings; a missing file or an unknown configurable is a ConfigError naming it."""
     import gin  # deferred: only verbs with configs pay for it
 
-    paths = list(search_paths) + [os.getcwd(), REPO_ROOT]
+    paths = list(search_paths) + [os.getcwd(), os.path.join(REPO_ROOT, "gin_configs"), REPO_ROOT]
     for path in paths:
         gin.add_config_file_search_path(path)
     resolved = []
@@ -274,6 +274,71 @@ def _main_data_tasks():
                       "examples": totals}))
 
 
+def _define_train():
+    flags.DEFINE_string("coordinator_address", None, "Multi-host: host:port of process 0 for jax.distributed.")
+    flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
+    flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
+    import templm.training.trainer  # noqa: F401  (registers the gin configurables the configs bind)
+
+
+def _main_train():
+    import jax
+
+    if FLAGS.coordinator_address:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU hosts talk through gloo
+        jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    from templm.training import trainer
+
+    try:
+        result = trainer.train()
+    except trainer.TrainingError as e:
+        print(f"templm train: error: {e}", file=sys.stderr)
+        return 3
+    summary = {k: v for k, v in result.items() if k != "params"}
+    if jax.process_index() == 0:
+        print(json.dumps(summary, default=float))
+    return 0
+
+
+def _define_eval():
+    flags.DEFINE_string("split", "test", "Which split to evaluate.")
+    flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+    flags.DEFINE_string("eval_task", None, "Evaluate this task or mixture instead of the config's.")
+    flags.DEFINE_integer("num_examples", None, "At most this many examples per task.")
+    flags.DEFINE_string("out", None, "Write eval_<split>.json and .md here (default: MODEL_DIR).")
+    import templm.training.trainer  # noqa: F401
+
+
+def format_metrics_table(results: Dict[str, Dict[str, float]]) -> str:
+    """Markdown: one row per task, overall EM/F1/perplexity and the seen/future slices."""
+    columns = ["em", "f1", "seen_f1", "future_f1", "ppl", "count"]
+    lines = ["| task | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for task, metrics in sorted(results.items()):
+        cells = [f"{metrics[c]:.2f}" if c in metrics else "" for c in columns]
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _main_eval():
+    from templm.training import trainer
+
+    result = trainer.evaluate_checkpoint(split=FLAGS.split, step=FLAGS.step, num_examples=FLAGS.num_examples,
+                                         eval_mixture_or_task_name=FLAGS.eval_task)
+    import gin
+
+    out = FLAGS.out or gin.query_parameter("templm.evaluate_checkpoint.model_dir")
+    os.makedirs(out, exist_ok=True)
+    base = os.path.join(out, f"eval_{FLAGS.split}")
+    with open(base + ".json.tmp", "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+    os.replace(base + ".json.tmp", base + ".json")
+    with open(base + ".md.tmp", "w", encoding="utf-8") as f:
+        f.write(f"# Evaluation of step {result['step']} on {FLAGS.split}\n\n" +
+                format_metrics_table(result["metrics"]) + "\n")
+    os.replace(base + ".md.tmp", base + ".md")
+    print(format_metrics_table(result["metrics"]))
+
+
 VERBS: Dict[str, Verb] = {v.name: v for v in [
     Verb("data world", "Generate the embedded temporal world: news, TempLAMA queries, calibration queries, facts.",
          _define_data_world, _main_data_world, takes_gin=True),
@@ -285,6 +350,10 @@ VERBS: Dict[str, Verb] = {v.name: v for v in [
          _define_data_spm, _main_data_spm),
     Verb("data templama", "Build TempLAMA from a Wikidata JSON dump (nine relations, any years).",
          _define_data_templama, _main_data_templama),
+    Verb("train", "Train a T5 model from gin configs (T5X style), sharded over the device mesh, resumable.",
+         _define_train, _main_train, takes_gin=True),
+    Verb("eval", "Evaluate a trained checkpoint on a task's split: EM/F1 and perplexity by year and slice.",
+         _define_eval, _main_eval, takes_gin=True),
     Verb("data tasks", "Build the record files behind the SeqIO tasks (SSM examples, TempLAMA, vocabulary).",
          _define_data_tasks, _main_data_tasks, takes_gin=True),
 ]}

@@ -1,0 +1,1 @@
+"""Training: device meshes and logical-axis partitioning, optimizers, checkpoints, the gin trainer loop."""
