@@ -189,8 +189,9 @@ def test_misspelled_binding_and_missing_macro_are_named():
 def test_gin_configs_bind_the_t5x_macros(data_dir):
     try:
         parse_gin(["gin_configs/yearly.gin"], ["MODEL_DIR = '/tmp/m'", "YEAR = 2015"])
-        assert gin.query_parameter("templm.train.batch_size") == 2048
-        assert gin.query_parameter("%TRAIN_STEPS") == 300000
+        assert gin.query_parameter("templm.train.batch_size").scoped_selector == "BATCH_SIZE/gin.macro"
+        assert gin.query_parameter("%BATCH_SIZE") == 2048 and gin.query_parameter("%TRAIN_STEPS") == 300000
+        assert gin.query_parameter("%DROPOUT_RATE") == 0.1
         assert gin.query_parameter("templm.T5Config.emb_dim") == 512
         assert tasks.yearly_mixture(year=2015) == "yearly_2015_mixture"
         with pytest.raises(ValueError, match="no yearly mixture for 2030"):
