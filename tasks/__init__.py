@@ -23,10 +23,12 @@ _current = {}
 def configure(data_dir=None, vocabulary_path=None, extra_ids=100):
     """Registers the tasks over `data_dir` (default: $TEMPLM_DATA_DIR, else the embedded world's cache folder).
 
-    `vocabulary_path` replaces the folder's own SentencePiece model (e.g. T5's cc_all.32000.100extra model).
+    `vocabulary_path` (default: $TEMPLM_VOCABULARY) replaces the folder's own SentencePiece model, e.g. T5's
+    cc_all.32000.100extra model, which upstream T5X's model configs require.
     Returns the manifest (for the default world before its first use: the years it will have).
     """
     data_dir = data_dir or os.environ.get("TEMPLM_DATA_DIR")
+    vocabulary_path = vocabulary_path or os.environ.get("TEMPLM_VOCABULARY")
     default = data_dir is None
     data_dir = data_dir or task_data.default_data_dir()
     manifest = task_data.read_manifest(data_dir)

@@ -324,9 +324,7 @@ def _main_eval():
 
     result = trainer.evaluate_checkpoint(split=FLAGS.split, step=FLAGS.step, num_examples=FLAGS.num_examples,
                                          eval_mixture_or_task_name=FLAGS.eval_task)
-    import gin
-
-    out = FLAGS.out or gin.query_parameter("templm.evaluate_checkpoint.model_dir")
+    out = FLAGS.out or result["model_dir"]
     os.makedirs(out, exist_ok=True)
     base = os.path.join(out, f"eval_{FLAGS.split}")
     with open(base + ".json.tmp", "w", encoding="utf-8") as f:
@@ -337,6 +335,135 @@ def _main_eval():
                 format_metrics_table(result["metrics"]) + "\n")
     os.replace(base + ".md.tmp", base + ".md")
     print(format_metrics_table(result["metrics"]))
+
+
+def _define_infer():
+    flags.DEFINE_string("input", None, "JSON lines with `inputs` (model input text), or TempLAMA lines (`query` with "
+                        "_X_ and `date`), to answer.", required=True)
+    flags.DEFINE_string("output", None, "JSON lines written here: the input fields plus `prediction`.",
+                        required=True)
+    flags.DEFINE_enum("regime", "temporal", ["temporal", "uniform"], "For TempLAMA lines: prefix `year: YYYY ` "
+                      "(temporal) or not (uniform).")
+    flags.DEFINE_enum("method", "greedy", ["greedy", "beam"], "Decoding.")
+    import templm.training.trainer  # noqa: F401
+
+
+def _read_inference_inputs(path: str, regime: str):
+    from templm.data.readers import open_text
+    from templm.data.records import DataError
+    from templm.data.salient_spans import cloze_to_ssm
+
+    rows, texts = [], []
+    with open_text(path) as f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw)
+                if "inputs" in row:
+                    text = str(row["inputs"])
+                else:
+                    text = cloze_to_ssm(row["query"])
+                    if regime == "temporal":
+                        text = f"year: {int(row['date'])} {text}"
+            except (ValueError, KeyError, TypeError) as e:
+                raise DataError(f"expected a JSON object with `inputs`, or `query` and `date`: {e}", path,
+                                lineno) from None
+            rows.append(row)
+            texts.append(text)
+    return rows, texts
+
+
+def _main_infer():
+    from templm.training import trainer
+
+    rows, texts = _read_inference_inputs(FLAGS.input, FLAGS.regime)
+    predictions = trainer.infer_checkpoint(texts, method=FLAGS.method)
+    tmp = FLAGS.output + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row, text, prediction in zip(rows, texts, predictions):
+            f.write(json.dumps({**row, "model_inputs": text, "prediction": prediction}, ensure_ascii=False) + "\n")
+    os.replace(tmp, FLAGS.output)
+    print(json.dumps({"output": FLAGS.output, "predictions": len(predictions)}))
+
+
+def _define_data_calm():
+    flags.DEFINE_string("out", None, "Output folder: the CALM corpus (<class>.txt and vocab/<class>.vocab).",
+                        required=True)
+    flags.DEFINE_string("world_dir", None, "Build from the embedded world in this folder (one class per news "
+                        "domain); a folder that does not exist gets a world generated first (--seed, WorldConfig "
+                        "gin bindings).")
+    flags.DEFINE_string("texts", None, "Build from the *.txt files of this folder (one class per file).")
+    flags.DEFINE_enum("level", "word", ["word", "char"], "Token level of the vocabulary files.")
+    flags.DEFINE_list("domains", None, "World domains to keep (default all: sports, politics, business, education, "
+                      "technology, weather, health).")
+    flags.DEFINE_integer("seed", None, "Seed of a generated world (default 0, or the gin binding WorldConfig.seed).")
+    _world_configurable()
+
+
+def _main_data_calm():
+    from templm.evaluation.calm import build_calm_corpus_from_texts
+    from templm.evaluation.calm_run import build_world_corpus
+
+    if bool(FLAGS.world_dir) == bool(FLAGS.texts):
+        raise ConfigError("give exactly one of --world_dir DIR (the embedded world) and --texts DIR (*.txt files)")
+    if FLAGS.texts:
+        if FLAGS.domains or FLAGS.seed is not None:
+            raise ConfigError("--domains and --seed apply to --world_dir only")
+        summary = {"classes": build_calm_corpus_from_texts(FLAGS.texts, FLAGS.out, FLAGS.level)}
+    else:
+        world = _world_configurable()()
+        if FLAGS.seed is not None:
+            world = dataclasses.replace(world, seed=FLAGS.seed)
+        summary = build_world_corpus(FLAGS.world_dir, FLAGS.out, FLAGS.level, FLAGS.domains, world)
+    print(json.dumps({"out": FLAGS.out, "level": FLAGS.level, **summary}))
+
+
+def _define_calm():
+    import templm.evaluation.calm_run  # noqa: F401  (registers templm.run_calm for the configs)
+
+    _world_configurable()
+
+
+def _main_calm():
+    from templm.evaluation.calm_run import run_calm
+
+    result = run_calm()
+    with open(result["files"]["report.md"], encoding="utf-8") as f:
+        print(f.read())
+
+
+def _define_is_eval():
+    flags.DEFINE_string("out", None, "Output folder for is_eval.json, is_eval.md and is_eval.png.", required=True)
+    flags.DEFINE_integer("seed", 0, "Seed of the HMM, its corpus and the proposal samples.")
+    flags.DEFINE_list("ks", ["1", "2", "4", "8", "16", "32", "64", "128", "256"], "Sample counts K.")
+    flags.DEFINE_list("temperatures", ["0.5", "2.0"], "Temperatures of the tempered-posterior proposals.")
+    flags.DEFINE_integer("repeats", 8, "Independent runs at the largest K (more at smaller K).")
+    flags.DEFINE_integer("num_states", 6, "Hidden states of the HMM.")
+    flags.DEFINE_integer("vocab_size", 12, "Vocabulary of the HMM.")
+    flags.DEFINE_integer("num_docs", 12, "Documents drawn from the HMM.")
+    flags.DEFINE_integer("doc_length", 24, "Longest document, in tokens.")
+    flags.DEFINE_float("mean_sentence_length", 6.0, "Mean sentence length, in tokens.")
+    flags.DEFINE_float("peakedness", 1.5, "How peaked the HMM's random distributions are.")
+
+
+def _main_is_eval():
+    from templm.evaluation.importance_sampling import run_is_eval
+
+    def numbers(name, kind):
+        try:
+            return [kind(x) for x in FLAGS[name].value]
+        except ValueError:
+            raise ConfigError(f"--{name}: expected a comma-separated list of {kind.__name__}s, got "
+                              f"{','.join(FLAGS[name].value)!r}") from None
+
+    result = run_is_eval(FLAGS.out, FLAGS.seed, ks=numbers("ks", int), temperatures=numbers("temperatures", float),
+                         repeats=FLAGS.repeats, num_states=FLAGS.num_states, vocab_size=FLAGS.vocab_size,
+                         num_docs=FLAGS.num_docs, doc_length=FLAGS.doc_length,
+                         mean_sentence_length=FLAGS.mean_sentence_length, peakedness=FLAGS.peakedness,
+                         log=logging.info)
+    with open(result["files"]["md"], encoding="utf-8") as f:
+        print(f.read())
 
 
 VERBS: Dict[str, Verb] = {v.name: v for v in [
@@ -354,8 +481,16 @@ VERBS: Dict[str, Verb] = {v.name: v for v in [
          _define_train, _main_train, takes_gin=True),
     Verb("eval", "Evaluate a trained checkpoint on a task's split: EM/F1 and perplexity by year and slice.",
          _define_eval, _main_eval, takes_gin=True),
+    Verb("infer", "Predictions of a trained checkpoint for a JSON-lines file of inputs or TempLAMA queries.",
+         _define_infer, _main_infer, takes_gin=True),
     Verb("data tasks", "Build the record files behind the SeqIO tasks (SSM examples, TempLAMA, vocabulary).",
          _define_data_tasks, _main_data_tasks, takes_gin=True),
+    Verb("data calm", "Build a CALM corpus (one class per file) from the embedded world's news domains or text files.",
+         _define_data_calm, _main_data_calm, takes_gin=True),
+    Verb("calm", "CALM: a Transformer-XL online learner (dynamic evaluation) vs a static baseline, switching stream.",
+         _define_calm, _main_calm, takes_gin=True),
+    Verb("is-eval", "Importance-sampled perplexity of an HMM LM against K per proposal and level, and the exact one.",
+         _define_is_eval, _main_is_eval),
 ]}
 
 

@@ -66,8 +66,14 @@ def _cli(*args, env=None, **popen):
                             cwd=os.path.dirname(os.path.dirname(__file__)), **popen)
 
 
-def test_loss_falls_and_metrics_are_written(data_dir, tmp_path):
-    result = _train(tmp_path, 40, save_period=20)
+@pytest.fixture(scope="module")
+def trained(data_dir, tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("trained")
+    return model_dir, _train(model_dir, 40, save_period=20)
+
+
+def test_loss_falls_and_metrics_are_written(trained):
+    tmp_path, result = trained
     losses = _losses(tmp_path)
     assert len(losses) == 40
     assert np.mean(losses[-5:]) < 0.6 * losses[0]
@@ -198,3 +204,38 @@ def test_gin_configs_bind_the_t5x_macros(data_dir):
             tasks.yearly_mixture(year=2030)
     finally:
         gin.clear_config()
+
+
+def test_eval_and_infer_verbs_on_the_trained_checkpoint(trained, data_dir, tmp_path):
+    model_dir, _ = trained
+    root = os.path.dirname(os.path.dirname(__file__))
+    env = {**os.environ, "TEMPLM_DATA_DIR": data_dir}
+    common = [*CLI_CONFIG, f"--gin.MODEL_DIR='{model_dir}'"]
+    result = subprocess.run([sys.executable, "-m", "templm.cli", "eval", *common, "--split=validation",
+                             "--eval_task=templama_temporal", f"--out={tmp_path}"], capture_output=True, text=True,
+                            cwd=root, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "eval_validation.json").read_text())
+    metrics = report["metrics"]["templama_temporal"]
+    assert report["step"] == 40 and metrics["count"] > 0 and 0 <= metrics["f1"] <= 100
+    assert metrics["seen_count"] + metrics["future_count"] == metrics["count"]
+    assert "| templama_temporal |" in (tmp_path / "eval_validation.md").read_text()
+
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text('{"query": "Ann Lee plays for _X_.", "date": "2014"}\n{"inputs": "year: 2015 <extra_id_0> '
+                       'is the head coach of Kora United."}\n')
+    out = tmp_path / "predictions.jsonl"
+    result = subprocess.run([sys.executable, "-m", "templm.cli", "infer", *common, f"--input={queries}",
+                             f"--output={out}"], capture_output=True, text=True, cwd=root, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["model_inputs"] for r in rows] == ["year: 2014 Ann Lee plays for <extra_id_0>.",
+                                                 "year: 2015 <extra_id_0> is the head coach of Kora United."]
+    assert all(isinstance(r["prediction"], str) and "<extra_id" not in r["prediction"] for r in rows)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"query": "no date here _X_"}\n')
+    result = subprocess.run([sys.executable, "-m", "templm.cli", "infer", *common, f"--input={bad}",
+                             f"--output={tmp_path / 'x.jsonl'}"], capture_output=True, text=True, cwd=root,
+                            env=env, timeout=600)
+    assert result.returncode == 1 and f"{bad}:1" in result.stderr
+    assert not (tmp_path / "x.jsonl").exists()

@@ -343,4 +343,23 @@ def evaluate_checkpoint(model_dir: str = gin.REQUIRED, mixture_or_task_name: str
         params, meta = restore_params(model, os.path.join(model_dir, "checkpoints"), lengths, step, mesh)
         results = evaluate_state(model, params, eval_mixture_or_task_name or mixture_or_task_name, lengths, split,
                                  num_examples, batch_size, meta["step"])
-    return {"step": meta["step"], "split": split, "metrics": results}
+    return {"model_dir": model_dir, "step": meta["step"], "split": split, "metrics": results}
+
+
+@gin.configurable(module="templm")
+def infer_checkpoint(inputs, model_dir: str = gin.REQUIRED, task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
+                     model: Any = gin.REQUIRED, step: Optional[int] = None, batch_size: int = 32,
+                     method: str = "greedy", num_beams: int = 4):
+    """Predictions (text, sentinels stripped) of the checkpoint in `model_dir` for raw input strings."""
+    import tasks
+
+    from templm.evaluation.qa_metrics import strip_sentinels
+    from templm.training.inference import ModelFns, infer_texts
+
+    lengths = dict(task_feature_lengths)
+    mesh = partitioning.make_mesh()
+    with jax.set_mesh(mesh), nn_rules(partitioning.logical_axis_rules()):
+        params, meta = restore_params(model, os.path.join(model_dir, "checkpoints"), lengths, step, mesh)
+        fns = ModelFns(model, params, batch_size=batch_size, method=method, num_beams=num_beams,
+                       max_decode_length=lengths["targets"])
+        return infer_texts(fns, tasks.current()["vocabulary"], list(inputs), lengths["inputs"], strip_sentinels)
