@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import sys
+import tokenize
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import app, flags, logging
@@ -77,6 +78,9 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
         gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=False)
     except (ValueError, KeyError, SyntaxError, TypeError) as e:  # gin names the file/binding and line
         raise ConfigError(f"gin: {e}") from None
+    except tokenize.TokenError as e:  # an unclosed bracket: the tokenizer gives up before gin can name the line
+        raise ConfigError(f"gin: {e.args[0]} (an unclosed bracket or quote?) in the config files {resolved} or "
+                          f"the bindings {list(bindings)}") from None
 
 
 # -- data verbs ---------------------------------------------------------------------------------------------------
@@ -466,6 +470,53 @@ def _main_is_eval():
         print(f.read())
 
 
+def _define_reproduce():
+    flags.DEFINE_enum("preset", "smoke", ["smoke", "small", "tiny_test"], "smoke: every stage in under 10 minutes "
+                      "on 2 CPU cores (the demo); small: under 90 minutes, sized to show the findings; tiny_test: the "
+                      "test suite's.")
+    flags.DEFINE_string("out", None, "Output folder: report.md, figures/, results.json, data/, models/.",
+                        required=True)
+    flags.DEFINE_integer("seed", 0, "Seed of the world, the splits, the initialisation and the data order.")
+
+
+def _main_reproduce():
+    from templm.reproduce import reproduce
+
+    results = reproduce(FLAGS.preset, FLAGS.out, FLAGS.seed)
+    print(f"templm reproduce: {FLAGS.preset} preset, seed {FLAGS.seed}: {os.path.join(FLAGS.out, 'report.md')}")
+    for name, item in results["findings"].items():
+        verdict = {True: "appears", False: "does not appear", None: "cannot be judged"}[item["holds"]]
+        print(f"  {name}: {verdict} ({item['evidence']})")
+
+
+def _define_train_lm():
+    import templm.training.lm_trainer  # noqa: F401  (registers train_lm, TransformerXLConfig, lm_optimizer)
+
+
+def _main_train_lm():
+    from templm.training import lm_trainer, trainer
+
+    try:
+        result = lm_trainer.train_lm()
+    except trainer.TrainingError as e:
+        print(f"templm train_lm: error: {e}", file=sys.stderr)
+        return 3
+    print(json.dumps({k: v for k, v in result.items() if k not in ("params", "mems")}, default=float))
+    return 0
+
+
+def _define_stream():
+    import templm.stream_experiment  # noqa: F401  (registers stream_evaluation and the LM configurables)
+
+
+def _main_stream():
+    from templm.stream_experiment import stream_evaluation, summarize
+
+    results = stream_evaluation()
+    print(json.dumps({**summarize(results), "files": results["files"]}, indent=1))
+    return 0
+
+
 VERBS: Dict[str, Verb] = {v.name: v for v in [
     Verb("data world", "Generate the embedded temporal world: news, TempLAMA queries, calibration queries, facts.",
          _define_data_world, _main_data_world, takes_gin=True),
@@ -481,6 +532,8 @@ VERBS: Dict[str, Verb] = {v.name: v for v in [
          _define_train, _main_train, takes_gin=True),
     Verb("eval", "Evaluate a trained checkpoint on a task's split: EM/F1 and perplexity by year and slice.",
          _define_eval, _main_eval, takes_gin=True),
+    Verb("reproduce", "The time-aware T5 study end to end on the embedded world: data, Uniform/Temporal/Yearly models, "
+         "evaluation, future probes, adaptation, report.", _define_reproduce, _main_reproduce),
     Verb("infer", "Predictions of a trained checkpoint for a JSON-lines file of inputs or TempLAMA queries.",
          _define_infer, _main_infer, takes_gin=True),
     Verb("data tasks", "Build the record files behind the SeqIO tasks (SSM examples, TempLAMA, vocabulary).",
@@ -491,6 +544,10 @@ VERBS: Dict[str, Verb] = {v.name: v for v in [
          _define_calm, _main_calm, takes_gin=True),
     Verb("is-eval", "Importance-sampled perplexity of an HMM LM against K per proposal and level, and the exact one.",
          _define_is_eval, _main_is_eval),
+    Verb("train_lm", "Train a Transformer-XL LM on a TIME-STRATIFIED or CONTROL split (gin: txl/*.gin), resumable.",
+         _define_train_lm, _main_train_lm, takes_gin=True),
+    Verb("stream", "Streaming perplexity per test month, static and dynamic evaluation, TIME-STRATIFIED vs CONTROL.",
+         _define_stream, _main_stream, takes_gin=True),
 ]}
 
 
