@@ -546,7 +546,7 @@ VERBS: Dict[str, Verb] = {v.name: v for v in [
          _define_is_eval, _main_is_eval),
     Verb("train_lm", "Train a Transformer-XL LM on a TIME-STRATIFIED or CONTROL split (gin: txl/*.gin), resumable.",
          _define_train_lm, _main_train_lm, takes_gin=True),
-    Verb("stream", "Streaming perplexity per test month, static and dynamic evaluation, TIME-STRATIFIED vs CONTROL.",
+    Verb("stream", "Perplexity per test month, TIME-STRATIFIED vs CONTROL, static and dynamic (txl/dynamic_eval.gin).",
          _define_stream, _main_stream, takes_gin=True),
 ]}
 

@@ -1,0 +1,470 @@
+"""The streaming-perplexity experiment ("Mind the Gap", Lazaridou et al.): `templm stream` and its end-to-end run.
+
+Two entry points:
+
+* `stream_evaluation(...)` (gin: ``templm.stream_evaluation``; the `templm stream` verb): reads the test documents
+  of a split in date order as one token stream, scores it with a TIME-STRATIFIED and a CONTROL checkpoint of
+  `templm train_lm` -- statically, and with dynamic evaluation of the TIME-STRATIFIED model in every configured
+  variant (SGD or RMS; all parameters, embeddings only, biases only, or a regex) -- and writes results.json,
+  report.md and the figures with `streaming.write_stream_report`: perplexity per month and overall (subword and word
+  level), the relative increase of TIME-STRATIFIED over CONTROL per month with and without dynamic evaluation and its
+  slope, emerging words, first versus later occurrences, topics, and parts of speech when spaCy is installed.
+  Anything not given is read from the TIME-STRATIFIED checkpoint's record: the corpus, the SentencePiece model, the
+  split folder (test = `<split folder>/test.gz`) and the training split (for the word counts of the emerging-word
+  analysis and the gradient statistics of the RMS rule).
+
+* `run_stream_experiment(out_dir, ...)`: the whole experiment as one call (a stage of `templm reproduce`): the
+  embedded world (or a given corpus), TIME-STRATIFIED / CONTROL splits, one SentencePiece vocabulary, two tiny
+  Transformer-XL models, and `stream_evaluation`; returns a summary of the monthly degradation and of what dynamic
+  evaluation recovers.
+
+One vocabulary for both models. The comparison is per token and per word of ONE test stream: both models must
+predict the same targets, so they must share the SentencePiece model (a checkpoint records its SHA-256; two
+checkpoints that disagree are refused). The experiment trains it on the union of the two training splits -- the
+documents either model may see, never a test or validation document -- so that neither model's words are cut into
+more pieces than the other's by construction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import gin
+import numpy as np
+from absl import logging
+
+from templm.data.records import DataError
+from templm.training.lm_trainer import (file_sha256, load_lm, load_processor, read_split_documents, split_path,
+                                        tokenize_documents)
+
+# Dynamic evaluation variants of the TIME-STRATIFIED model (names become the report's modes). The rates were the
+# best of a small sweep for the smoke experiment's tiny model (SGD on the segment's mean token loss; RMS with eps
+# 1e-3, as lr / (sqrt(ms) + 1e-5) overshoots on parameters with no training gradient); tune them on validation data
+# for other models.
+DEFAULT_DYNAMIC = (
+    {"name": "dynamic", "rule": "sgd", "which": "all", "lr": 0.03},
+    {"name": "dynamic_embeddings", "rule": "sgd", "which": "embeddings", "lr": 0.03},
+    {"name": "dynamic_biases", "rule": "sgd", "which": "biases", "lr": 0.3},
+    {"name": "dynamic_rms", "rule": "rms", "which": "all", "lr": 1e-4, "eps": 1e-3, "decay": 0.0},
+)
+_VARIANT_KEYS = {"name", "rule", "which", "lr", "decay", "eps", "normalise_decay"}
+
+
+def _check_variants(variants: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    out, names = [], set()
+    for k, v in enumerate(variants):
+        if not isinstance(v, Mapping):
+            raise ValueError(f"stream_evaluation.dynamic[{k}] must be a dict, got {v!r}")
+        unknown = sorted(set(v) - _VARIANT_KEYS)
+        if unknown or "name" not in v or "rule" not in v:
+            raise ValueError(f"stream_evaluation.dynamic[{k}] = {dict(v)!r}: needs 'name' and 'rule'; allowed keys "
+                             f"{sorted(_VARIANT_KEYS)}" + (f"; unknown {unknown}" if unknown else ""))
+        if v["name"] == "static" or v["name"] in names:
+            raise ValueError(f"stream_evaluation.dynamic[{k}]: name {v['name']!r} is 'static' or used twice")
+        if v["rule"] not in ("sgd", "rms"):
+            raise ValueError(f"stream_evaluation.dynamic[{k}]: rule must be 'sgd' or 'rms', got {v['rule']!r}")
+        names.add(v["name"])
+        out.append(dict(v))
+    return out
+
+
+def _sample_documents(documents: list, limit: Optional[int], seed: int) -> list:
+    if limit is None or len(documents) <= limit:
+        return documents
+    keep = np.sort(np.random.default_rng([seed, 7]).choice(len(documents), size=limit, replace=False))
+    return [documents[i] for i in keep]
+
+
+def _training_segments(documents: list, processor: Any, seg_len: int, n_segments: int) -> np.ndarray:
+    """[K, 1, seg_len + 1] segments of the most recent training text (the stream's layout), K <= n_segments."""
+    tokens, _ = tokenize_documents(documents, processor)
+    stream = np.concatenate([[int(processor.eos_id())], tokens]).astype(np.int32)
+    k = max(1, min(n_segments, (len(stream) - 1) // seg_len))
+    tail = stream[-(k * seg_len + 1):]
+    if len(tail) < k * seg_len + 1:
+        raise DataError(f"the training split holds {len(stream)} tokens, too few for one segment of {seg_len}")
+    return np.stack([tail[i * seg_len:(i + 1) * seg_len + 1] for i in range(k)])[:, None, :]
+
+
+@gin.configurable(module="templm")
+def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gin.REQUIRED,
+                      control_dir: Optional[str] = None, *, corpus: Optional[str] = None,
+                      test_split_file: Optional[str] = None, split_dir: Optional[str] = None,
+                      spm_model: Optional[str] = None, train_split_file: Optional[str] = None,
+                      batch_size: int = 1, seg_len: Optional[int] = None, mem_len: Optional[int] = None,
+                      dynamic: Sequence[Mapping[str, Any]] = DEFAULT_DYNAMIC, dynamic_on_control: bool = False,
+                      ms_segments: int = 64, train_count_documents: Optional[int] = None, min_test_count: int = 50,
+                      emerging_ratio: float = 5.0, n_topics: int = 10, topics: bool = True, pos: bool = True,
+                      corpus_format: str = "auto", seed: int = 0, step: Optional[int] = None) -> Dict[str, Any]:
+    """Streaming evaluation of a TIME-STRATIFIED (and a CONTROL) checkpoint; writes results.json, report.md, figures.
+
+    Args:
+      out_dir: where the report goes.
+      time_stratified_dir / control_dir: `templm train_lm` run folders (latest checkpoint unless `step`). Without a
+        CONTROL run there is no relative increase.
+      corpus, spm_model, split_dir: default to those of the TIME-STRATIFIED checkpoint's record; test_split_file
+        defaults to `split_dir/test.gz`; train_split_file (word counts for emerging words, gradient statistics for
+        the RMS rule) to the TIME-STRATIFIED training split.
+      batch_size: parallel streams (1: the paper's single stream, memory carried across every segment and
+        document); seg_len / mem_len: segment and memory length (default: the TIME-STRATIFIED model's tgt_len and
+        evaluation memory length).
+      dynamic: dynamic-evaluation variants, dicts {"name", "rule": "sgd"|"rms", "which": "all"|"embeddings"|
+        "biases"|regex, "lr", "decay", "eps", "normalise_decay"}; run on TIME-STRATIFIED (and on CONTROL too when
+        dynamic_on_control). RMS variants use the mean squared gradients of the last `ms_segments` training
+        segments (collect_ms).
+      train_count_documents: count training words (Moses) on a seeded sample of this many training documents
+        (None: all).
+      min_test_count, emerging_ratio, n_topics, topics, pos: the analyses' settings (streaming.stream_results).
+
+    Returns the results dict (as results.json) with "files": the paths written.
+    Raises DataError naming the file for a missing split file, ids missing from the corpus, checkpoints trained
+    with different SentencePiece models, and so on.
+    """
+    from templm.evaluation import dynamic_eval
+    from templm.evaluation.streaming import build_stream, evaluate_stream, stream_results, word_counts, \
+        write_stream_report
+
+    from templm.cli import ConfigError
+
+    for name, macro, value in (("out_dir", "OUT_DIR", out_dir), ("time_stratified_dir", "TIME_STRATIFIED_DIR",
+                                                                  time_stratified_dir)):
+        if value is gin.REQUIRED or not value:
+            raise ConfigError(f"templm.stream_evaluation.{name} is required: set the gin macro {macro}, e.g. "
+                              f"--gin.{macro}=\"'runs/...'\"")
+    if control_dir is gin.REQUIRED:
+        raise ConfigError("templm.stream_evaluation.control_dir is required: set the gin macro CONTROL_DIR (None "
+                          "for a TIME-STRATIFIED run alone)")
+    started = time.time()
+    variants = _check_variants(dynamic)
+    if batch_size < 1:
+        raise ValueError(f"stream_evaluation.batch_size must be >= 1, got {batch_size}")
+
+    # --- Checkpoints and the files they name. -----------------------------------------------------------------
+    runs_dirs = {"time_stratified": time_stratified_dir}
+    if control_dir:
+        runs_dirs["control"] = control_dir
+    loaded = {name: load_lm(path, step) for name, path in runs_dirs.items()}
+    ts_meta = loaded["time_stratified"][2]
+    corpus = corpus or ts_meta["corpus"]
+    spm_model = spm_model or ts_meta["spm_model"]
+    split_dir = split_dir or os.path.dirname(ts_meta["split_file"])
+    test_split_file = split_path(test_split_file, split_dir, "test")
+    train_split_file = train_split_file or ts_meta["split_file"]
+    if not os.path.exists(spm_model):
+        raise DataError("no such SentencePiece model file", spm_model)
+    spm_hash = file_sha256(spm_model)
+    for name, (_, _, meta) in loaded.items():
+        if meta.get("spm_sha256") != spm_hash:
+            raise DataError(f"the {name} model was trained with the SentencePiece model {meta.get('spm_model')}, "
+                            f"which differs from {spm_model}: one test stream must serve every model, so they must "
+                            "share one vocabulary", runs_dirs[name])
+
+    # --- The test stream. ---------------------------------------------------------------------------------------
+    test_docs = read_split_documents(corpus, test_split_file, corpus_format)
+    processor = load_processor(spm_model)
+    stream = build_stream(test_docs, processor)
+    ts_model = loaded["time_stratified"][0]
+    seg_len = ts_model.config.tgt_len if seg_len is None else int(seg_len)
+    mem_len = ts_model.config.test_mem_len if mem_len is None else int(mem_len)
+    logging.info("stream: %d test documents (%s .. %s), %d tokens, %d words; segments of %d, memory %d, %d stream(s)",
+                 len(test_docs), stream.months[0], stream.months[-1], stream.n_targets, stream.n_words, seg_len,
+                 mem_len, batch_size)
+
+    # The training split: word counts for the emerging-word analysis, gradient statistics for the RMS rule.
+    train_docs = read_split_documents(corpus, train_split_file, corpus_format)
+
+    # --- Static and dynamic evaluation. ----------------------------------------------------------------------------
+    lps: Dict[str, Dict[str, np.ndarray]] = {}
+    timings: Dict[str, float] = {}
+    for name, (model, params, meta) in loaded.items():
+        t0 = time.time()
+        lps[name] = {"static": evaluate_stream(model, params, stream, batch_size=batch_size, seg_len=seg_len,
+                                               mem_len=mem_len)}
+        timings[f"{name}/static"] = time.time() - t0
+        if name != "time_stratified" and not dynamic_on_control:
+            continue
+        ms = None
+        for v in variants:
+            t0 = time.time()
+            if v["rule"] == "rms" and ms is None:
+                run_train = train_docs if name == "time_stratified" else \
+                    read_split_documents(corpus, meta["split_file"], corpus_format)
+                segments = _training_segments(run_train, processor, seg_len, ms_segments)
+                ms = dynamic_eval.collect_ms(params, segments, model=model, mem_len=mem_len)
+            lps[name][v["name"]] = evaluate_stream(
+                model, params, stream, batch_size=batch_size, seg_len=seg_len, mem_len=mem_len, rule=v["rule"],
+                lr=float(v.get("lr", 0.0)), which=v.get("which", "all"), decay=float(v.get("decay", 0.0)),
+                eps=v.get("eps"), ms=ms if v["rule"] == "rms" else None,
+                normalise_decay=bool(v.get("normalise_decay", False)))
+            timings[f"{name}/{v['name']}"] = time.time() - t0
+        for mode, lp in lps[name].items():
+            logging.info("stream: %s %s: subword perplexity %.3f", name, mode, float(np.exp(-np.mean(lp))))
+
+    # --- Analyses and the report. -----------------------------------------------------------------------------
+    train_counts = word_counts(_sample_documents(train_docs, train_count_documents, seed))
+    settings = {"test_split": os.path.basename(test_split_file),
+                "steps": "/".join(f"{name} {meta['step']}" for name, (_, _, meta) in loaded.items())}
+    results = stream_results(stream, lps, seg_len=seg_len, mem_len=mem_len, batch_size=batch_size,
+                             train_counts=train_counts, min_test_count=min_test_count, ratio=emerging_ratio,
+                             n_topics=n_topics, seed=seed, topics=topics, pos=pos, settings=settings,
+                             baseline="control")
+    results["inputs"] = {"corpus": os.path.abspath(corpus), "test_split_file": os.path.abspath(test_split_file),
+                         "train_split_file": os.path.abspath(train_split_file), "spm_model": os.path.abspath(spm_model),
+                         "checkpoints": {name: {"dir": os.path.abspath(runs_dirs[name]), "step": meta["step"],
+                                                "split_file": meta["split_file"]}
+                                         for name, (_, _, meta) in loaded.items()}}
+    results["dynamic"] = {"variants": variants, "on_control": dynamic_on_control, "ms_segments": ms_segments}
+    results["timings_sec"] = {**timings, "total": time.time() - started}
+    results["files"] = write_stream_report(results, out_dir)
+    return results
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The end-to-end experiment.
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamPreset:
+    """Sizes of an end-to-end run. The world spans start_year..end_year; TIME-STRATIFIED ends at `cutoff`, then 3
+    validation months and `test_months` test months of `test_docs_per_month` documents each."""
+
+    docs_per_month: int
+    subjects_per_relation: int
+    test_docs_per_month: int
+    vocab_size: int
+    model: Dict[str, Any]
+    train_steps: int
+    batch_size: int
+    learning_rate: float
+    dynamic: Sequence[Mapping[str, Any]]
+    start_year: int = 2010
+    end_year: int = 2020
+    cutoff: datetime.date = datetime.date(2017, 12, 31)
+    test_months: int = 24
+    min_test_count: int = 50
+    n_topics: int = 10
+    train_count_documents: Optional[int] = None
+    ms_segments: int = 64
+
+
+_TINY_MODEL = dict(d_model=64, n_head=2, d_head=32, d_inner=256, n_layer=2, tgt_len=32, mem_len=64, eval_mem_len=128,
+                   dropout=0.0, dropatt=0.0)
+_SMALL_MODEL = dict(d_model=128, n_head=4, d_head=32, d_inner=512, n_layer=3, tgt_len=64, mem_len=128,
+                    eval_mem_len=256, dropout=0.1, dropatt=0.0)
+
+PRESETS: Dict[str, StreamPreset] = {
+    # Under 3 minutes on 2 loaded CPU cores (measured 2m14s): a tiny model, 600 steps, 10 test documents a month.
+    "smoke": StreamPreset(docs_per_month=30, subjects_per_relation=40, test_docs_per_month=10, vocab_size=512,
+                          model=_TINY_MODEL, train_steps=600, batch_size=16, learning_rate=3e-3,
+                          dynamic=DEFAULT_DYNAMIC, min_test_count=10, n_topics=5, train_count_documents=400,
+                          ms_segments=16),
+    # Seconds per stage: the test suite's (a 2015-2019 world, a 12-month test period, a one-layer model).
+    "tiny_test": StreamPreset(docs_per_month=6, subjects_per_relation=6, test_docs_per_month=2, vocab_size=256,
+                              model=dict(d_model=32, n_head=2, d_head=16, d_inner=64, n_layer=1, tgt_len=16,
+                                         mem_len=16, eval_mem_len=32, dropout=0.0, dropatt=0.0),
+                              train_steps=40, batch_size=8, learning_rate=1e-2,
+                              dynamic=({"name": "dynamic", "rule": "sgd", "which": "all", "lr": 0.03},),
+                              start_year=2015, end_year=2019, test_months=12, min_test_count=3, n_topics=3,
+                              train_count_documents=100, ms_segments=4),
+    # About half an hour on 2 CPU cores (estimated from the step rate, ~2.5 steps/s; not timed end to end), a few
+    # minutes on one accelerator: the default world, a 3-layer model, every dynamic-evaluation variant.
+    "small": StreamPreset(docs_per_month=60, subjects_per_relation=40, test_docs_per_month=12, vocab_size=1000,
+                          model=_SMALL_MODEL, train_steps=1500, batch_size=16, learning_rate=1e-3,
+                          dynamic=DEFAULT_DYNAMIC, min_test_count=30, n_topics=10),
+}
+
+
+def prepare_stream_data(out_dir: str, *, corpus: Optional[str] = None, world: Any = None,
+                        cutoff: datetime.date = datetime.date(2017, 12, 31), test_months: int = 24,
+                        test_docs_per_month: int = 4, vocab_size: int = 512, seed: int = 0,
+                        max_spm_sentences: int = 200_000) -> Dict[str, Any]:
+    """The data stage: the corpus (`corpus`, or the embedded world drawn with WorldConfig `world` into
+    out_dir/world), TIME-STRATIFIED / CONTROL splits in out_dir/splits, and one SentencePiece model out_dir/spm.model
+    trained on the union of both training splits. Returns {"corpus", "split_dir", "spm_model", "splits": stats}."""
+    from templm.data.readers import read_documents
+    from templm.data.splits import make_splits, read_split_file
+    from templm.data.vocab import train_spm
+    from templm.data.world import WorldConfig, generate_world
+
+    out_dir = os.path.abspath(os.fspath(out_dir))
+    os.makedirs(out_dir, exist_ok=True)
+    if corpus is None:
+        world = world if world is not None else WorldConfig(seed=seed)
+        generate_world(world, os.path.join(out_dir, "world"))
+        corpus = os.path.join(out_dir, "world", "news.jsonl")
+    split_dir = os.path.join(out_dir, "splits")
+    stats = make_splits(corpus, split_dir, cutoff=cutoff, test_months=test_months,
+                        test_docs_per_month=test_docs_per_month, seed=seed)
+    train_ids = {doc_id for name in ("time_stratified_train", "control_train")
+                 for _, doc_id in read_split_file(os.path.join(split_dir, f"{name}.gz"))}
+    docs = (d for d in read_documents(corpus) if d.id in train_ids)
+    spm_model = train_spm(docs, os.path.join(out_dir, "spm"), vocab_size=vocab_size,
+                          max_sentences=max_spm_sentences, seed=seed)
+    return {"corpus": corpus, "split_dir": split_dir, "spm_model": spm_model, "splits": stats}
+
+
+def prepare_preset_data(out_dir: str, preset: str = "tiny_test", seed: int = 0,
+                        corpus: Optional[str] = None) -> Dict[str, Any]:
+    """`prepare_stream_data` with a preset's world, cut-off, test period and vocabulary size (tests share it)."""
+    from templm.data.world import WorldConfig
+
+    p = PRESETS[preset]
+    world = WorldConfig(seed=seed, start_year=p.start_year, end_year=p.end_year,
+                        subjects_per_relation=p.subjects_per_relation, docs_per_month=p.docs_per_month)
+    return prepare_stream_data(out_dir, corpus=corpus, world=world, cutoff=p.cutoff, test_months=p.test_months,
+                               test_docs_per_month=p.test_docs_per_month, vocab_size=p.vocab_size, seed=seed)
+
+
+def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus: Optional[str] = None,
+                          preset: str = "smoke", seed: int = 0, mesh=None) -> Dict[str, Any]:
+    """The streaming-perplexity experiment end to end; a stage of `templm reproduce`.
+
+    Args:
+      out_dir: receives world/ (unless a corpus is given), splits/, spm.model, time_stratified/ and control/ (the
+        two `train_lm` runs) and stream/ (results.json, report.md, relative_perplexity.png, emerging_words.png).
+      world_dir: an embedded world already generated (`templm data world`); its news.jsonl is the corpus.
+      corpus: any corpus templm reads instead (dated documents spanning the cut-off and the test period).
+        Default (neither): the world is generated here from `seed` with the preset's size, 2010-2020.
+      preset: "smoke" (2-2.5 minutes on 2 loaded CPU cores), "small" or "tiny_test" (see PRESETS).
+      seed: world, splits, vocabulary, initialisation and data order.
+      mesh: device mesh for training (default: all devices along the data axis).
+
+    The cut-off is 2017-12-31: TIME-STRATIFIED trains on 2010-2017, validation is 2018-01..03 and the test stream is
+    the 24 months 2018-04..2020-03; CONTROL trains on as many documents, the most recent ones up to 2020-03
+    (test documents excluded). Both models train on shuffled documents with the same seed, steps and sizes.
+
+    Returns a summary: {"out_dir", "report", "results", "overall": {run/mode: word ppl}, "relative": {mode: {"slope",
+    "mean"}}, "dynamic_gain": {mode: relative word-ppl change of TIME-STRATIFIED vs its static evaluation},
+    "timings_sec": {...}}.
+    """
+    from templm.models.transformer_xl import TransformerXLConfig
+    from templm.training.lm_trainer import train_lm
+
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    p = PRESETS[preset]
+    out_dir = os.path.abspath(os.fspath(out_dir))
+    timings: Dict[str, float] = {}
+    t0 = time.time()
+    if world_dir is not None and corpus is None:
+        corpus = os.path.join(world_dir, "news.jsonl")
+        if not os.path.exists(corpus):
+            raise DataError("no news.jsonl here: not an embedded world (templm data world)", world_dir)
+    data = prepare_preset_data(out_dir, preset, seed, corpus=corpus)
+    timings["data"] = time.time() - t0
+
+    config = TransformerXLConfig(vocab_size=p.vocab_size, **p.model)
+    for name, split in (("time_stratified", "time_stratified_train"), ("control", "control_train")):
+        t0 = time.time()
+        train_lm(os.path.join(out_dir, name), data["corpus"], split_dir=data["split_dir"], split=split,
+                 spm_model=data["spm_model"], config=config, train_steps=p.train_steps, batch_size=p.batch_size,
+                 learning_rate=p.learning_rate, warmup_steps=min(100, p.train_steps // 10), seed=seed,
+                 data_order="shuffle", save_period=0, keep_checkpoints=1, log_period=max(1, p.train_steps // 10),
+                 mesh=mesh)
+        timings[f"train_{name}"] = time.time() - t0
+
+    t0 = time.time()
+    results = stream_evaluation(os.path.join(out_dir, "stream"), os.path.join(out_dir, "time_stratified"),
+                                os.path.join(out_dir, "control"), dynamic=p.dynamic,
+                                min_test_count=p.min_test_count, n_topics=p.n_topics,
+                                train_count_documents=p.train_count_documents, ms_segments=p.ms_segments, seed=seed)
+    timings["evaluate"] = time.time() - t0
+    summary = summarize(results)
+    summary.update(out_dir=out_dir, report=results["files"]["report.md"], preset=preset, timings_sec=timings)
+    with open(os.path.join(out_dir, "summary.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1)
+    return summary
+
+
+def summarize(results: Mapping[str, Any]) -> Dict[str, Any]:
+    """The headline numbers of a stream_evaluation result: word perplexity of every run and mode, the relative
+    increase over CONTROL (slope per month, mean, first and last month) per mode, and each dynamic mode's change of
+    TIME-STRATIFIED word perplexity against its static evaluation (negative: dynamic evaluation helps)."""
+    def num(x):  # JSON-safe: None for a missing or non-finite value
+        return float(x) if x is not None and np.isfinite(x) else None
+
+    runs = results["runs"]
+    overall = {f"{name}/{mode}": num(r["overall"]["word_ppl"]) for name, modes in runs.items()
+               for mode, r in modes.items()}
+    relative = {}
+    for mode, r in results.get("relative", {}).items():
+        months = sorted(r["per_month"])
+        values = [r["per_month"][m] for m in months]
+        relative[mode] = {"slope_per_month": num(r["slope"]), "mean": num(np.mean(values)) if values else None,
+                          "first_month": num(values[0]) if values else None,
+                          "last_month": num(values[-1]) if values else None}
+    ts = runs.get(results.get("primary", "time_stratified"), {})
+    gain = {}
+    base = num(ts["static"]["overall"]["word_ppl"]) if "static" in ts else None
+    if base:
+        gain = {mode: None if num(r["overall"]["word_ppl"]) is None else num((r["overall"]["word_ppl"] - base) / base)
+                for mode, r in ts.items() if mode != "static"}
+    return {"overall_word_ppl": overall, "relative": relative, "dynamic_gain": gain,
+            "months": list(results.get("months", []))}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The `templm reproduce` stage.
+
+# Seconds each preset's run_stream_experiment takes on 2 loaded CPU cores (for reproduce's ETA).
+ESTIMATED_SECONDS = {"tiny_test": 45.0, "smoke": 150.0, "small": 1800.0}
+
+
+def reproduce_stage(context: Any) -> Dict[str, Any]:
+    """The streaming half as a `templm reproduce` extra stage: ``ExtraStage("streaming", reproduce_stage,
+    estimated_s=ESTIMATED_SECONDS[preset])``.
+
+    context: reproduce's StageContext (uses .preset.name, .seed, .out_dir, .figures_dir). The reproduce presets'
+    worlds end before the 24 test months after a 2017-12-31 cut-off, so this stage draws its own world (same seed,
+    2010-2020) under out_dir/stream_experiment with the preset of the same name ("smoke" for an unknown one).
+    Returns the `run_stream_experiment` summary plus "markdown" (a section for the report, linking
+    figures/stream_relative_perplexity.png and figures/stream_emerging_words.png, copied into context.figures_dir).
+    """
+    import shutil
+
+    name = getattr(context.preset, "name", "smoke")
+    preset = name if name in PRESETS else "smoke"
+    summary = run_stream_experiment(os.path.join(context.out_dir, "stream_experiment"), preset=preset,
+                                    seed=int(context.seed))
+    figures = {}
+    stream_dir = os.path.dirname(summary["report"])
+    os.makedirs(context.figures_dir, exist_ok=True)
+    for source, target in (("relative_perplexity.png", "stream_relative_perplexity.png"),
+                           ("emerging_words.png", "stream_emerging_words.png")):
+        if os.path.exists(os.path.join(stream_dir, source)):
+            shutil.copyfile(os.path.join(stream_dir, source), os.path.join(context.figures_dir, target))
+            figures[source] = f"figures/{target}"
+    summary["markdown"] = summary_markdown(summary, figures)
+    return summary
+
+
+def summary_markdown(summary: Mapping[str, Any], figures: Optional[Mapping[str, str]] = None) -> str:
+    """A report section: overall word perplexities, the relative increase over CONTROL per mode (slope per month
+    and mean), what each dynamic-evaluation variant changes, and the figures."""
+    figures = figures or {}
+    lines = ["Transformer-XL trained on TIME-STRATIFIED (up to the cut-off) and CONTROL (same size, overlapping the "
+             "test period) splits, evaluated on one stream of the test months in date order.", "",
+             "| run / mode | word ppl |", "|---|---|"]
+    lines += [f"| {k} | {'-' if v is None else f'{v:.2f}'} |" for k, v in summary["overall_word_ppl"].items()]
+    lines += ["", "| mode | relative increase over CONTROL (mean) | slope per month | first month | last month |",
+              "|---|---|---|---|---|"]
+
+    def pct(x):
+        return "-" if x is None or not np.isfinite(x) else f"{100 * x:+.1f}%"
+
+    for mode, r in summary["relative"].items():
+        lines.append(f"| {mode} | {pct(r['mean'])} | {pct(r['slope_per_month'])} | {pct(r['first_month'])} | "
+                     f"{pct(r['last_month'])} |")
+    if summary.get("dynamic_gain"):
+        lines += ["", "Dynamic evaluation against static TIME-STRATIFIED (word perplexity): " + ", ".join(
+            f"{mode} {pct(g)}" for mode, g in summary["dynamic_gain"].items()) + "."]
+    for title, key in (("Relative perplexity by month", "relative_perplexity.png"),
+                       ("Emerging words", "emerging_words.png")):
+        if key in figures:
+            lines += ["", f"![{title}]({figures[key]})"]
+    return "\n".join(lines)
