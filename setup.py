@@ -39,6 +39,8 @@ setuptools.setup(
         "test": ["pytest>=8"],
         "gpu": ["jax[cuda12]==0.10.2"],
         "tpu": ["jax[tpu]==0.10.2"],
+        # The PyTorch peer of tools/bench_t5.py (Hugging Face T5ForConditionalGeneration).
+        "bench": ["torch==2.13.0", "transformers<5"],
     },
     entry_points={"console_scripts": ["templm = templm.cli:run"]},
 )

@@ -1,0 +1,159 @@
+#!/usr/bin/env python
+"""Benchmark the SSM input pipeline against what the train step consumes: the input must never be the bottleneck.
+
+    python tools/bench_data.py                      # a small world, temporal task and mixture, tiny + small steps
+    python tools/bench_data.py --world full         # the default embedded world (TaskDataConfig(); slow to build)
+    python tools/bench_data.py --quick              # fewer batches, tiny step only
+
+Every figure is one JSON line on stdout ({"name", "value", "unit", "config", "devices", "jax", ...}); logs go to
+stderr.
+
+The pipeline is the trainer's own (`templm.training.trainer._dataset`): seqio.get_dataset over the task data
+(TFRecords of the embedded world, built with `prepare_task_data` into a temporary folder), shuffled and repeated,
+the year prefix, SentencePiece tokenization, EOS, `seqio.EncDecFeatureConverter(pack=True)` at 64 input and 16
+target tokens, batched by 8, prefetch 2. After `--warmup` batches (the first fills the 10,000-example shuffle
+buffer; its time is reported as startup), `--batches` batches are timed on their own, with nothing else running.
+
+Figures: packed rows/s (what a train step takes), examples/s (source examples packed into them, counted from the
+segment ids), tokens/s (non-padding input + target tokens) and slot tokens/s (rows x 80); then for the train step of
+each T5 config (`bench_t5.TemplmStep`, run on a batch from this very pipeline) the rows/s it consumes, and the
+ratio pipeline / consumption, whose target is >= 5x.
+
+Caveat: while training, the pipeline's threads share the CPU with the step (tf.data works in the background while
+XLA computes); on 2 cores the ratio measured here, each running alone, is the upper bound of the headroom.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_t5 import REPO, TemplmStep, cpu_model, emit, load_average, log, median  # noqa: E402
+
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+TARGET_RATIO = 5.0
+
+
+def build_data(args, root: str) -> str:
+    from templm.data.task_data import TaskDataConfig, prepare_task_data
+    from templm.data.world import WorldConfig
+
+    out = os.path.join(root, "data")
+    if args.world == "full":
+        config = TaskDataConfig()
+    else:
+        config = TaskDataConfig(world=WorldConfig(seed=args.seed, start_year=2013, end_year=2016,
+                                                  subjects_per_relation=40, docs_per_month=30),
+                                vocab_size=768, future_years=1)
+    log(f"building task data ({args.world} world) in {out} ...")
+    t = time.perf_counter()
+    manifest = prepare_task_data(config, out)
+    train = sum(manifest["counts"]["customnews"]["train"].values())
+    log(f"  {time.perf_counter() - t:.1f} s, {train} CustomNews training examples")
+    return out
+
+
+def time_pipeline(name: str, lengths: dict, args) -> dict:
+    import numpy as np
+
+    from templm.training.trainer import _dataset
+
+    t = time.perf_counter()
+    iterator = _dataset(name, lengths, args.batch, args.seed, True, 0).as_numpy_iterator()
+    first = next(iterator)
+    startup_s = time.perf_counter() - t
+    for _ in range(args.warmup):
+        next(iterator)
+    rows = examples = tokens = 0
+    t = time.perf_counter()
+    for _ in range(args.batches):
+        batch = next(iterator)
+        rows += batch["encoder_input_tokens"].shape[0]
+        examples += int(np.sum(np.max(batch["encoder_segment_ids"], axis=1)))
+        tokens += int(np.sum(batch["encoder_input_tokens"] > 0) + np.sum(batch["decoder_target_tokens"] > 0))
+    seconds = time.perf_counter() - t
+    del iterator
+    return {"rows_per_s": rows / seconds, "examples_per_s": examples / seconds, "tokens_per_s": tokens / seconds,
+            "slot_tokens_per_s": rows * (lengths["inputs"] + lengths["targets"]) / seconds,
+            "startup_s": startup_s, "seconds": seconds, "batch": first}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--world", default="small", choices=("small", "full"))
+    p.add_argument("--data_dir", default=None, help="use this task-data folder instead of building one")
+    p.add_argument("--tasks", default="customnews_ssm_temporal,temporal_mixture")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--input_len", type=int, default=64)
+    p.add_argument("--target_len", type=int, default=16)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--batches", type=int, default=300)
+    p.add_argument("--step_configs", default="tiny,small", help="T5 configs whose train step consumption is measured")
+    p.add_argument("--steps", type=int, default=0, help="timed train steps (0: 20 for tiny, 5 otherwise)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="100 batches, the temporal task, tiny step only")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.batches, args.warmup, args.step_configs = 100, 5, "tiny"
+        args.tasks = args.tasks.split(",")[0]
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    log(f"machine: {os.cpu_count()} cores, {cpu_model()}, load {load_average()}")
+    import tasks
+    from templm.models.t5 import T5_1_1_CONFIGS
+
+    root = tempfile.mkdtemp(prefix="bench_data_")
+    try:
+        data_dir = args.data_dir or build_data(args, root)
+        tasks.configure(data_dir=data_dir)
+        lengths = {"inputs": args.input_len, "targets": args.target_len}
+        per_row = args.input_len + args.target_len
+        pipelines = {}
+        for name in [t for t in args.tasks.split(",") if t]:
+            log(f"timing the pipeline of {name} ...")
+            result = pipelines[name] = time_pipeline(name, lengths, args)
+            label = (f"{name}: seqio EncDecFeatureConverter(pack=True), {args.input_len}+{args.target_len} tokens, "
+                     f"batch {args.batch}, {args.world} world")
+            common = {"batches_timed": args.batches, "startup_s": result["startup_s"]}
+            emit("data_rows_per_s", result["rows_per_s"], "rows/s", label, devices="host (tf.data)", **common)
+            emit("data_examples_per_s", result["examples_per_s"], "examples/s", label, devices="host (tf.data)",
+                 examples_per_row=result["examples_per_s"] / result["rows_per_s"], **common)
+            emit("data_tokens_per_s", result["tokens_per_s"], "tokens/s", label, devices="host (tf.data)",
+                 slot_tokens_per_s=result["slot_tokens_per_s"],
+                 fill=result["tokens_per_s"] / result["slot_tokens_per_s"], **common)
+
+        batch = next(iter(pipelines.values()))["batch"]
+        for config_name in [c for c in args.step_configs.split(",") if c]:
+            config = T5_1_1_CONFIGS[config_name]
+            log(f"timing the {config_name} train step on a pipeline batch ...")
+            step = TemplmStep(config, batch, args.seed)
+            for _ in range(3):  # compile + warm-up
+                step()
+            n = args.steps or (20 if config_name == "tiny" else 5)
+            step_s = median([step() for _ in range(n)])
+            consumed = args.batch / step_s
+            label = f"t5_1_1 {config_name} train step, batch {args.batch}, {args.input_len}+{args.target_len} " \
+                    f"tokens, packed, float32, adafactor"
+            emit("train_step_consumption_rows_per_s", consumed, "rows/s", label, step_s_median=step_s,
+                 tokens_per_s=consumed * per_row, steps_timed=n)
+            for name, result in pipelines.items():
+                ratio = result["rows_per_s"] / consumed
+                emit("data_vs_train_step", ratio, "x", f"{name} pipeline / {label}", target_min=TARGET_RATIO,
+                     met=ratio >= TARGET_RATIO, pipeline_rows_per_s=result["rows_per_s"], consumed_rows_per_s=consumed)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
