@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= runs/demo
 
-.PHONY: venv demo test clean
+.PHONY: venv demo test bench clean
 
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,10 +16,18 @@ $(STAMP): setup.py
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/templm data world --out $(DEMO_DIR)/world
+	$(BIN)/templm reproduce --preset smoke --out $(DEMO_DIR)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+# Benchmarks (BENCHMARKS.md): each tool prints one JSON line per figure; they are appended to $(BENCH_OUT).
+# The PyTorch peer of bench_t5 needs the bench extra (`$(BIN)/python -m pip install -e '.[bench]'`), else skipped.
+BENCH_OUT ?= bench_results.jsonl
+bench: $(STAMP)
+	bash -o pipefail -c '$(BIN)/python tools/bench_t5.py | tee -a $(BENCH_OUT)'
+	bash -o pipefail -c '$(BIN)/python tools/bench_txl.py | tee -a $(BENCH_OUT)'
+	bash -o pipefail -c '$(BIN)/python tools/bench_data.py | tee -a $(BENCH_OUT)'
 
 clean:
 	rm -rf $(VENV) runs
