@@ -6,10 +6,15 @@ predictions (F1 by answer duration, which queries a model got right) and per-exa
 them (a router sends each example to the expert of its `year`). Both come from one `seqio.Evaluator`: its cached task
 dataset holds the task features (`id`, `year`, `answers`) in the same order as the enumerated model dataset that
 `predict_fn` and `score_fn` receive, so index i of one is index i of the other.
+
+Evaluators are kept (a few, most recently used) and reused for the same task split and lengths, as long as the task
+registered under that name is the same object: a study that evaluates many models of one task pays once for reading
+and tokenising its examples.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
@@ -53,6 +58,30 @@ def _task_features(cached_task_dataset) -> List[Dict[str, Any]]:
     return rows
 
 
+_EVALUATORS: "collections.OrderedDict" = collections.OrderedDict()
+_MAX_EVALUATORS = 8
+
+
+def _evaluator(task: str, split: str, feature_lengths: Mapping[str, int], num_examples: Optional[int]):
+    """(seqio.Evaluator, task features of its examples) for a task split, reused while the task is unchanged."""
+    import seqio
+
+    task_obj = seqio.get_mixture_or_task(task)
+    key = (task, split, tuple(sorted(feature_lengths.items())), num_examples)
+    hit = _EVALUATORS.get(key)
+    if hit is not None and hit[0] is task_obj:
+        _EVALUATORS.move_to_end(key)
+        return hit[1], hit[2]
+    evaluator = seqio.Evaluator(task, seqio.EncDecFeatureConverter(pack=False), eval_split=split,
+                                sequence_length=dict(feature_lengths), num_examples=num_examples,
+                                async_compute_metrics=False)
+    examples = _task_features(evaluator.cached_task_datasets[task])
+    _EVALUATORS[key] = (task_obj, evaluator, examples)
+    while len(_EVALUATORS) > _MAX_EVALUATORS:
+        _EVALUATORS.popitem(last=False)
+    return evaluator, examples
+
+
 def evaluate_task(fns_for: Callable[[Sequence[Dict[str, Any]]], Any], task: str, feature_lengths: Mapping[str, int],
                   split: str = "test", num_examples: Optional[int] = None,
                   step: Optional[int] = None) -> TaskEvaluation:
@@ -65,10 +94,8 @@ def evaluate_task(fns_for: Callable[[Sequence[Dict[str, Any]]], Any], task: str,
     """
     import seqio
 
-    evaluator = seqio.Evaluator(task, seqio.EncDecFeatureConverter(pack=False), eval_split=split,
-                                sequence_length=dict(feature_lengths), num_examples=num_examples,
-                                async_compute_metrics=False)
-    examples = _task_features(evaluator.cached_task_datasets[task])
+    evaluator, template = _evaluator(task, split, feature_lengths, num_examples)
+    examples = copy.deepcopy(template)
     fns = fns_for(examples)
     metrics, outputs = evaluator.evaluate(compute_metrics=True, step=step, predict_fn=fns.predict_fn,
                                           score_fn=fns.score_fn)
