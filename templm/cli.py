@@ -477,12 +477,14 @@ def _define_reproduce():
     flags.DEFINE_string("out", None, "Output folder: report.md, figures/, results.json, data/, models/.",
                         required=True)
     flags.DEFINE_integer("seed", 0, "Seed of the world, the splits, the initialisation and the data order.")
+    flags.DEFINE_boolean("streaming", True, "Also run the Transformer-XL half (TIME-STRATIFIED vs CONTROL streaming "
+                         "perplexity, dynamic evaluation) after the T5 stages.")
 
 
 def _main_reproduce():
     from templm.reproduce import reproduce
 
-    results = reproduce(FLAGS.preset, FLAGS.out, FLAGS.seed)
+    results = reproduce(FLAGS.preset, FLAGS.out, FLAGS.seed, extra_stages=None if FLAGS.streaming else [])
     print(f"templm reproduce: {FLAGS.preset} preset, seed {FLAGS.seed}: {os.path.join(FLAGS.out, 'report.md')}")
     for name, item in results["findings"].items():
         verdict = {True: "appears", False: "does not appear", None: "cannot be judged"}[item["holds"]]
@@ -533,7 +535,7 @@ VERBS: Dict[str, Verb] = {v.name: v for v in [
     Verb("eval", "Evaluate a trained checkpoint on a task's split: EM/F1 and perplexity by year and slice.",
          _define_eval, _main_eval, takes_gin=True),
     Verb("reproduce", "The time-aware T5 study end to end on the embedded world: data, Uniform/Temporal/Yearly models, "
-         "evaluation, future probes, adaptation, report.", _define_reproduce, _main_reproduce),
+         "evaluation, future probes, adaptation, Transformer-XL streaming, report.", _define_reproduce, _main_reproduce),
     Verb("infer", "Predictions of a trained checkpoint for a JSON-lines file of inputs or TempLAMA queries.",
          _define_infer, _main_infer, takes_gin=True),
     Verb("data tasks", "Build the record files behind the SeqIO tasks (SSM examples, TempLAMA, vocabulary).",

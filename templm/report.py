@@ -357,6 +357,9 @@ def _section_timing(results) -> str:
 
     rows = [[name, f"{s:.1f}"] for name, s in pairs(t.get("stages"))]
     rows += [[f"  train {name}", f"{s:.1f}"] for name, s in pairs(t.get("models"))]
+    for stage, parts in (t.get("extra") or {}).items():  # what extra stages timed themselves
+        if isinstance(parts, Mapping):
+            rows += [[f"  {stage}: {name}", f"{s:.1f}"] for name, s in parts.items() if isinstance(s, (int, float))]
     total = t.get("total_s")
     return "\n".join(["## Timing", "",
                       "Wall-clock seconds, stage by stage and per model trained (the only numbers that change "

@@ -3,13 +3,14 @@
     world -> yearly splits -> vocabulary and task records -> Uniform, Temporal and Yearly T5 models (trained on
     the seen years) -> evaluation (TempLAMA F1 by year and slice, CustomNews perplexity, yearly router, F1 by year
     gap and by answer duration) -> future probes (log-likelihood degradation, calibration entropy) -> adaptation
-    (alpha mixtures of a new year against retraining from scratch) -> [extra stages] -> report
+    (alpha mixtures of a new year against retraining from scratch) -> streaming (Transformer-XL) -> report
 
 `reproduce(preset, out_dir, seed)` writes under `out_dir`
 
     data/                 the task data (world, splits, SentencePiece model, TFRecords, manifest)
     data_views/           the same records restricted to the training years (symlinks), for the seen-years models
     models/<name>/        each model's checkpoints and metrics.jsonl
+    stream_experiment/    the Transformer-XL half: its own world, TIME-STRATIFIED/CONTROL splits, models, report
     report.md, figures/*.png, results.json    (see templm.report)
 
 and returns the results dict. Models never see the future years: Uniform and Temporal train on a view of the data
@@ -21,8 +22,9 @@ Presets: `smoke` (the demo, under 10 minutes on 2 CPU cores; every stage, small 
 minutes on 2 CPU cores; sized so that the paper's findings can show) and `tiny_test` (the test suite's, seconds per
 stage). Each prints progress through absl logging: the stage, elapsed time and an ETA.
 
-The Transformer-XL streaming half ("Mind the Gap") joins through `extra_stages` (see `ExtraStage` and
-`EXTRA_STAGES` below): each stage gets a `StageContext` and returns a JSON-able dict that lands in
+The Transformer-XL streaming half ("Mind the Gap": TIME-STRATIFIED and CONTROL models, monthly degradation, dynamic
+evaluation) is the extra stage "streaming", registered in `EXTRA_STAGES` below; `extra_stages=[]` (the CLI's
+--nostreaming) leaves it out. An extra stage gets a `StageContext` and returns a JSON-able dict that lands in
 `results["extra"][name]` and in the report.
 """
 
@@ -87,14 +89,12 @@ PRESETS: Dict[str, Preset] = {
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# HOOK: extra stages. The Transformer-XL streaming half (templm/evaluation/streaming.py and its trainer) plugs in
-# here: append an ExtraStage to EXTRA_STAGES (or pass extra_stages= to reproduce), e.g.
-#     EXTRA_STAGES.append(ExtraStage("streaming", stream_experiment.reproduce_stage, estimated_s=150.0))
-# Each runs after adaptation and before the report, gets a StageContext, and returns a JSON-able dict stored as
-# results["extra"][name]; a "markdown" entry in it goes into the report as is (under "## name" unless it has its
-# own heading; else the dict is shown as JSON), figures it writes under context.figures_dir can be linked from that
-# markdown as figures/<file>.png, and wall-clock seconds returned under "timings_sec" move to results["timing"]
-# (results outside "timing" must repeat exactly with the same seed).
+# HOOK: extra stages. Each runs after adaptation and before the report, gets a StageContext, and returns a JSON-able
+# dict stored as results["extra"][name]; a "markdown" entry in it goes into the report as is (under "## name" unless
+# it has its own heading; else the dict is shown as JSON), figures it writes under context.figures_dir can be linked
+# from that markdown as figures/<file>.png, and wall-clock seconds returned under "timings_sec" move to
+# results["timing"] (results outside "timing" must repeat exactly with the same seed). The Transformer-XL streaming
+# half ("Mind the Gap", templm/stream_experiment.py) is registered this way at the bottom of this section.
 # --------------------------------------------------------------------------------------------------------------------
 
 
@@ -113,10 +113,25 @@ class StageContext:
 class ExtraStage:
     name: str
     run: Callable[[StageContext], Dict[str, Any]]
-    estimated_s: float = 60.0  # for the ETA
+    estimated_s: Union[float, Callable[[Preset], float]] = 60.0  # for the ETA: seconds, or seconds by preset
+
+    def estimate(self, preset: Preset) -> float:
+        return float(self.estimated_s(preset) if callable(self.estimated_s) else self.estimated_s)
 
 
-EXTRA_STAGES: List[ExtraStage] = []
+def _streaming(context: StageContext) -> Dict[str, Any]:
+    from templm import stream_experiment
+
+    return stream_experiment.reproduce_stage(context)
+
+
+def _streaming_estimate(preset: Preset) -> float:
+    from templm import stream_experiment
+
+    return stream_experiment.ESTIMATED_SECONDS.get(preset.name, stream_experiment.ESTIMATED_SECONDS["smoke"])
+
+
+EXTRA_STAGES: List[ExtraStage] = [ExtraStage("streaming", _streaming, _streaming_estimate)]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -176,7 +191,7 @@ def _plan(preset: Preset, n_experts: int, extra: Sequence[ExtraStage]) -> List[T
             ("adaptation", (len(preset.alphas) + 1) * per_training
              + (len(preset.alphas) * preset.adapt_steps + preset.retrain_steps) / rate
              + 8.0 * (len(preset.alphas) * preset.adapt_eval_points + preset.retrain_eval_points))]
-    plan += [(f"extra: {stage.name}", stage.estimated_s) for stage in extra]
+    plan += [(f"extra: {stage.name}", stage.estimate(preset)) for stage in extra]
     plan.append(("report", 10.0))
     return plan
 

@@ -106,7 +106,9 @@ def test_extra_stages_get_their_own_sections(results):
     r = copy.deepcopy(results)
     r["extra"] = {"streaming": {"markdown": "Relative perplexity rises.", "slope": 0.01},
                   "other": {"markdown": "## Own heading\n\nText."}, "plain": {"x": 1}}
+    r["timing"]["extra"] = {"streaming": {"train_control": 12.25}}
     text = report.markdown(r)
+    assert "|   streaming: train_control | 12.2 |" in text
     assert "## streaming\n\nRelative perplexity rises." in text
     assert "## Own heading\n\nText." in text and "## other" not in text
     assert '## plain\n\n```json\n{\n "x": 1\n}\n```' in text

@@ -18,7 +18,7 @@ from templm.reproduce import PRESETS, ExtraStage, Reproduction
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESET = PRESETS["tiny_test"]
 STAGES = ["data", "train uniform and temporal", "train yearly experts", "evaluate", "future probes", "adaptation",
-          "report"]
+          "extra: streaming", "report"]
 
 
 def templm(*args):
@@ -34,7 +34,7 @@ def run_dir(tmp_path_factory):
     assert f"templm reproduce: tiny_test preset, seed 0: {out}/report.md" in result.stdout
     for name, _, _ in report.FINDINGS:
         assert f"  {name}: " in result.stdout
-    assert "reproduce [1/7] data: starting" in result.stderr and "ETA" in result.stderr  # progress
+    assert "reproduce [1/8] data: starting" in result.stderr and "ETA" in result.stderr  # progress
     return out
 
 
@@ -59,8 +59,29 @@ def test_report_and_figures(run_dir):
     assert not [f for f in os.listdir(run_dir) if f.endswith(".tmp")]
 
 
+def test_the_streaming_half_runs_inside_reproduce(run_dir, results):
+    """The Transformer-XL stage: TIME-STRATIFIED and CONTROL models trained on their own world, static and dynamic
+    evaluation of the test stream, its section and figures in the report, its timings under "timing"."""
+    stream = results["extra"]["streaming"]
+    assert stream["preset"] == "tiny_test"
+    ppl = stream["overall_word_ppl"]
+    assert {"time_stratified/static", "control/static", "time_stratified/dynamic"} <= set(ppl)
+    assert all(v is not None and v > 1 for v in ppl.values())
+    assert stream["relative"]["static"]["mean"] == pytest.approx(
+        ppl["time_stratified/static"] / ppl["control/static"] - 1, abs=0.5)  # a mean of monthly ratios, not overall
+    gain = stream["dynamic_gain"]["dynamic"]
+    assert gain == pytest.approx(ppl["time_stratified/dynamic"] / ppl["time_stratified/static"] - 1, rel=1e-9)
+    assert len(stream["months"]) == 12
+    text = (run_dir / "report.md").read_text()
+    assert "## streaming" in text and "figures/stream_relative_perplexity.png" in text
+    assert (run_dir / "figures" / "stream_relative_perplexity.png").read_bytes()[:4] == b"\x89PNG"
+    assert set(results["timing"]["extra"]["streaming"]) == {"data", "train_time_stratified", "train_control",
+                                                            "evaluate"}
+    assert os.path.isdir(run_dir / "stream_experiment" / "time_stratified")
+
+
 def test_results_json_holds_every_stage(results):
-    assert set(results) == {"adaptation", "calibration", "config", "degradation", "duration", "findings",
+    assert set(results) == {"adaptation", "calibration", "config", "degradation", "duration", "extra", "findings",
                             "model_config", "models", "preset", "regimes", "seed", "summary", "timing", "world",
                             "yearly"}
     assert results["preset"] == "tiny_test" and results["seed"] == 0
