@@ -41,6 +41,10 @@ _FEATURES = {
     "id": tf.io.FixedLenFeature([], tf.string),
 }
 
+# A task whose training split has at most this many examples keeps its tokenized examples in memory after the
+# first pass (tf.data cache before the repeat), so later epochs skip parsing and SentencePiece; about 1 KB each.
+MEMORY_CACHE_MAX_EXAMPLES = 250_000
+
 _registered: List[str] = []  # names this module added, so that `register` can replace them
 _adapt_years: List[int] = []  # the years of the registered task data, for adapt_mixture
 
@@ -89,6 +93,11 @@ def add_year_prefix(dataset: tf.data.Dataset) -> tf.data.Dataset:
     return dataset.map(prefix, num_parallel_calls=tf.data.AUTOTUNE)
 
 
+def cache_in_memory(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """Keeps the (tokenized) examples in memory after the first pass; the order and content stay as they were."""
+    return dataset.cache()
+
+
 def qa_ppl_postprocessor(output, example=None, is_target=False):
     """Targets carry what both the EM/F1 and the perplexity metrics need; predictions are the answer text."""
     if not is_target:
@@ -107,7 +116,11 @@ def _task(name: str, folder: str, pattern: str, regime: str, data_dir: str, ensu
     preprocessors = [_parse]
     if regime == "temporal":
         preprocessors.append(add_year_prefix)
-    preprocessors += [seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim]
+    # Tokenized before seqio's cache point (an offline `seqio` cache stores token ids, as T5's tasks do); EOS after.
+    preprocessors.append(seqio.preprocessors.tokenize)
+    if num_examples and 0 < num_examples.get("train", 0) <= MEMORY_CACHE_MAX_EXAMPLES:
+        preprocessors.append(cache_in_memory)
+    preprocessors += [seqio.CacheDatasetPlaceholder(), seqio.preprocessors.append_eos_after_trim]
     metric_fns = [qa_metrics.make_perplexity_metric_fn()]
     if folder == TEMPLAMA:
         metric_fns.insert(0, qa_metrics.make_qa_metric_fn(seen_years, future_years))

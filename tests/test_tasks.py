@@ -202,3 +202,36 @@ def test_default_data_is_built_once_under_a_lock(tmp_path):
     assert sum("preparing task data" in err for _, err in outputs) == 1
     assert ensure_task_data(str(tmp_path / "data"))["years"] == [2014, 2015]
     assert not os.path.exists(str(tmp_path / "data") + ".partial")
+
+
+def test_memory_cache_keeps_every_epoch_identical(data_dir, monkeypatch):
+    """World-sized tasks keep their tokenized examples in memory after the first pass: three epochs of the shuffled,
+    repeated training stream are the same examples in the same order as with the cache switched off, and the
+    tokenization sits before seqio's cache point (an offline seqio cache stores token ids)."""
+    from tasks import registry
+
+    name = "customnews_ssm_temporal_2013"
+    steps = [getattr(p, "__name__", type(p).__name__) for p in seqio.get_mixture_or_task(name).preprocessors]
+    assert steps == ["_parse", "add_year_prefix", "tokenize", "cache_in_memory", "CacheDatasetPlaceholder",
+                     "append_eos_after_trim"]
+    count = read_manifest(data_dir)["counts"]["customnews"]["train"]["2013"]
+
+    def stream():
+        ds = seqio.get_mixture_or_task(name).get_dataset(LENGTHS, split="train", shuffle=True, seed=5,
+                                                          num_epochs=3)
+        return [(ex["inputs"].tolist(), ex["targets"].tolist()) for ex in ds.as_numpy_iterator()]
+
+    cached = stream()
+    monkeypatch.setattr(registry, "MEMORY_CACHE_MAX_EXAMPLES", 0)
+    tasks.configure(data_dir=data_dir)
+    try:
+        steps = [getattr(p, "__name__", type(p).__name__) for p in seqio.get_mixture_or_task(name).preprocessors]
+        assert "cache_in_memory" not in steps
+        assert cached == stream()
+    finally:
+        monkeypatch.undo()
+        tasks.configure(data_dir=data_dir)
+    assert len(cached) == 3 * count
+    once = collections.Counter((str(ex["inputs"].tolist()), str(ex["targets"].tolist()))
+                               for ex in _examples(name, split="train"))
+    assert collections.Counter((str(i), str(t)) for i, t in cached) == {k: 3 * v for k, v in once.items()}
