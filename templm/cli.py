@@ -486,7 +486,10 @@ def _main_reproduce():
 
     results = reproduce(FLAGS.preset, FLAGS.out, FLAGS.seed, extra_stages=None if FLAGS.streaming else [])
     print(f"templm reproduce: {FLAGS.preset} preset, seed {FLAGS.seed}: {os.path.join(FLAGS.out, 'report.md')}")
-    for name, item in results["findings"].items():
+    findings = dict(results["findings"])
+    for stage, extra in (results.get("extra") or {}).items():
+        findings.update({f"{stage}_{name}": item for name, item in (extra.get("findings") or {}).items()})
+    for name, item in findings.items():
         verdict = {True: "appears", False: "does not appear", None: "cannot be judged"}[item["holds"]]
         print(f"  {name}: {verdict} ({item['evidence']})")
 

@@ -258,7 +258,7 @@ _SMALL_MODEL = dict(d_model=128, n_head=4, d_head=32, d_inner=512, n_layer=3, tg
                     eval_mem_len=256, dropout=0.1, dropatt=0.0)
 
 PRESETS: Dict[str, StreamPreset] = {
-    # Under 3 minutes on 2 loaded CPU cores (measured 2m14s): a tiny model, 600 steps, 10 test documents a month.
+    # 38 s on 2 idle CPU cores, 2m14s on 2 loaded ones (load 7-8): a tiny model, 600 steps, 10 test documents a month.
     "smoke": StreamPreset(docs_per_month=30, subjects_per_relation=40, test_docs_per_month=10, vocab_size=512,
                           model=_TINY_MODEL, train_steps=600, batch_size=16, learning_rate=3e-3,
                           dynamic=DEFAULT_DYNAMIC, min_test_count=10, n_topics=5, train_count_documents=400,
@@ -271,8 +271,8 @@ PRESETS: Dict[str, StreamPreset] = {
                               dynamic=({"name": "dynamic", "rule": "sgd", "which": "all", "lr": 0.03},),
                               start_year=2015, end_year=2019, test_months=12, min_test_count=3, n_topics=3,
                               train_count_documents=100, ms_segments=4),
-    # About half an hour on 2 CPU cores (estimated from the step rate, ~2.5 steps/s; not timed end to end), a few
-    # minutes on one accelerator: the default world, a 3-layer model, every dynamic-evaluation variant.
+    # 7m20s on 2 idle CPU cores (measured inside `templm reproduce --preset small`): the default world, a 3-layer
+    # model, every dynamic-evaluation variant.
     "small": StreamPreset(docs_per_month=60, subjects_per_relation=40, test_docs_per_month=12, vocab_size=1000,
                           model=_SMALL_MODEL, train_steps=1500, batch_size=16, learning_rate=1e-3,
                           dynamic=DEFAULT_DYNAMIC, min_test_count=30, n_topics=10),
@@ -411,8 +411,8 @@ def summarize(results: Mapping[str, Any]) -> Dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------------------
 # The `templm reproduce` stage.
 
-# Seconds each preset's run_stream_experiment takes on 2 loaded CPU cores (for reproduce's ETA).
-ESTIMATED_SECONDS = {"tiny_test": 45.0, "smoke": 150.0, "small": 1800.0}
+# Seconds each preset's run_stream_experiment takes on 2 CPU cores, between idle and loaded (for reproduce's ETA).
+ESTIMATED_SECONDS = {"tiny_test": 30.0, "smoke": 60.0, "small": 600.0}
 
 
 def reproduce_stage(context: Any) -> Dict[str, Any]:
@@ -439,17 +439,52 @@ def reproduce_stage(context: Any) -> Dict[str, Any]:
         if os.path.exists(os.path.join(stream_dir, source)):
             shutil.copyfile(os.path.join(stream_dir, source), os.path.join(context.figures_dir, target))
             figures[source] = f"figures/{target}"
+    summary["findings"] = stream_findings(summary)
     summary["markdown"] = summary_markdown(summary, figures)
     return summary
 
 
+STREAM_FINDINGS = (
+    ("gap", "TIME-STRATIFIED perplexity is above CONTROL's over the test months (mean monthly relative increase > 0)"),
+    ("growth", "the gap grows month by month (the fitted slope of the relative increase > 0)"),
+    ("dynamic", "dynamic evaluation (SGD, all parameters) lowers TIME-STRATIFIED perplexity and narrows the gap"),
+)
+
+
+def stream_findings(summary: Mapping[str, Any]) -> Dict[str, Any]:
+    """The streaming half's expected findings ("Mind the Gap"), each {"holds": True/False/None, "evidence": text};
+    None where the numbers to judge it are missing."""
+    static = summary.get("relative", {}).get("static", {})
+    dynamic = summary.get("relative", {}).get("dynamic", {})
+    gain = summary.get("dynamic_gain", {}).get("dynamic")
+    out = {}
+    mean, slope = static.get("mean"), static.get("slope_per_month")
+    out["gap"] = {"holds": None if mean is None else mean > 0,
+                  "evidence": "no monthly ratios" if mean is None else f"mean relative increase {100 * mean:+.1f}%"}
+    out["growth"] = {"holds": None if slope is None else slope > 0,
+                     "evidence": "no fitted slope" if slope is None else f"slope {100 * slope:+.2f}% per month"}
+    if gain is None or dynamic.get("mean") is None or mean is None:
+        out["dynamic"] = {"holds": None, "evidence": "no SGD dynamic evaluation in this run"}
+    else:
+        out["dynamic"] = {"holds": gain < 0 and dynamic["mean"] < mean,
+                          "evidence": f"word perplexity {100 * gain:+.1f}%, mean relative increase over CONTROL "
+                                      f"{100 * mean:+.1f}% static vs {100 * dynamic['mean']:+.1f}% dynamic"}
+    return out
+
+
 def summary_markdown(summary: Mapping[str, Any], figures: Optional[Mapping[str, str]] = None) -> str:
-    """A report section: overall word perplexities, the relative increase over CONTROL per mode (slope per month
-    and mean), what each dynamic-evaluation variant changes, and the figures."""
+    """A report section: the expected findings and whether they appear, overall word perplexities, the relative
+    increase over CONTROL per mode (slope per month and mean), what each dynamic-evaluation variant changes, and
+    the figures."""
     figures = figures or {}
-    lines = ["Transformer-XL trained on TIME-STRATIFIED (up to the cut-off) and CONTROL (same size, overlapping the "
-             "test period) splits, evaluated on one stream of the test months in date order.", "",
-             "| run / mode | word ppl |", "|---|---|"]
+    findings = stream_findings(summary)
+    verdicts = {True: "appears", False: "does not appear", None: "cannot be judged"}
+    lines = ["## Streaming perplexity and dynamic evaluation (Transformer-XL)", "",
+             "Transformer-XL trained on TIME-STRATIFIED (up to the cut-off) and CONTROL (same size, overlapping the "
+             "test period) splits, evaluated on one stream of the test months in date order.", ""]
+    lines += [f"- {text[0].upper() + text[1:]}: **{verdicts[findings[key]['holds']]}**. {findings[key]['evidence']}."
+              for key, text in STREAM_FINDINGS]
+    lines += ["", "| run / mode | word ppl |", "|---|---|"]
     lines += [f"| {k} | {'-' if v is None else f'{v:.2f}'} |" for k, v in summary["overall_word_ppl"].items()]
     lines += ["", "| mode | relative increase over CONTROL (mean) | slope per month | first month | last month |",
               "|---|---|---|---|---|"]

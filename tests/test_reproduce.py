@@ -34,6 +34,8 @@ def run_dir(tmp_path_factory):
     assert f"templm reproduce: tiny_test preset, seed 0: {out}/report.md" in result.stdout
     for name, _, _ in report.FINDINGS:
         assert f"  {name}: " in result.stdout
+    for name in ("gap", "growth", "dynamic"):
+        assert f"  streaming_{name}: " in result.stdout
     assert "reproduce [1/8] data: starting" in result.stderr and "ETA" in result.stderr  # progress
     return out
 
@@ -73,7 +75,11 @@ def test_the_streaming_half_runs_inside_reproduce(run_dir, results):
     assert gain == pytest.approx(ppl["time_stratified/dynamic"] / ppl["time_stratified/static"] - 1, rel=1e-9)
     assert len(stream["months"]) == 12
     text = (run_dir / "report.md").read_text()
-    assert "## streaming" in text and "figures/stream_relative_perplexity.png" in text
+    assert "## Streaming perplexity and dynamic evaluation (Transformer-XL)" in text
+    assert "figures/stream_relative_perplexity.png" in text and "## streaming" not in text
+    assert set(stream["findings"]) == {"gap", "growth", "dynamic"}
+    assert stream["findings"]["dynamic"]["holds"] == (gain < 0 and stream["relative"]["dynamic"]["mean"]
+                                                      < stream["relative"]["static"]["mean"])
     assert (run_dir / "figures" / "stream_relative_perplexity.png").read_bytes()[:4] == b"\x89PNG"
     assert set(results["timing"]["extra"]["streaming"]) == {"data", "train_time_stratified", "train_control",
                                                             "evaluate"}

@@ -303,3 +303,22 @@ def test_stream_results_and_report_files(spm_model, tmp_path):
         write_stream_report(dict(results, broken=object()), str(out))
     assert (out / "results.json").read_bytes() == before
     assert sorted(os.listdir(out)) == sorted(written)
+
+
+def test_stream_findings_and_their_report_lines():
+    """The streaming half's findings from a hand-made summary: each verdict follows its number's sign."""
+    from templm.stream_experiment import stream_findings, summary_markdown
+
+    summary = {"overall_word_ppl": {"time_stratified/static": 12.0, "time_stratified/dynamic": 9.0,
+                                    "control/static": 8.0},
+               "relative": {"static": {"mean": 0.5, "slope_per_month": -0.01, "first_month": 0.6, "last_month": 0.4},
+                            "dynamic": {"mean": 0.1, "slope_per_month": 0.0, "first_month": 0.2, "last_month": 0.0}},
+               "dynamic_gain": {"dynamic": -0.25}, "months": ["2018-01", "2018-02"]}
+    found = stream_findings(summary)
+    assert {k: v["holds"] for k, v in found.items()} == {"gap": True, "growth": False, "dynamic": True}
+    assert found["growth"]["evidence"] == "slope -1.00% per month"
+    text = summary_markdown(summary)
+    assert "- The gap grows month by month (the fitted slope of the relative increase > 0): **does not appear**." in text
+    assert "| time_stratified/dynamic | 9.00 |" in text
+    summary["dynamic_gain"] = {}
+    assert stream_findings(summary)["dynamic"]["holds"] is None
