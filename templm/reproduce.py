@@ -18,8 +18,9 @@ holding only the seen years, the Yearly experts on one seen year each, and the r
 plus the new year. The same preset and seed give the same numbers (seeded world, seeded and ordered tf.data
 pipelines, deterministic CPU arithmetic); wall-clock times are kept apart, under "timing".
 
-Presets: `smoke` (the demo, under 10 minutes on 2 CPU cores; every stage, small and noisy), `small` (under 90
-minutes on 2 CPU cores; sized so that the paper's findings can show) and `tiny_test` (the test suite's, seconds per
+Presets: `smoke` (the demo, under 10 minutes on 2 CPU cores: 2m56s measured on 2 idle cores, about 15 minutes at
+load 8; every stage, small and noisy), `small` (under 90 minutes on 2 CPU cores: 26-28 minutes measured on 2 idle
+cores; sized so that the paper's findings show) and `tiny_test` (the test suite's, seconds per
 stage). Each prints progress through absl logging: the stage, elapsed time and an ETA.
 
 The Transformer-XL streaming half ("Mind the Gap": TIME-STRATIFIED and CONTROL models, monthly degradation, dynamic
@@ -68,7 +69,7 @@ class Preset:
     max_gap: int = 10  # degradation: years past the last seen year
     calibration_years: int = 4  # calibration: future years probed, from the first year after the seen ones
     heldout_fraction: float = 0.1
-    estimated_steps_per_s: float = 5.0  # for the ETA before the first measurement (2 loaded CPU cores, tiny model)
+    estimated_steps_per_s: float = 8.0  # for the ETA before the first measurement (2 CPU cores, tiny model)
 
 
 PRESETS: Dict[str, Preset] = {
