@@ -4,6 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= runs/demo
+# XLA's CPU runtime allocates a step's large buffers afresh each time; glibc malloc backed by transparent huge pages
+# touches them in 2 MB pages instead of 4 KB ones (T5 small train step: 125,000 -> ~1,000 page faults, about 6%
+# faster; BENCHMARKS.md). glibc older than 2.35 ignores it.
+export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
 .PHONY: venv demo test bench clean
 
