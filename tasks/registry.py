@@ -43,6 +43,8 @@ _FEATURES = {
 
 # A task whose training split has at most this many examples keeps its tokenized examples in memory after the
 # first pass (tf.data cache before the repeat), so later epochs skip parsing and SentencePiece; about 1 KB each.
+# Later epochs then read the files in the first epoch's (seeded) order; the 10,000-example shuffle buffer after the
+# repeat still mixes the examples. 0 switches the cache off.
 MEMORY_CACHE_MAX_EXAMPLES = 250_000
 
 _registered: List[str] = []  # names this module added, so that `register` can replace them

@@ -206,7 +206,8 @@ def test_default_data_is_built_once_under_a_lock(tmp_path):
 
 def test_memory_cache_keeps_every_epoch_identical(data_dir, monkeypatch):
     """World-sized tasks keep their tokenized examples in memory after the first pass: three epochs of the shuffled,
-    repeated training stream are the same examples in the same order as with the cache switched off, and the
+    repeated training stream of a one-file task are the same examples in the same order as with the cache switched
+    off (with several files, the cache keeps the first epoch's file order), each example three times, and the
     tokenization sits before seqio's cache point (an offline seqio cache stores token ids)."""
     from tasks import registry
 
