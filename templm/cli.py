@@ -538,7 +538,8 @@ VERBS: Dict[str, Verb] = {v.name: v for v in [
     Verb("eval", "Evaluate a trained checkpoint on a task's split: EM/F1 and perplexity by year and slice.",
          _define_eval, _main_eval, takes_gin=True),
     Verb("reproduce", "The time-aware T5 study end to end on the embedded world: data, Uniform/Temporal/Yearly models, "
-         "evaluation, future probes, adaptation, Transformer-XL streaming, report.", _define_reproduce, _main_reproduce),
+         "evaluation, future probes, adaptation, Transformer-XL streaming, report.", _define_reproduce,
+         _main_reproduce),
     Verb("infer", "Predictions of a trained checkpoint for a JSON-lines file of inputs or TempLAMA queries.",
          _define_infer, _main_infer, takes_gin=True),
     Verb("data tasks", "Build the record files behind the SeqIO tasks (SSM examples, TempLAMA, vocabulary).",

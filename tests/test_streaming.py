@@ -318,7 +318,8 @@ def test_stream_findings_and_their_report_lines():
     assert {k: v["holds"] for k, v in found.items()} == {"gap": True, "growth": False, "dynamic": True}
     assert found["growth"]["evidence"] == "slope -1.00% per month"
     text = summary_markdown(summary)
-    assert "- The gap grows month by month (the fitted slope of the relative increase > 0): **does not appear**." in text
+    assert ("- The gap grows month by month (the fitted slope of the relative increase > 0): **does not appear**."
+            in text)
     assert "| time_stratified/dynamic | 9.00 |" in text
     summary["dynamic_gain"] = {}
     assert stream_findings(summary)["dynamic"]["holds"] is None
