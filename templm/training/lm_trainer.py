@@ -60,7 +60,7 @@ from templm.data.records import DataError, Document
 from templm.models.transformer_xl import TXL_CONFIGS, TransformerXL, TransformerXLConfig, lm_loss, next_mem_valid
 from templm.training import partitioning
 from templm.training.checkpoints import Checkpointer, abstract_like, load_params
-from templm.training.trainer import Chrono, MetricsLog, TrainingError, _eta, nn_rules
+from templm.training.trainer import Chrono, MetricsLog, TrainingError, _eta, check_finite, nn_rules  # noqa: F401 (TrainingError: raised by train_lm)
 
 gin.external_configurable(TransformerXLConfig, module="templm")
 
@@ -500,11 +500,7 @@ def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_fi
                 last = step == train_steps
                 if step % log_period == 0 or last or checkpointer.should_save(step) or stop["signal"]:
                     metrics = jax.device_get(metrics)
-                    if not (np.isfinite(metrics["loss"]) and np.isfinite(metrics["param_norm"])):
-                        good = checkpointer.latest_step()
-                        raise TrainingError(f"loss {metrics['loss']}, parameter norm {metrics['param_norm']} at "
-                                            f"step {step}: stopping; the last good checkpoint is step {good} in "
-                                            f"{checkpointer.directory}")
+                    check_finite(metrics, step, checkpointer)
                     timing = chrono.report(step)
                     epoch = step / data.segments_per_epoch
                     log.write(step, "train", {**metrics, **timing, "epoch": epoch})

@@ -46,6 +46,15 @@ class TrainingError(RuntimeError):
     """The run cannot go on (a NaN loss): the message says why and which checkpoint is the last good one."""
 
 
+def check_finite(metrics: Mapping[str, Any], step: int, checkpointer) -> None:
+    """Raises TrainingError when the loss or the parameter norm is not finite, naming the last good checkpoint.
+    Called before every save, so no checkpoint ever holds non-finite parameters."""
+    if not (np.isfinite(metrics["loss"]) and np.isfinite(metrics["param_norm"])):
+        good = checkpointer.latest_step()
+        raise TrainingError(f"loss {metrics['loss']}, parameter norm {metrics['param_norm']} at step {step}: "
+                            f"stopping; the last good checkpoint is step {good} in {checkpointer.directory}")
+
+
 @dataclasses.dataclass
 class Chrono:
     """Steps/s, tokens/s and ETA over the steps since the last report."""
@@ -253,12 +262,7 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
                 last = step == train_steps
                 if step % log_period == 0 or last or checkpointer.should_save(step) or stop["signal"]:
                     metrics = jax.device_get(metrics)
-                    if not (np.isfinite(metrics["loss"]) and np.isfinite(metrics["param_norm"])):
-                        # Checked before every save, so no checkpoint ever holds non-finite parameters.
-                        good = checkpointer.latest_step()
-                        raise TrainingError(f"loss {metrics['loss']}, parameter norm {metrics['param_norm']} at "
-                                            f"step {step}: stopping; the last good checkpoint is step {good} in "
-                                            f"{checkpointer.directory}")
+                    check_finite(metrics, step, checkpointer)
                     timing = chrono.report(step)
                     log.write(step, "train", {**metrics, **timing})
                     logging.info("step %d/%d  loss %.4f  %.2f steps/s  %.0f tokens/s  ETA %s", step, train_steps,
