@@ -13,7 +13,7 @@ import pytest
 import seqio
 
 import tasks
-from templm.data.task_data import TaskDataConfig, ensure_task_data, prepare_task_data, read_manifest
+from templm.data.task_data import TaskDataConfig, ensure_task_data, read_manifest
 from templm.data.world import WorldConfig
 
 WORLD = WorldConfig(seed=1, start_year=2012, end_year=2016, subjects_per_relation=6, docs_per_month=12)
@@ -22,12 +22,8 @@ LENGTHS = {"inputs": 48, "targets": 12}
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("tasks") / "data")
-    prepare_task_data(CONFIG, out)
-    tasks.configure(data_dir=out)
-    yield out
-    tasks.configure()  # back to the default, so other test files see the usual registry
+def data_dir(task_data_for):
+    return task_data_for("tasks", CONFIG)
 
 
 def _examples(name, split="validation", n=None, lengths=LENGTHS):

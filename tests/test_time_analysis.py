@@ -275,18 +275,13 @@ def test_calibration_glue_against_hand_computed_entropy(params, scorer, referenc
 
 
 @pytest.fixture(scope="module")
-def task_data(tmp_path_factory):
-    import tasks
-    from templm.data.task_data import TaskDataConfig, prepare_task_data
+def task_data(task_data_for):
+    from templm.data.task_data import TaskDataConfig
     from templm.data.world import WorldConfig
 
-    out = str(tmp_path_factory.mktemp("routing") / "data")
-    prepare_task_data(TaskDataConfig(world=WorldConfig(seed=1, start_year=2014, end_year=2017,
-                                                       subjects_per_relation=4, docs_per_month=2),
-                                     vocab_size=290, future_years=1), out)
-    tasks.configure(data_dir=out)
-    yield out
-    tasks.configure()
+    return task_data_for("routing", TaskDataConfig(world=WorldConfig(seed=1, start_year=2014, end_year=2017,
+                                                                     subjects_per_relation=4, docs_per_month=2),
+                                                   vocab_size=290, future_years=1))
 
 
 def test_router_evaluation_routes_each_example_to_its_expert(model, task_data, tmp_path):

@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 import tasks
 from templm.cli import parse_gin
-from templm.data.task_data import TaskDataConfig, prepare_task_data
+from templm.data.task_data import TaskDataConfig
 from templm.data.world import WorldConfig
 from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel
 from templm.training import partitioning, trainer
@@ -31,14 +31,10 @@ CLI_CONFIG = ["--gin_file=gin_configs/temporal.gin", "--gin_file=gin_configs/run
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("trainer") / "data")
-    prepare_task_data(TaskDataConfig(world=WorldConfig(seed=2, start_year=2013, end_year=2016,
-                                                       subjects_per_relation=6, docs_per_month=10),
-                                     vocab_size=300, future_years=1), out)
-    tasks.configure(data_dir=out)
-    yield out
-    tasks.configure()
+def data_dir(task_data_for):
+    return task_data_for("trainer", TaskDataConfig(world=WorldConfig(seed=2, start_year=2013, end_year=2016,
+                                                                     subjects_per_relation=6, docs_per_month=10),
+                                                   vocab_size=300, future_years=1))
 
 
 def _model():
