@@ -482,6 +482,7 @@ def _define_reproduce():
 
 
 def _main_reproduce():
+    from templm.report import VERDICTS
     from templm.reproduce import reproduce
 
     results = reproduce(FLAGS.preset, FLAGS.out, FLAGS.seed, extra_stages=None if FLAGS.streaming else [])
@@ -490,8 +491,7 @@ def _main_reproduce():
     for stage, extra in (results.get("extra") or {}).items():
         findings.update({f"{stage}_{name}": item for name, item in (extra.get("findings") or {}).items()})
     for name, item in findings.items():
-        verdict = {True: "appears", False: "does not appear", None: "cannot be judged"}[item["holds"]]
-        print(f"  {name}: {verdict} ({item['evidence']})")
+        print(f"  {name}: {VERDICTS[item['holds']]} ({item['evidence']})")
 
 
 def _define_train_lm():

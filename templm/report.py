@@ -84,6 +84,8 @@ def _write_atomic(path: str, text: str) -> None:
 # --------------------------------------------------------------------------------------------------------------------
 # Findings: each judged from the numbers, True (appears), False (does not) or None (cannot be judged here).
 
+VERDICTS = {True: "appears", False: "does not appear", None: "cannot be judged"}
+
 
 def _finding_temporal_beats_uniform(results) -> Tuple[Optional[bool], str]:
     t = _get(results, "regimes", "temporal", "templama", "seen_f1")
@@ -331,8 +333,7 @@ def _section_adaptation(results) -> str:
 def _section_findings(items: Sequence[Mapping[str, Any]]) -> str:
     lines = ["## Expected findings: do they appear in these numbers?", ""]
     for item in items:
-        verdict = {True: "**appears**", False: "**does not appear**", None: "**cannot be judged**"}[item["holds"]]
-        lines.append(f"- {item['statement']}: {verdict}. {item['evidence']}.")
+        lines.append(f"- {item['statement']}: **{VERDICTS[item['holds']]}**. {item['evidence']}.")
     lines += ["", "The numbers are the numbers: a finding that does not appear here is reported as such, not tuned "
               "away. Toy models on a small world are noisy; the `small` preset is the one sized to show them."]
     return "\n".join(lines)

@@ -476,13 +476,14 @@ def summary_markdown(summary: Mapping[str, Any], figures: Optional[Mapping[str, 
     """A report section: the expected findings and whether they appear, overall word perplexities, the relative
     increase over CONTROL per mode (slope per month and mean), what each dynamic-evaluation variant changes, and
     the figures."""
+    from templm.report import VERDICTS
+
     figures = figures or {}
     findings = stream_findings(summary)
-    verdicts = {True: "appears", False: "does not appear", None: "cannot be judged"}
     lines = ["## Streaming perplexity and dynamic evaluation (Transformer-XL)", "",
              "Transformer-XL trained on TIME-STRATIFIED (up to the cut-off) and CONTROL (same size, overlapping the "
              "test period) splits, evaluated on one stream of the test months in date order.", ""]
-    lines += [f"- {text[0].upper() + text[1:]}: **{verdicts[findings[key]['holds']]}**. {findings[key]['evidence']}."
+    lines += [f"- {text[0].upper() + text[1:]}: **{VERDICTS[findings[key]['holds']]}**. {findings[key]['evidence']}."
               for key, text in STREAM_FINDINGS]
     lines += ["", "| run / mode | word ppl |", "|---|---|"]
     lines += [f"| {k} | {'-' if v is None else f'{v:.2f}'} |" for k, v in summary["overall_word_ppl"].items()]
