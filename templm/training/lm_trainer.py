@@ -60,7 +60,8 @@ from templm.data.records import DataError, Document
 from templm.models.transformer_xl import TXL_CONFIGS, TransformerXL, TransformerXLConfig, lm_loss, next_mem_valid
 from templm.training import partitioning
 from templm.training.checkpoints import Checkpointer, abstract_like, load_params
-from templm.training.trainer import Chrono, MetricsLog, TrainingError, _eta, check_finite, nn_rules  # noqa: F401 (TrainingError: raised by train_lm)
+# TrainingError is what train_lm raises (through check_finite); callers catch it as lm_trainer.TrainingError.
+from templm.training.trainer import Chrono, MetricsLog, TrainingError, _eta, check_finite, nn_rules  # noqa: F401
 
 gin.external_configurable(TransformerXLConfig, module="templm")
 
