@@ -99,6 +99,22 @@ def test_news_to_templama_mixture_is_1000_to_1(data_dir):
     assert abs(share.get("templama", 0.0) - expected) < 4 * sigma
 
 
+@pytest.mark.parametrize("name", ["temporal_mixture", "temporal_adapt_2015_alpha030"])
+def test_prefetching_mixture_gives_seqios_examples_in_seqios_order(data_dir, name):
+    """Our mixtures' sampling (tasks.registry.sample_with_prefetch) against seqio's default sampling function."""
+    ours = seqio.get_mixture_or_task(name)
+    assert ours._sample_fn is tasks.registry.sample_with_prefetch
+    plain = seqio.Mixture(f"plain_{name}", [(t.name, ours.get_rate(t)) for t in ours.tasks])
+    streams = [m.get_dataset(LENGTHS, split="train", shuffle=True, seed=5, num_epochs=None,
+                             passthrough_features=["id", "year"]).take(1500)
+               for m in (ours, plain)]
+    examples = [[(ex["id"], int(ex["year"])) for ex in ds.as_numpy_iterator()] for ds in streams]
+    assert examples[0] == examples[1]
+    assert len(set(examples[0])) > 1000
+    if "adapt" in name:  # several tasks really are interleaved
+        assert {year for _, year in examples[0]} == {2012, 2013, 2014, 2015}
+
+
 def test_alpha_adaptation_mixture(data_dir):
     name = tasks.adapt_mixture(2015, 0.3)
     assert name == "temporal_adapt_2015_alpha030"
