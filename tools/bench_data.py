@@ -4,6 +4,7 @@
     python tools/bench_data.py                      # a small world, temporal task and mixture, tiny + small steps
     python tools/bench_data.py --world full         # the default embedded world (TaskDataConfig(); slow to build)
     python tools/bench_data.py --quick              # fewer batches, tiny step only
+    python tools/bench_data.py --stages             # where each row's time goes, stage by stage
 
 Every figure is one JSON line on stdout ({"name", "value", "unit", "config", "devices", "jax", ...}); logs go to
 stderr.
@@ -18,6 +19,11 @@ Figures: packed rows/s (what a train step takes), examples/s (source examples pa
 segment ids), tokens/s (non-padding input + target tokens) and slot tokens/s (rows x 80); then for the train step of
 each T5 config (`bench_t5.TemplmStep`, run on a batch from this very pipeline) the rows/s it consumes, and the
 ratio pipeline / consumption, whose target is >= 5x.
+
+`--stages` times the pipeline stage by stage past the first epoch instead (elements/s, counted in batches of 500 so
+that Python does not limit the rate): a task's examples, then seqio's EncDecFeatureConverter unpacked and packed with
+its defaults, without its per-example length checks, with tf.data's map fusion, and as the trainer sets it up; a
+mixture with seqio's own sampling and with `tasks.registry.sample_with_prefetch`. It shows where each row's time goes.
 
 Caveat: while training, the pipeline's threads share the CPU with the step (tf.data works in the background while
 XLA computes); on 2 cores the ratio measured here, each running alone, is the upper bound of the headroom.
@@ -102,6 +108,69 @@ def time_pipeline(name: str, lengths: dict, args, train_examples: int) -> dict:
     return result
 
 
+def _stage_rate(ds, skip: int, count: int) -> float:
+    """Elements per second of `ds` after its first `skip` elements, over `count` elements."""
+    import tensorflow as tf
+
+    iterator = iter(ds.map(lambda _: tf.constant(1)).batch(500).prefetch(1))
+    for _ in range(skip // 500):
+        next(iterator)
+    t = time.perf_counter()
+    for _ in range(max(1, count // 500)):
+        next(iterator)
+    seconds = time.perf_counter() - t
+    del iterator
+    return max(1, count // 500) * 500 / seconds
+
+
+def time_stages(task_name: str, mixture_name: str, lengths: dict, args, train_examples: int) -> None:
+    """One line per stage (see the module docstring, --stages)."""
+    import seqio
+    import tensorflow as tf
+
+    skip = int(1.1 * train_examples)
+    fusion = tf.data.Options()
+    fusion.experimental_optimization.map_fusion = True
+
+    def examples(name):
+        return seqio.get_mixture_or_task(name).get_dataset(lengths, split="train", shuffle=True, seed=args.seed,
+                                                         num_epochs=None)
+
+    def converted(ds, pack, check=True, fuse=False):
+        ds = seqio.EncDecFeatureConverter(pack=pack, apply_length_check=check)(ds, lengths)
+        return ds.with_options(fusion) if fuse else ds
+
+    mixture = seqio.get_mixture_or_task(mixture_name)
+    if not isinstance(mixture, seqio.Mixture):
+        raise SystemExit(f"--stages needs a mixture last in --tasks, got the task {mixture_name!r}")
+    plain = seqio.Mixture(f"plain_{mixture_name}", [(t.name, mixture.get_rate(t)) for t in mixture.tasks])
+
+    def plain_examples():
+        return plain.get_dataset(lengths, split="train", shuffle=True, seed=args.seed, num_epochs=None)
+
+    stages = [
+        (task_name, "examples (Task.get_dataset, no converter)", lambda: examples(task_name)),
+        (task_name, "unpacked, seqio defaults", lambda: converted(examples(task_name), False)),
+        (task_name, "unpacked, no length checks", lambda: converted(examples(task_name), False, check=False)),
+        (task_name, "unpacked, map fusion", lambda: converted(examples(task_name), False, fuse=True)),
+        (task_name, "unpacked, both (the trainer's)", lambda: converted(examples(task_name), False, False, True)),
+        (task_name, "packed rows, seqio defaults", lambda: converted(examples(task_name), True)),
+        (task_name, "packed rows, the trainer's", lambda: converted(examples(task_name), True, False, True)),
+        (mixture_name, "examples, seqio's sampling", plain_examples),
+        (mixture_name, "examples, sample_with_prefetch", lambda: examples(mixture_name)),
+        (mixture_name, "packed rows, seqio defaults and sampling", lambda: converted(plain_examples(), True)),
+        (mixture_name, "packed rows, the trainer's converter, seqio's sampling",
+         lambda: converted(plain_examples(), True, False, True)),
+        (mixture_name, "packed rows, the trainer's (sample_with_prefetch)",
+         lambda: converted(examples(mixture_name), True, False, True)),
+    ]
+    for name, stage, build in stages:
+        log(f"  {name}: {stage} ...")
+        rate = _stage_rate(build(), skip, args.batches * 20)
+        emit("data_stage_elements_per_s", rate, "elements/s", f"{name}: {stage}, {args.input_len}+{args.target_len} "
+             f"tokens, {args.world} world, after the first epoch", devices="host (tf.data)")
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--world", default="small", choices=("small", "full"))
@@ -117,6 +186,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="100 batches, the temporal task, tiny step only")
     p.add_argument("--no_later_epochs", action="store_true", help="time the first pass over the data only")
+    p.add_argument("--stages", action="store_true",
+                   help="time the pipeline stage by stage (first task, then the mixture of --tasks) instead")
     args = p.parse_args(argv)
     if args.quick:
         args.batches, args.warmup, args.step_configs, args.no_later_epochs = 100, 5, "tiny", True
@@ -140,6 +211,10 @@ def main(argv=None) -> int:
         train_examples = sum(sum(counts[folder]["train"].values()) for folder in counts)
         lengths = {"inputs": args.input_len, "targets": args.target_len}
         per_row = args.input_len + args.target_len
+        if args.stages:
+            names = [t for t in args.tasks.split(",") if t]
+            time_stages(names[0], names[-1], lengths, args, train_examples)
+            return 0
         pipelines = {}
         for name in [t for t in args.tasks.split(",") if t]:
             log(f"timing the pipeline of {name} ...")
