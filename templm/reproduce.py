@@ -18,7 +18,7 @@ holding only the seen years, the Yearly experts on one seen year each, and the r
 plus the new year. The same preset and seed give the same numbers (seeded world, seeded and ordered tf.data
 pipelines, deterministic CPU arithmetic); wall-clock times are kept apart, under "timing".
 
-Presets: `smoke` (the demo, under 10 minutes on 2 CPU cores: 2m56s measured on 2 idle cores, about 15 minutes at
+Presets: `smoke` (the demo, under 10 minutes on 2 CPU cores: 2m13s-2m56s measured on 2 idle cores, about 15 minutes at
 load 8; every stage, small and noisy), `small` (under 90 minutes on 2 CPU cores: 26-28 minutes measured on 2 idle
 cores; sized so that the paper's findings show) and `tiny_test` (the test suite's, seconds per
 stage). Each prints progress through absl logging: the stage, elapsed time and an ETA.

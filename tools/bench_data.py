@@ -9,10 +9,10 @@
 Every figure is one JSON line on stdout ({"name", "value", "unit", "config", "devices", "jax", ...}); logs go to
 stderr.
 
-The pipeline is the trainer's own (`templm.training.trainer._dataset`): seqio.get_dataset over the task data
-(TFRecords of the embedded world, built with `prepare_task_data` into a temporary folder), shuffled and repeated,
-the year prefix, SentencePiece tokenization, EOS, `seqio.EncDecFeatureConverter(pack=True)` at 64 input and 16
-target tokens, batched by 8, prefetch 2. After `--warmup` batches (the first fills the 10,000-example shuffle
+The pipeline is the trainer's own (`templm.training.trainer._dataset`): the task's or mixture's examples over the
+task data (TFRecords of the embedded world, built with `prepare_task_data` into a temporary folder), shuffled and
+repeated, the year prefix, SentencePiece tokenization, EOS, then `trainer.training_features` (seqio's
+EncDecFeatureConverter, packed) at 64 input and 16 target tokens, batched by 8, prefetch 2. After `--warmup` batches (the first fills the 10,000-example shuffle
 buffer; its time is reported as startup), `--batches` batches are timed on their own, with nothing else running.
 
 Figures: packed rows/s (what a train step takes), examples/s (source examples packed into them, counted from the
@@ -115,18 +115,21 @@ def _stage_rate(ds, skip: int, count: int) -> float:
     iterator = iter(ds.map(lambda _: tf.constant(1)).batch(500).prefetch(1))
     for _ in range(skip // 500):
         next(iterator)
+    batches = max(1, count // 500)
     t = time.perf_counter()
-    for _ in range(max(1, count // 500)):
+    for _ in range(batches):
         next(iterator)
     seconds = time.perf_counter() - t
     del iterator
-    return max(1, count // 500) * 500 / seconds
+    return batches * 500 / seconds
 
 
 def time_stages(task_name: str, mixture_name: str, lengths: dict, args, train_examples: int) -> None:
     """One line per stage (see the module docstring, --stages)."""
     import seqio
     import tensorflow as tf
+
+    from templm.training.trainer import training_features
 
     skip = int(1.1 * train_examples)
     fusion = tf.data.Options()
@@ -136,7 +139,7 @@ def time_stages(task_name: str, mixture_name: str, lengths: dict, args, train_ex
         return seqio.get_mixture_or_task(name).get_dataset(lengths, split="train", shuffle=True, seed=args.seed,
                                                          num_epochs=None)
 
-    def converted(ds, pack, check=True, fuse=False):
+    def converted(ds, pack, check=True, fuse=False):  # one of the trainer's two settings, or neither
         ds = seqio.EncDecFeatureConverter(pack=pack, apply_length_check=check)(ds, lengths)
         return ds.with_options(fusion) if fuse else ds
 
@@ -153,16 +156,16 @@ def time_stages(task_name: str, mixture_name: str, lengths: dict, args, train_ex
         (task_name, "unpacked, seqio defaults", lambda: converted(examples(task_name), False)),
         (task_name, "unpacked, no length checks", lambda: converted(examples(task_name), False, check=False)),
         (task_name, "unpacked, map fusion", lambda: converted(examples(task_name), False, fuse=True)),
-        (task_name, "unpacked, both (the trainer's)", lambda: converted(examples(task_name), False, False, True)),
+        (task_name, "unpacked, both (the trainer's)", lambda: training_features(examples(task_name), lengths, False)),
         (task_name, "packed rows, seqio defaults", lambda: converted(examples(task_name), True)),
-        (task_name, "packed rows, the trainer's", lambda: converted(examples(task_name), True, False, True)),
+        (task_name, "packed rows, the trainer's", lambda: training_features(examples(task_name), lengths, True)),
         (mixture_name, "examples, seqio's sampling", plain_examples),
         (mixture_name, "examples, sample_with_prefetch", lambda: examples(mixture_name)),
         (mixture_name, "packed rows, seqio defaults and sampling", lambda: converted(plain_examples(), True)),
         (mixture_name, "packed rows, the trainer's converter, seqio's sampling",
-         lambda: converted(plain_examples(), True, False, True)),
+         lambda: training_features(plain_examples(), lengths, True)),
         (mixture_name, "packed rows, the trainer's (sample_with_prefetch)",
-         lambda: converted(examples(mixture_name), True, False, True)),
+         lambda: training_features(examples(mixture_name), lengths, True)),
     ]
     for name, stage, build in stages:
         log(f"  {name}: {stage} ...")

@@ -107,24 +107,30 @@ class MetricsLog:
         self.writer.close()
 
 
-def _dataset(mixture_or_task_name, task_feature_lengths, local_batch, seed, pack, start_batch, split="train"):
-    """The training batches: seqio's pipeline and EncDecFeatureConverter, batched, skipped to `start_batch`.
-
-    Two settings make it faster without changing a single batch (tests/test_trainer.py compares them with seqio's
-    defaults): the converter's per-example length assertions are off (`apply_length_check=False`; seqio trims the
-    task features to these lengths and the converter pads or packs to them, so both checks hold by construction),
-    and tf.data fuses consecutive per-example maps. Together they lift packed rows/s by ~50 % for a task and ~15 %
-    for a mixture (BENCHMARKS.md, input pipeline).
-    """
+def training_features(ds, task_feature_lengths: Mapping[str, int], pack: bool):
+    """A task's or mixture's examples as the model's features: seqio's EncDecFeatureConverter as the trainer applies
+    it. Two settings make it faster without changing a single row (tests/test_trainer.py compares the batches with
+    seqio's defaults): the converter's per-example length assertions are off (`apply_length_check=False`; seqio
+    trims the task features to these lengths and the converter pads or packs to them, so both checks hold by
+    construction), and tf.data fuses consecutive per-example maps. Together they lift packed rows/s by ~50 % for a
+    task and ~15 % for a mixture (BENCHMARKS.md, input pipeline; `tools/bench_data.py --stages` times both)."""
     import seqio
     import tensorflow as tf
 
-    converter = seqio.EncDecFeatureConverter(pack=pack, apply_length_check=False)
-    ds = seqio.get_dataset(mixture_or_task_name=mixture_or_task_name, task_feature_lengths=task_feature_lengths,
-                           dataset_split=split, shuffle=True, num_epochs=None, seed=seed, feature_converter=converter)
+    ds = seqio.EncDecFeatureConverter(pack=pack, apply_length_check=False)(ds, task_feature_lengths)
     options = tf.data.Options()
     options.experimental_optimization.map_fusion = True
-    ds = ds.with_options(options)
+    return ds.with_options(options)
+
+
+def _dataset(mixture_or_task_name, task_feature_lengths, local_batch, seed, pack, start_batch, split="train"):
+    """The training batches: the task's or mixture's examples (shuffled, repeated), `training_features`, batched,
+    skipped to `start_batch`."""
+    import seqio
+
+    ds = seqio.get_mixture_or_task(mixture_or_task_name).get_dataset(
+        task_feature_lengths, split=split, shuffle=True, num_epochs=None, seed=seed)
+    ds = training_features(ds, task_feature_lengths, pack)
     if jax.process_count() > 1:
         ds = ds.shard(jax.process_count(), jax.process_index())
     ds = ds.batch(local_batch, drop_remainder=True)
