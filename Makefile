@@ -5,11 +5,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= runs/demo
 # XLA's CPU runtime allocates a step's large buffers afresh each time; glibc malloc backed by transparent huge pages
-# touches them in 2 MB pages instead of 4 KB ones (T5 small train step: 125,000 -> ~1,000 page faults, about 6%
-# faster; BENCHMARKS.md). glibc older than 2.35 ignores it.
+# touches them in 2 MB pages instead of 4 KB ones (fewer page faults, faster CPU steps: BENCHMARKS.md). glibc older
+# than 2.35 ignores it.
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test test-fast bench clean
 
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,8 +22,12 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/templm reproduce --preset smoke --out $(DEMO_DIR)
 
+# The whole suite; test-fast leaves out the end-to-end runs of the command line (tests marked e2e).
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not e2e" tests
 
 # Benchmarks (BENCHMARKS.md): each tool prints one JSON line per figure; they are appended to $(BENCH_OUT).
 # The PyTorch peer of bench_t5 needs the bench extra (`$(BIN)/python -m pip install -e '.[bench]'`), else skipped.

@@ -36,7 +36,8 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["templm", "templm.*", "tasks", "tasks.*"]),
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        "test": ["pytest>=8"],
+        # import-linter checks the layering (.importlinter, tests/test_layers.py).
+        "test": ["pytest>=8", "import-linter==2.17"],
         "gpu": ["jax[cuda12]==0.10.2"],
         "tpu": ["jax[tpu]==0.10.2"],
         # The PyTorch peer of tools/bench_t5.py (Hugging Face T5ForConditionalGeneration).

@@ -13,7 +13,7 @@ import gin
 from tasks import registry
 from tasks.registry import adapt_mixture, adapt_mixture_name
 from templm.data import task_data
-from templm.data.records import DataError
+from templm.errors import DataError
 
 __all__ = ["adapt_mixture", "adapt_mixture_name", "configure", "current", "temporal_adapt_mixture", "yearly_mixture"]
 

@@ -19,13 +19,12 @@ perplexity; CustomNews tasks report masked-LM perplexity.
 
 from __future__ import annotations
 
-import functools
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import seqio
 import tensorflow as tf
 
-from templm.evaluation import qa_metrics
+from templm.metrics import qa
 
 CUSTOMNEWS, TEMPLAMA = "customnews", "templama"
 REGIMES = ("uniform", "temporal")
@@ -103,9 +102,9 @@ def cache_in_memory(dataset: tf.data.Dataset) -> tf.data.Dataset:
 def qa_ppl_postprocessor(output, example=None, is_target=False):
     """Targets carry what both the EM/F1 and the perplexity metrics need; predictions are the answer text."""
     if not is_target:
-        return qa_metrics.qa_postprocessor(output, example, is_target)
-    return {**qa_metrics.qa_postprocessor(output, example, True),
-            **qa_metrics.ppl_postprocessor(output, example, True)}
+        return qa.qa_postprocessor(output, example, is_target)
+    return {**qa.qa_postprocessor(output, example, True),
+            **qa.ppl_postprocessor(output, example, True)}
 
 
 def _task(name: str, folder: str, pattern: str, regime: str, data_dir: str, ensure, vocabulary,
@@ -123,9 +122,9 @@ def _task(name: str, folder: str, pattern: str, regime: str, data_dir: str, ensu
     if num_examples and 0 < num_examples.get("train", 0) <= MEMORY_CACHE_MAX_EXAMPLES:
         preprocessors.append(cache_in_memory)
     preprocessors += [seqio.CacheDatasetPlaceholder(), seqio.preprocessors.append_eos_after_trim]
-    metric_fns = [qa_metrics.make_perplexity_metric_fn()]
+    metric_fns = [qa.make_perplexity_metric_fn()]
     if folder == TEMPLAMA:
-        metric_fns.insert(0, qa_metrics.make_qa_metric_fn(seen_years, future_years))
+        metric_fns.insert(0, qa.make_qa_metric_fn(seen_years, future_years))
     seqio.TaskRegistry.add(
         name, source=source, preprocessors=preprocessors,
         output_features={"inputs": seqio.Feature(vocabulary, add_eos=True),

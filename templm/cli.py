@@ -4,8 +4,17 @@
     templm data stats --corpus news.jsonl
     templm train --gin_file=gin_configs/temporal.gin --gin.MODEL_DIR="'runs/temporal'"
 
-`templm --help` lists the verbs; `templm VERB --help` lists a verb's flags. Bad input (a malformed line, a missing
-file, a misspelled gin binding) is printed as one message naming the file and line, and the exit status is 1.
+`templm --help` lists the verbs; `templm VERB --help` lists a verb's flags. Verbs are words joined by hyphens
+(`train-lm`, `is-eval`; earlier spellings such as `train_lm` still work). Exit status (templm.errors): 0 done; 1 bad
+input (a malformed line, a missing file, a misspelled gin binding: one message naming the file, line or binding);
+2 usage; 3 training cannot go on (a non-finite loss); 75 preempted by SIGTERM (checkpoint saved, nothing reported:
+run the same command again to resume).
+
+Output: a verb's result goes to standard output; templm's progress lines and warnings to standard error; library
+logs (absl, orbax, clu, TensorFlow, JAX) only with `--verbosity=1` (or `-v`).
+
+Each verb imports its modules when it runs (inside its `_define_*` / `_main_*` functions): they pull in JAX,
+TensorFlow and SeqIO, several seconds of start-up that `templm --help` and the light data verbs should not pay.
 """
 
 from __future__ import annotations
@@ -17,17 +26,18 @@ import json
 import os
 import sys
 import tokenize
+import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import app, flags, logging
 
+from templm import console
+from templm.errors import (EXIT_BAD_INPUT, EXIT_PREEMPTED, EXIT_TRAINING, EXIT_USAGE, ConfigError, Preempted,
+                           TrainingError)
+
 
 FLAGS = flags.FLAGS
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class ConfigError(ValueError):
-    """A gin file or binding that cannot be applied; the message names the file or binding."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +47,7 @@ class Verb:
     define: Callable[[], None]  # defines the verb's flags on FLAGS
     main: Callable[[], Optional[int]]  # runs with FLAGS parsed
     takes_gin: bool = False
+    tensorflow: bool = False  # it loads TensorFlow (through SeqIO or the record writers)
 
 
 # -- gin, the T5X way -------------------------------------------------------------------------------------------------
@@ -282,26 +293,23 @@ def _define_train():
     flags.DEFINE_string("coordinator_address", None, "Multi-host: host:port of process 0 for jax.distributed.")
     flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
     flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
-    import templm.training.trainer  # noqa: F401  (registers the gin configurables the configs bind)
+    import templm.evaluation.checkpoint_eval  # noqa: F401  (registers every configurable the T5 configs bind)
 
 
 def _main_train():
     import jax
 
+    from templm.evaluation.checkpoint_eval import evaluate_params
+    from templm.io import jsonable
+    from templm.training import trainer
+
     if FLAGS.coordinator_address:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU hosts talk through gloo
         jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-    from templm.training import trainer
-
-    try:
-        result = trainer.train()
-    except trainer.TrainingError as e:
-        print(f"templm train: error: {e}", file=sys.stderr)
-        return 3
-    summary = {k: v for k, v in result.items() if k != "params"}
+    console.set_enabled(jax.process_index() == 0)
+    result = trainer.train(evaluator=evaluate_params)
     if jax.process_index() == 0:
-        print(json.dumps(summary, default=float))
-    return 0
+        print(json.dumps(jsonable({k: v for k, v in result.items() if k != "params"})))
 
 
 def _define_eval():
@@ -310,35 +318,21 @@ def _define_eval():
     flags.DEFINE_string("eval_task", None, "Evaluate this task or mixture instead of the config's.")
     flags.DEFINE_integer("num_examples", None, "At most this many examples per task.")
     flags.DEFINE_string("out", None, "Write eval_<split>.json and .md here (default: MODEL_DIR).")
-    import templm.training.trainer  # noqa: F401
-
-
-def format_metrics_table(results: Dict[str, Dict[str, float]]) -> str:
-    """Markdown: one row per task, overall EM/F1/perplexity and the seen/future slices."""
-    columns = ["em", "f1", "seen_f1", "future_f1", "ppl", "count"]
-    lines = ["| task | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
-    for task, metrics in sorted(results.items()):
-        cells = [f"{metrics[c]:.2f}" if c in metrics else "" for c in columns]
-        lines.append(f"| {task} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    import templm.evaluation.checkpoint_eval  # noqa: F401  (registers templm.evaluate_checkpoint for the configs)
 
 
 def _main_eval():
-    from templm.training import trainer
+    from templm.evaluation.checkpoint_eval import evaluate_checkpoint
+    from templm.io import write_json
+    from templm.reports.evaluation import metrics_table, write_eval_report
 
-    result = trainer.evaluate_checkpoint(split=FLAGS.split, step=FLAGS.step, num_examples=FLAGS.num_examples,
-                                         eval_mixture_or_task_name=FLAGS.eval_task)
-    out = FLAGS.out or result["model_dir"]
-    os.makedirs(out, exist_ok=True)
-    base = os.path.join(out, f"eval_{FLAGS.split}")
-    with open(base + ".json.tmp", "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1)
-    os.replace(base + ".json.tmp", base + ".json")
-    with open(base + ".md.tmp", "w", encoding="utf-8") as f:
-        f.write(f"# Evaluation of step {result['step']} on {FLAGS.split}\n\n" +
-                format_metrics_table(result["metrics"]) + "\n")
-    os.replace(base + ".md.tmp", base + ".md")
-    print(format_metrics_table(result["metrics"]))
+    result = evaluate_checkpoint(split=FLAGS.split, step=FLAGS.step, num_examples=FLAGS.num_examples,
+                                 eval_mixture_or_task_name=FLAGS.eval_task)
+    base = os.path.join(FLAGS.out or result["model_dir"], f"eval_{FLAGS.split}")
+    os.makedirs(os.path.dirname(base), exist_ok=True)
+    write_json(base + ".json", result)
+    write_eval_report(result, base + ".md")
+    print(metrics_table(result["metrics"]))
 
 
 def _define_infer():
@@ -349,12 +343,12 @@ def _define_infer():
     flags.DEFINE_enum("regime", "temporal", ["temporal", "uniform"], "For TempLAMA lines: prefix `year: YYYY ` "
                       "(temporal) or not (uniform).")
     flags.DEFINE_enum("method", "greedy", ["greedy", "beam"], "Decoding.")
-    import templm.training.trainer  # noqa: F401
+    import templm.evaluation.checkpoint_eval  # noqa: F401  (registers templm.infer_checkpoint for the configs)
 
 
 def _read_inference_inputs(path: str, regime: str):
     from templm.data.readers import open_text
-    from templm.data.records import DataError
+    from templm.errors import DataError
     from templm.data.salient_spans import cloze_to_ssm
 
     rows, texts = [], []
@@ -379,15 +373,14 @@ def _read_inference_inputs(path: str, regime: str):
 
 
 def _main_infer():
-    from templm.training import trainer
+    from templm.evaluation.checkpoint_eval import infer_checkpoint
+    from templm.io import atomic_write
 
     rows, texts = _read_inference_inputs(FLAGS.input, FLAGS.regime)
-    predictions = trainer.infer_checkpoint(texts, method=FLAGS.method)
-    tmp = FLAGS.output + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row, text, prediction in zip(rows, texts, predictions):
-            f.write(json.dumps({**row, "model_inputs": text, "prediction": prediction}, ensure_ascii=False) + "\n")
-    os.replace(tmp, FLAGS.output)
+    predictions = infer_checkpoint(texts, method=FLAGS.method)
+    atomic_write(FLAGS.output, "".join(
+        json.dumps({**row, "model_inputs": text, "prediction": prediction}, ensure_ascii=False) + "\n"
+        for row, text, prediction in zip(rows, texts, predictions)))
     print(json.dumps({"output": FLAGS.output, "predictions": len(predictions)}))
 
 
@@ -406,8 +399,7 @@ def _define_data_calm():
 
 
 def _main_data_calm():
-    from templm.evaluation.calm import build_calm_corpus_from_texts
-    from templm.evaluation.calm_run import build_world_corpus
+    from templm.data.calm_corpus import build_calm_corpus_from_texts, build_world_corpus
 
     if bool(FLAGS.world_dir) == bool(FLAGS.texts):
         raise ConfigError("give exactly one of --world_dir DIR (the embedded world) and --texts DIR (*.txt files)")
@@ -424,16 +416,18 @@ def _main_data_calm():
 
 
 def _define_calm():
-    import templm.evaluation.calm_run  # noqa: F401  (registers templm.run_calm for the configs)
+    import templm.experiments.calm  # noqa: F401  (registers templm.run_calm for the configs)
 
     _world_configurable()
 
 
 def _main_calm():
-    from templm.evaluation.calm_run import run_calm
+    from templm.experiments.calm import run_calm
+    from templm.reports.calm import write_calm_report
 
-    result = run_calm()
-    with open(result["files"]["report.md"], encoding="utf-8") as f:
+    results = run_calm()
+    paths = write_calm_report(results, results["config"]["out_dir"])
+    with open(paths["report.md"], encoding="utf-8") as f:
         print(f.read())
 
 
@@ -452,7 +446,8 @@ def _define_is_eval():
 
 
 def _main_is_eval():
-    from templm.evaluation.importance_sampling import run_is_eval
+    from templm.experiments.importance_sampling import run_is_eval
+    from templm.reports.importance_sampling import write_is_report
 
     def numbers(name, kind):
         try:
@@ -464,9 +459,9 @@ def _main_is_eval():
     result = run_is_eval(FLAGS.out, FLAGS.seed, ks=numbers("ks", int), temperatures=numbers("temperatures", float),
                          repeats=FLAGS.repeats, num_states=FLAGS.num_states, vocab_size=FLAGS.vocab_size,
                          num_docs=FLAGS.num_docs, doc_length=FLAGS.doc_length,
-                         mean_sentence_length=FLAGS.mean_sentence_length, peakedness=FLAGS.peakedness,
-                         log=logging.info)
-    with open(result["files"]["md"], encoding="utf-8") as f:
+                         mean_sentence_length=FLAGS.mean_sentence_length, peakedness=FLAGS.peakedness)
+    paths = write_is_report(result, FLAGS.out)
+    with open(paths["md"], encoding="utf-8") as f:
         print(f.read())
 
 
@@ -482,11 +477,13 @@ def _define_reproduce():
 
 
 def _main_reproduce():
-    from templm.report import VERDICTS
-    from templm.reproduce import reproduce
+    from templm.experiments.reproduce import reproduce
+    from templm.reports.reproduction import write_report
+    from templm.reports.tables import VERDICTS
 
     results = reproduce(FLAGS.preset, FLAGS.out, FLAGS.seed, extra_stages=None if FLAGS.streaming else [])
-    print(f"templm reproduce: {FLAGS.preset} preset, seed {FLAGS.seed}: {os.path.join(FLAGS.out, 'report.md')}")
+    paths = write_report(results, FLAGS.out)
+    print(f"templm reproduce: {FLAGS.preset} preset, seed {FLAGS.seed}: {paths['report']}")
     findings = dict(results["findings"])
     for stage, extra in (results.get("extra") or {}).items():
         findings.update({f"{stage}_{name}": item for name, item in (extra.get("findings") or {}).items()})
@@ -495,30 +492,30 @@ def _main_reproduce():
 
 
 def _define_train_lm():
-    import templm.training.lm_trainer  # noqa: F401  (registers train_lm, TransformerXLConfig, lm_optimizer)
+    import templm.training.lm_trainer  # noqa: F401  (registers train_lm and TransformerXLConfig for the configs)
 
 
 def _main_train_lm():
-    from templm.training import lm_trainer, trainer
+    from templm.io import jsonable
+    from templm.training import lm_trainer
 
-    try:
-        result = lm_trainer.train_lm()
-    except trainer.TrainingError as e:
-        print(f"templm train_lm: error: {e}", file=sys.stderr)
-        return 3
-    print(json.dumps({k: v for k, v in result.items() if k not in ("params", "mems")}, default=float))
-    return 0
+    result = lm_trainer.train_lm()
+    print(json.dumps(jsonable({k: v for k, v in result.items() if k not in ("params", "mems")})))
 
 
 def _define_stream():
-    import templm.stream_experiment  # noqa: F401  (registers stream_evaluation and the LM configurables)
+    import templm.experiments.streaming  # noqa: F401  (registers stream_evaluation and the LM configurables)
 
 
 def _main_stream():
-    from templm.stream_experiment import stream_evaluation, summarize
+    from templm.experiments.streaming import stream_evaluation
+    from templm.metrics.stream import summarize
+    from templm.reports.stream import write_stream_report
 
     results = stream_evaluation()
-    print(json.dumps({**summarize(results), "files": results["files"]}, indent=1))
+    out_dir = os.path.dirname(results["files"]["results.json"])
+    files = {**results["files"], **write_stream_report(results, out_dir)}
+    print(json.dumps({**summarize(results), "files": files}, indent=1))
     return 0
 
 
@@ -534,27 +531,31 @@ VERBS: Dict[str, Verb] = {v.name: v for v in [
     Verb("data templama", "Build TempLAMA from a Wikidata JSON dump (nine relations, any years).",
          _define_data_templama, _main_data_templama),
     Verb("train", "Train a T5 model from gin configs (T5X style), sharded over the device mesh, resumable.",
-         _define_train, _main_train, takes_gin=True),
+         _define_train, _main_train, takes_gin=True, tensorflow=True),
     Verb("eval", "Evaluate a trained checkpoint on a task's split: EM/F1 and perplexity by year and slice.",
-         _define_eval, _main_eval, takes_gin=True),
+         _define_eval, _main_eval, takes_gin=True, tensorflow=True),
     Verb("reproduce", "The time-aware T5 study end to end on the embedded world: data, Uniform/Temporal/Yearly models, "
          "evaluation, future probes, adaptation, Transformer-XL streaming, report.", _define_reproduce,
-         _main_reproduce),
+         _main_reproduce, tensorflow=True),
     Verb("infer", "Predictions of a trained checkpoint for a JSON-lines file of inputs or TempLAMA queries.",
-         _define_infer, _main_infer, takes_gin=True),
+         _define_infer, _main_infer, takes_gin=True, tensorflow=True),
     Verb("data tasks", "Build the record files behind the SeqIO tasks (SSM examples, TempLAMA, vocabulary).",
-         _define_data_tasks, _main_data_tasks, takes_gin=True),
+         _define_data_tasks, _main_data_tasks, takes_gin=True, tensorflow=True),
     Verb("data calm", "Build a CALM corpus (one class per file) from the embedded world's news domains or text files.",
          _define_data_calm, _main_data_calm, takes_gin=True),
     Verb("calm", "CALM: a Transformer-XL online learner (dynamic evaluation) vs a static baseline, switching stream.",
          _define_calm, _main_calm, takes_gin=True),
     Verb("is-eval", "Importance-sampled perplexity of an HMM LM against K per proposal and level, and the exact one.",
          _define_is_eval, _main_is_eval),
-    Verb("train_lm", "Train a Transformer-XL LM on a TIME-STRATIFIED or CONTROL split (gin: txl/*.gin), resumable.",
-         _define_train_lm, _main_train_lm, takes_gin=True),
+    Verb("train-lm", "Train a Transformer-XL LM on a TIME-STRATIFIED or CONTROL split (gin: txl/*.gin), resumable.",
+         _define_train_lm, _main_train_lm, takes_gin=True, tensorflow=True),
     Verb("stream", "Perplexity per test month, TIME-STRATIFIED vs CONTROL, static and dynamic (txl/dynamic_eval.gin).",
-         _define_stream, _main_stream, takes_gin=True),
+         _define_stream, _main_stream, takes_gin=True, tensorflow=True),
 ]}
+
+
+# Earlier spellings, still accepted but not listed.
+ALIASES = {"train_lm": "train-lm", "is_eval": "is-eval"}
 
 
 # -- dispatch -------------------------------------------------------------------------------------------------------
@@ -572,10 +573,50 @@ def _split_verb(args: Sequence[str]) -> Tuple[Optional[str], List[str]]:
     for arg in args:
         if arg.startswith("-"):
             break
-        words.append(arg)
+        words.append(ALIASES.get(arg, arg))
         if " ".join(words) in VERBS:
             return " ".join(words), list(args[len(words):])
     return None, list(args)
+
+
+def _verbosity(args: Sequence[str]) -> Tuple[int, List[str]]:
+    """absl's verbosity asked for on the command line (0 when not), with a bare `-v` spelled `--verbosity=1`."""
+    out, level = [], 0
+    for i, arg in enumerate(args):
+        following = args[i + 1] if i + 1 < len(args) else "-"
+        if arg == "-v" and not following.lstrip("-").isdigit():
+            arg = "--verbosity=1"
+        out.append(arg)
+        for prefix in ("--verbosity=", "-v="):
+            if arg.startswith(prefix) and arg[len(prefix):].lstrip("-").isdigit():
+                level = int(arg[len(prefix):])
+        if arg in ("--verbosity", "-v") and following.lstrip("-").isdigit():
+            level = int(following)
+    return level, out
+
+
+def _quiet_libraries(tensorflow: bool) -> None:
+    """Library logs off: TensorFlow's native start-up lines (oneDNN, CUDA probes), Python warnings of libraries, and
+    (in `main`, once absl has parsed its flags) every Python log line below FATAL (gin, for one, logs an ERROR for
+    each search path an `include` is not found in).
+
+    TensorFlow's native libraries write their start-up lines straight to the process's standard error as they load,
+    before any log setting applies; a verb that uses TensorFlow loads it here with that descriptor pointed at
+    /dev/null for the length of the import."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    warnings.filterwarnings("ignore")
+    warnings.filterwarnings("default", module="templm")
+    if not tensorflow:
+        return
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def _verb_help(v: Verb) -> str:
@@ -587,6 +628,12 @@ def _verb_help(v: Verb) -> str:
     if v.takes_gin:
         lines.append("  --gin.NAME=VALUE: a gin binding, as in T5X (same as --gin_bindings='NAME = VALUE')")
     return "\n".join(lines)
+
+
+def _message(error: BaseException) -> str:
+    """The error's message without the lines gin adds on the way out of a configurable ("In call to configurable
+    'train' (<function ...>)"): the command line already names the verb."""
+    return "\n".join(line for line in str(error).split("\n") if not line.startswith("  In call to configurable"))
 
 
 def run(argv: Optional[Sequence[str]] = None) -> None:
@@ -601,7 +648,10 @@ def run(argv: Optional[Sequence[str]] = None) -> None:
             sys.exit(2)
         print(_usage(prefix + " " if words else ""))
         sys.exit(0 if any(a in ("-h", "--help", "--helpfull") for a in argv[1:]) or not words else 2)
+    verbosity, rest = _verbosity(rest)
     v = VERBS[name]
+    if verbosity < 1:
+        _quiet_libraries(v.tensorflow)
     v.define()
     if v.takes_gin:
         define_gin_flags()
@@ -612,19 +662,26 @@ def run(argv: Optional[Sequence[str]] = None) -> None:
         rest = rewrite_gin_args(rest)
     except ConfigError as e:
         print(f"templm {name}: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_USAGE)
 
     def main(_):
+        if verbosity < 1:  # absl would log at INFO; --verbosity=1 keeps its own setting (INFO and debug lines)
+            logging.set_verbosity(logging.FATAL)  # libraries' errors surface as exceptions, which we print
         try:
             if v.takes_gin:
                 parse_gin(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
             return v.main() or 0
+        except Preempted as e:
+            print(f"templm {name}: {_message(e)}", file=sys.stderr)
+            return EXIT_PREEMPTED
+        except TrainingError as e:
+            print(f"templm {name}: error: {_message(e)}", file=sys.stderr)
+            return EXIT_TRAINING
         except (ValueError, FileNotFoundError) as e:  # DataError, ConfigError and bad values: the input's fault
             logging.debug("templm %s failed", name, exc_info=True)  # the traceback, with --verbosity=1
-            print(f"templm {name}: error: {e}", file=sys.stderr)
-            return 1
+            print(f"templm {name}: error: {_message(e)}", file=sys.stderr)
+            return EXIT_BAD_INPUT
 
-    logging.set_verbosity(logging.INFO)
     app.run(main, argv=[f"templm {name}"] + rest)
 
 

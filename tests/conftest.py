@@ -1,6 +1,8 @@
-"""Suite-wide settings: 8 fake CPU devices for sharding tests, a persistent JAX compilation cache, quiet TF."""
+"""Suite-wide settings: 8 fake CPU devices for sharding tests, a persistent JAX compilation cache, quiet TF; the
+fixtures several test modules share."""
 
 import os
+import sys
 
 # Before jax or tensorflow are imported anywhere in the suite.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -11,6 +13,9 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
 
 
 import pytest  # noqa: E402  (after the environment above)
+
+# Helpers shared by several test modules (tests/support/templm_testing.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 
 
 @pytest.fixture(scope="module")
@@ -28,3 +33,32 @@ def task_data_for(tmp_path_factory):
 
     yield build
     tasks.configure()
+
+
+@pytest.fixture(scope="session")
+def stream_spm(tmp_path_factory):
+    """(a tiny SentencePiece processor, the 60-word lexicon it was trained on): the tokenizer of the streaming tests
+    (tests/data/test_token_stream.py, tests/metrics/test_stream.py, tests/reports/test_stream.py)."""
+    import datetime
+    import random
+
+    import sentencepiece
+
+    from templm.data.records import Document
+    from templm.data.vocab import train_spm
+
+    rng = random.Random(3)
+    lexicon = ["".join(rng.choice("abcdefghiklmnoprstuvy") for _ in range(rng.randint(2, 7))) for _ in range(60)]
+    docs = [Document(f"t{i}", datetime.date(2019, 1 + i % 12, 1),
+                     " ".join(rng.choice(lexicon) for _ in range(12)) + ". Café, naïve!") for i in range(60)]
+    path = train_spm(docs, str(tmp_path_factory.mktemp("spm") / "spm"), vocab_size=64, seed=0)
+    return sentencepiece.SentencePieceProcessor(model_file=path), lexicon
+
+
+@pytest.fixture(scope="module")
+def is_problem():
+    """The importance-sampling tests' seeded HMM problem: 4 states, 6 words, 4 documents of lengths [7, 4, 8, 7]
+    (padding in three) with 1-4 sentences each."""
+    from templm.experiments.importance_sampling import make_is_eval_problem
+
+    return make_is_eval_problem(0, num_states=4, vocab_size=6, num_docs=4, doc_length=8)

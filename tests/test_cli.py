@@ -3,17 +3,12 @@
 import filecmp
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from templm.cli import ConfigError, rewrite_gin_args
-
-
-def templm(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "templm.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
+from templm.cli import rewrite_gin_args
+from templm.errors import ConfigError
+from templm_testing import run_templm as templm
 
 
 WORLD_FLAGS = ("--start_year=2014", "--end_year=2016", "--subjects_per_relation=6", "--docs_per_month=3")
@@ -126,7 +121,7 @@ def test_data_splits_then_stats_and_spm_on_a_split(small_world, tmp_path):
 
 
 def test_data_templama_from_the_test_dump(tmp_path):
-    dump = os.path.join(os.path.dirname(__file__), "data", "wikidata_dump.json")
+    dump = os.path.join(os.path.dirname(__file__), "fixtures", "wikidata_dump.json")
     result = templm("data", "templama", f"--dump={dump}", f"--out={tmp_path}", "--max_subjects=4")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)

@@ -9,10 +9,11 @@
 Every figure is one JSON line on stdout ({"name", "value", "unit", "config", "devices", "jax", ...}); logs go to
 stderr.
 
-The pipeline is the trainer's own (`templm.training.trainer._dataset`): the task's or mixture's examples over the
-task data (TFRecords of the embedded world, built with `prepare_task_data` into a temporary folder), shuffled and
-repeated, the year prefix, SentencePiece tokenization, EOS, then `trainer.training_features` (seqio's
-EncDecFeatureConverter, packed) at 64 input and 16 target tokens, batched by 8, prefetch 2. After `--warmup` batches (the first fills the 10,000-example shuffle
+The pipeline is the trainer's own (`templm.training.input_pipeline.training_batches`): the task's or mixture's
+examples over the task data (TFRecords of the embedded world, built with `prepare_task_data` into a temporary
+folder), shuffled and repeated, the year prefix, SentencePiece tokenization, EOS, then
+`input_pipeline.training_features` (seqio's EncDecFeatureConverter, packed) at 64 input and 16 target tokens,
+batched by 8, prefetch 2. After `--warmup` batches (the first fills the 10,000-example shuffle
 buffer; its time is reported as startup), `--batches` batches are timed on their own, with nothing else running.
 
 Figures: packed rows/s (what a train step takes), examples/s (source examples packed into them, counted from the
@@ -85,10 +86,10 @@ def time_pipeline(name: str, lengths: dict, args, train_examples: int) -> dict:
     """Times `args.batches` batches of the first pass over the data (every example parsed and tokenized) and, unless
     --no_later_epochs, as many again once the pipeline is past its first epoch (tokenized examples of a world-sized
     task come from the in-memory cache then: tasks.registry.MEMORY_CACHE_MAX_EXAMPLES)."""
-    from templm.training.trainer import _dataset
+    from templm.training.input_pipeline import training_batches
 
     t = time.perf_counter()
-    iterator = _dataset(name, lengths, args.batch, args.seed, True, 0).as_numpy_iterator()
+    iterator = training_batches(name, lengths, args.batch, args.seed, True, 0).as_numpy_iterator()
     first = next(iterator)
     startup_s = time.perf_counter() - t
     for _ in range(args.warmup):
@@ -129,7 +130,7 @@ def time_stages(task_name: str, mixture_name: str, lengths: dict, args, train_ex
     import seqio
     import tensorflow as tf
 
-    from templm.training.trainer import training_features
+    from templm.training.input_pipeline import training_features
 
     skip = int(1.1 * train_examples)
     fusion = tf.data.Options()

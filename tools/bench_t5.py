@@ -13,7 +13,7 @@ What is timed. The train step exactly as the trainer builds it (`make_train_step
 `make_optimizer`, jitted with shardings over a data-parallel mesh of all devices, the state donated), on a fixed
 batch of random tokens: batch 8, 64 input and 16 target tokens, float32 (flags change them). Compile time is
 reported on its own; the timed steps come after two warm-up steps, each one ended with `block_until_ready`.
-tokens/s counts input plus target tokens, batch * (input_len + target_len) per step, as the trainer's Chrono does.
+tokens/s counts input plus target tokens, batch * (input_len + target_len) per step, as the trainer's progress line does.
 
 Noise. The machine may be shared. Measurements run in rounds; each round times the reference matmul, then the
 templm steps, then the peer's steps, so that all three see the same load; figures are medians over all timed
@@ -257,43 +257,31 @@ class TemplmStep:
 
     def __init__(self, config, batch: dict, seed: int = 0):
         import jax
-        import jax.numpy as jnp
 
         from templm.models.t5 import EncoderDecoderModel
-        from templm.training import partitioning, trainer
+        from templm.training import partitioning, state, trainer
         from templm.training.optimizers import make_optimizer
 
         model = EncoderDecoderModel(config)
         tx = make_optimizer()
         self.mesh = partitioning.make_mesh()
         self.rules = partitioning.logical_axis_rules()
-        self.scopes = lambda: (jax.set_mesh(self.mesh), trainer.nn_rules(self.rules))
-        lengths = batch["encoder_input_tokens"].shape[1], batch["decoder_target_tokens"].shape[1]
-        mesh_scope, rules_scope = self.scopes()
-        with mesh_scope, rules_scope:
-            shardings = partitioning.logical_shardings(model.logical_partition_specs(), self.mesh, self.rules)
-            params = jax.jit(lambda key: model.init(key, *lengths), out_shardings=shardings)(jax.random.key(seed))
-            opt_state = jax.jit(tx.init)(params)
-            replicated = partitioning.replicated(self.mesh)
-            opt_state = jax.tree.map(
-                lambda x: x if len(x.sharding.device_set) == self.mesh.size else jax.device_put(x, replicated),
-                opt_state)
-            self.state = {"step": jax.device_put(jnp.zeros((), jnp.int32), replicated), "params": params,
-                          "opt_state": opt_state}
-            state_shardings = jax.tree.map(lambda x: x.sharding, self.state)
+        lengths = {"inputs": batch["encoder_input_tokens"].shape[1], "targets": batch["decoder_target_tokens"].shape[1]}
+        with state.mesh_rules(self.mesh, self.rules):
+            self.state, shardings = trainer.init_state(model, tx, lengths, seed, self.mesh, self.rules)
             data = partitioning.data_sharding(self.mesh)
             self.batch = {k: jax.device_put(v, data) for k, v in batch.items()}
-            self.rng = jax.device_put(jax.random.key(seed + 1), replicated)
-            self.fn = jax.jit(trainer.make_train_step(model, tx), in_shardings=(state_shardings, data, replicated),
-                              out_shardings=(state_shardings, replicated), donate_argnums=0)
+            self.rng = jax.device_put(jax.random.key(seed + 1), partitioning.replicated(self.mesh))
+            self.fn = state.compile_step(trainer.make_train_step(model, tx), shardings, data, self.mesh)
         self.metrics = None
 
     def __call__(self) -> float:
         import jax
 
+        from templm.training import state
+
         t = time.perf_counter()
-        mesh_scope, rules_scope = self.scopes()
-        with mesh_scope, rules_scope:
+        with state.mesh_rules(self.mesh, self.rules):
             self.state, self.metrics = self.fn(self.state, self.batch, self.rng)
         jax.block_until_ready(self.state)
         return time.perf_counter() - t

@@ -14,14 +14,14 @@ import datetime
 import email.utils
 import gzip
 import hashlib
-import io
 import json
-import logging
 import os
 import zlib
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List
 
-from templm.data.records import MAX_DATE, MIN_DATE, Answer, DataError, Document, Query, parse_date
+from templm import console
+from templm.data.records import MAX_DATE, MIN_DATE, Answer, Document, Query, parse_date
+from templm.errors import DataError
 
 ON_ERROR = ("raise", "skip")
 
@@ -94,8 +94,8 @@ class Reader:
                 self.read += 1
                 yield record
         if self.skipped:
-            logging.warning("%s: skipped %d bad line(s) of %d; first: %s", self.path, self.skipped,
-                            self.skipped + self.read, "; ".join(self.first_errors))
+            console.warn(f"{self.path}: skipped {self.skipped} bad line(s) of {self.skipped + self.read}; first: "
+                         + "; ".join(self.first_errors))
 
     def _date(self, value: Any) -> datetime.date:
         return parse_date(value, self.min_date, self.max_date)

@@ -1,4 +1,4 @@
-"""The record types every reader yields, the one error type for bad input, and date parsing."""
+"""The record types every reader yields and date parsing (bad input raises templm.errors.DataError)."""
 
 from __future__ import annotations
 
@@ -7,22 +7,10 @@ import datetime
 import re
 from typing import Optional, Tuple
 
+
 # Dates outside this range are treated as data errors (a year 0213 or 9999 is a typo, not news).
 MIN_DATE = datetime.date(1900, 1, 1)
 MAX_DATE = datetime.date(2100, 12, 31)
-
-
-class DataError(ValueError):
-    """Bad input: names the file, the line (or record) and what was expected."""
-
-    def __init__(self, message: str, path: Optional[str] = None, line: Optional[int] = None):
-        self.path = path
-        self.line = line
-        self.reason = message
-        where = ""
-        if path is not None:
-            where = f"{path}:{line}: " if line is not None else f"{path}: "
-        super().__init__(where + message)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,8 +37,10 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 from absl import logging
 
+from templm import console
 from templm.data.readers import open_text, read_documents
-from templm.data.records import DataError, Document
+from templm.data.records import Document
+from templm.errors import DataError
 
 SPLIT_NAMES = ("time_stratified_train", "time_stratified_validation", "control_train", "control_validation", "test")
 YEARLY_PARTS = ("train", "validation", "test")
@@ -109,7 +111,7 @@ def _index_corpus(corpus_path: str, format: str, on_error: str) -> _Index:
         now = time.monotonic()
         if now - last_log >= 30.0:
             last_log = now
-            logging.info("%s: indexed %d documents (%.0f/s)", reader.path, len(ids), len(ids) / (now - start))
+            console.say(f"{reader.path}: indexed {len(ids)} documents ({len(ids) / (now - start):.0f}/s)")
     n = len(ids)
     if n == 0:
         raise DataError("no documents", reader.path)
@@ -132,8 +134,8 @@ def _index_corpus(corpus_path: str, format: str, on_error: str) -> _Index:
     order = order[~duplicate[order]]
     duplicates = int(duplicate.sum())
     if duplicates:
-        logging.warning("%s: %d document(s) repeat an earlier id; only the first occurrence of each id is used",
-                        reader.path, duplicates)
+        console.warn(f"{reader.path}: {duplicates} document(s) repeat an earlier id; only the first occurrence of "
+                     "each id is used")
     logging.info("%s: indexed %d documents in %.1fs", reader.path, n, time.monotonic() - start)
     return _Index(dates=dates[order], ids=id_array[order], read=n, duplicates=duplicates)
 
@@ -337,7 +339,7 @@ def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime
                         f"period; {corpus_span}", corpus_path)
     empty = [label for label, count in test_per_month.items() if count == 0]
     if empty:
-        logging.warning("%s: no documents in test month(s) %s", corpus_path, ", ".join(empty))
+        console.warn(f"{corpus_path}: no documents in test month(s) {', '.join(empty)}")
 
     # CONTROL validation: from the test period, excluding test documents (drawn before CONTROL train takes the rest).
     test_lo, test_hi = index.span(test_first, test_last)
@@ -346,9 +348,9 @@ def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime
     pool = np.flatnonzero(available[test_lo:]) + test_lo
     control_validation = _sample_from(np.random.default_rng([seed, _CONTROL_VALIDATION]), pool, len(ts_validation))
     if len(control_validation) < len(ts_validation):
-        logging.warning("%s: CONTROL validation has %d documents, fewer than TIME-STRATIFIED validation's %d: the "
-                        "test period has no more non-test documents", corpus_path, len(control_validation),
-                        len(ts_validation))
+        console.warn(f"{corpus_path}: CONTROL validation has {len(control_validation)} documents, fewer than "
+                     f"TIME-STRATIFIED validation's {len(ts_validation)}: the test period has no more non-test "
+                     "documents")
 
     # CONTROL train: the most recent non-test, non-validation documents up to the end of the test period.
     available[control_validation] = False
@@ -589,10 +591,10 @@ def apply_split(corpus_path: str, split_path: str, format: str = "auto",
         report._missing_ids = [doc_id for doc_id, _ in zip(pending, range(MISSING_IDS_SHOWN))]
         report.done = True
         if pending:
-            logging.warning("%s: %d of %d id(s) in %s are not in the corpus; first: %s", corpus_path, len(pending),
-                            report.expected, split_path, ", ".join(report._missing_ids))
+            console.warn(f"{corpus_path}: {len(pending)} of {report.expected} id(s) in {split_path} are not in the "
+                         f"corpus; first: {', '.join(report._missing_ids)}")
         if report.date_mismatches:
-            logging.warning("%s: %d document(s) of %s have a date other than the split file's", corpus_path,
-                            report.date_mismatches, split_path)
+            console.warn(f"{corpus_path}: {report.date_mismatches} document(s) of {split_path} have a date other than "
+                         "the split file's")
 
     return documents(), report

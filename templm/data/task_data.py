@@ -27,15 +27,18 @@ import itertools
 import json
 import os
 import random
-import shutil
 from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 from absl import logging
 
 from templm.data.readers import TemplamaReader, read_documents
-from templm.data.records import DataError, Document
+from templm.data.records import Document
 from templm.data.salient_spans import BuiltinEntityDetector, cloze_to_ssm, make_entity_detector, ssm_examples
+from templm.data.splits import read_split_file, yearly_buckets
+from templm.data.vocab import train_spm
 from templm.data.world import WorldConfig, generate_world
+from templm.errors import DataError
+from templm.io import build_folder
 
 SPLITS = ("train", "validation", "test")
 MANIFEST = "manifest.json"
@@ -61,7 +64,7 @@ class TaskDataConfig:
 
 
 def _tf():
-    import tensorflow as tf  # deferred: 6 s to import, only the writer needs it
+    import tensorflow as tf  # deferred: seconds to import, and only the writer needs it
 
     return tf
 
@@ -99,8 +102,6 @@ class _Writers:
 
 
 def _split_of_documents(split_dir: str, years: Sequence[int]) -> Dict[str, str]:
-    from templm.data.splits import read_split_file
-
     split_of: Dict[str, str] = {}
     for year in years:
         for split in ("validation", "test"):
@@ -117,24 +118,10 @@ def _training_documents(corpus: str, fmt: str, split_of: Dict[str, str]) -> Iter
 
 def prepare_task_data(config: TaskDataConfig, out_dir: str) -> dict:
     """Builds the task folder for `config` at `out_dir` (see the module docstring). Returns the manifest."""
-    tmp = out_dir.rstrip("/") + ".partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    try:
-        manifest = _prepare(config, tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if os.path.exists(out_dir):
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
-    return manifest
+    return build_folder(out_dir, lambda tmp: _prepare(config, tmp))
 
 
 def _prepare(config: TaskDataConfig, root: str) -> dict:
-    from templm.data.splits import yearly_buckets
-    from templm.data.vocab import train_spm
-
     corpus, templama_dir, fmt = config.corpus, config.templama_dir, config.corpus_format
     if corpus is None:
         generate_world(config.world, os.path.join(root, "world"))

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Iterable, List, Tuple
 import sentencepiece
 from sentencepiece import sentencepiece_model_pb2
 
-from templm.data.records import DataError, Document
+from templm.data.records import Document
+from templm.errors import DataError
 
 if TYPE_CHECKING:
     import seqio

@@ -40,9 +40,11 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set,
 
 from absl import logging
 
+from templm import console
 from templm.data.readers import open_text
-from templm.data.records import DataError
 from templm.data.templama import SPLITS, TEMPLATES, Fact, queries_from_facts, split_by_subject, write_queries
+from templm.errors import DataError
+from templm.io import format_duration
 
 START_QUALIFIER = "P580"
 END_QUALIFIER = "P582"
@@ -92,8 +94,8 @@ class _Dump:
                     self._progress(started, raw_file)
                 yield self.lines, raw
         elapsed = max(time.monotonic() - started, 1e-9)
-        logging.info("%s %s: done, %d lines in %.1f s (%.0f lines/s)", self.what, self.path, self.lines, elapsed,
-                     self.lines / elapsed)
+        console.say(f"{self.what} {self.path}: done, {self.lines} lines in {format_duration(elapsed)} "
+                    f"({self.lines / elapsed:.0f} lines/s)")
 
     def _progress(self, started: float, raw_file: Any) -> None:
         elapsed = max(time.monotonic() - started, 1e-9)
@@ -102,9 +104,9 @@ class _Dump:
             done = raw_file.tell() / self.size if self.size else 0.0
         except (OSError, ValueError):
             done = 0.0
-        eta = f", ETA {(1 - done) * elapsed / done / 60:.1f} min" if 0 < done < 1 else ""
-        logging.info("%s %s: %d lines, %.0f lines/s, %.1f%% of the file%s", self.what, self.path, self.lines, rate,
-                     100 * done, eta)
+        eta = f", ETA {format_duration((1 - done) * elapsed / done)}" if 0 < done < 1 else ""
+        console.say(f"{self.what} {self.path}: {self.lines} lines, {rate:.0f} lines/s, {100 * done:.1f}% of the "
+                    f"file{eta}")
 
     def parse(self, lineno: int, raw: bytes) -> Optional[Dict[str, Any]]:
         """The entity on a line, or None for `[`, `]` and blank lines; a DataError for anything else."""
@@ -388,8 +390,7 @@ def build_templama(dump_path: str, out_dir: str, start_year: int = 2010, end_yea
         split_subjects={name: len({q.subject_id for q in splits[name]}) for name in SPLITS},
         seconds=round(time.monotonic() - begun, 3))
     if not queries:
-        logging.warning("wikidata %s: no queries for %d..%d; check the relations and years", dump_path, start_year,
-                        end_year)
+        console.warn(f"wikidata {dump_path}: no queries for {start_year}..{end_year}; check the relations and years")
     _write_all(out_dir, splits, stats)
     logging.info("wikidata %s: %d queries (%s) about %d subjects written to %s", dump_path, len(queries),
                  ", ".join(f"{name} {stats['splits'][name]}" for name in SPLITS), stats["subjects"], out_dir)

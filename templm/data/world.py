@@ -23,11 +23,11 @@ import datetime
 import json
 import os
 import random
-import shutil
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from templm.data.records import Query
 from templm.data.templama import TEMPLATES, Fact, queries_from_facts, split_by_subject, write_queries
+from templm.io import build_folder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -453,22 +453,12 @@ def generate_world(config: WorldConfig, out_dir: str) -> dict:
     builder.make_entities()
     builder.make_facts()
     names = {e.id: e.name for e in builder.entities}
-    tmp = out_dir.rstrip("/") + ".partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(os.path.join(tmp, "templama"))
-    try:
-        stats = _write_world(builder, names, tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays behind
-        raise
-    if os.path.exists(out_dir):
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
-    return stats
+    return build_folder(out_dir, lambda tmp: _write_world(builder, names, tmp))
 
 
 def _write_world(builder: _Builder, names: Dict[str, str], tmp: str) -> dict:
     config = builder.config
+    os.makedirs(os.path.join(tmp, "templama"))
     docs_by_year: Dict[int, int] = collections.Counter()
     with open(os.path.join(tmp, "news.jsonl"), "w", encoding="utf-8") as news, \
             open(os.path.join(tmp, "mentions.jsonl"), "w", encoding="utf-8") as mentions:

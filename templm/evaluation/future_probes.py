@@ -19,11 +19,12 @@ import functools
 import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+import jax
 import numpy as np
 
-from templm.data.records import DataError
 from templm.data.salient_spans import cloze_to_ssm
-from templm.evaluation import qa_metrics, time_analysis
+from templm.errors import DataError
+from templm.metrics import qa, time_analysis
 
 EOS_ID = 1
 
@@ -44,8 +45,6 @@ class TextScorer:
     """
 
     def __init__(self, model, vocabulary, feature_lengths: Mapping[str, int], batch_size: int = 32):
-        import jax
-
         self.vocabulary = vocabulary
         self.lengths = dict(feature_lengths)
         self.batch_size = batch_size
@@ -97,7 +96,7 @@ class TextScorer:
         out: List[str] = []
         for chunk, rows in self._chunks(self.encode(inputs)):
             tokens = np.asarray(self._predict(params, chunk))[:rows]
-            out.extend(qa_metrics.strip_sentinels(self.vocabulary.decode(row.tolist())) for row in tokens)
+            out.extend(qa.strip_sentinels(self.vocabulary.decode(row.tolist())) for row in tokens)
         return out
 
 
@@ -115,7 +114,7 @@ def future_degradation(scorer: TextScorer, params, regime: str, queries: Sequenc
     predictions = scorer.predict(params, [year_input(regime, reference_year, q.query) for q in selected])
     kept, answers = [], []
     for q, prediction in zip(selected, predictions):
-        matched = [a for a in q.answer_names if qa_metrics.exact_match(prediction, a)]
+        matched = [a for a in q.answer_names if qa.exact_match(prediction, a)]
         if matched:
             kept.append(q)
             answers.append(matched[0])

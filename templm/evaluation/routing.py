@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import gin
 
 from templm.evaluation.task_eval import TaskEvaluation, evaluate_task, with_params
+from templm.training.checkpoints import load_params
 
 
 class YearRouter:
@@ -46,8 +47,6 @@ class YearRouter:
         """The expert's parameters (loaded from its checkpoint the first time when given as a path)."""
         value = self._experts[int(expert_year)]
         if isinstance(value, (str, os.PathLike)):
-            from templm.training.checkpoints import load_params
-
             path = os.fspath(value)
             if os.path.isdir(os.path.join(path, "checkpoints")):
                 path = os.path.join(path, "checkpoints")

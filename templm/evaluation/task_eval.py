@@ -20,8 +20,9 @@ import dataclasses
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
+import seqio
 
-from templm.evaluation import qa_metrics
+from templm.metrics import qa
 
 
 @dataclasses.dataclass
@@ -64,8 +65,6 @@ _MAX_EVALUATORS = 8
 
 def _evaluator(task: str, split: str, feature_lengths: Mapping[str, int], num_examples: Optional[int]):
     """(seqio.Evaluator, task features of its examples) for a task split, reused while the task is unchanged."""
-    import seqio
-
     task_obj = seqio.get_mixture_or_task(task)
     key = (task, split, tuple(sorted(feature_lengths.items())), num_examples)
     hit = _EVALUATORS.get(key)
@@ -92,8 +91,6 @@ def evaluate_task(fns_for: Callable[[Sequence[Dict[str, Any]]], Any], task: str,
     `score_fn` in `seqio.Evaluator`'s conventions: a `templm.training.inference.ModelFns`, or a `RoutedFns` that
     sends each example to its year's expert.
     """
-    import seqio
-
     evaluator, template = _evaluator(task, split, feature_lengths, num_examples)
     examples = copy.deepcopy(template)
     fns = fns_for(examples)
@@ -106,7 +103,7 @@ def evaluate_task(fns_for: Callable[[Sequence[Dict[str, Any]]], Any], task: str,
         kind = getattr(output_type, "name", str(output_type))
         if kind == "PREDICTION":
             for row, tokens in zip(examples, values):
-                row["prediction"] = qa_metrics.strip_sentinels(vocabulary.decode([int(t) for t in tokens]))
+                row["prediction"] = qa.strip_sentinels(vocabulary.decode([int(t) for t in tokens]))
         elif kind == "SCORE":
             for row, score in zip(examples, values):
                 row["score"] = float(np.sum(score))

@@ -65,8 +65,9 @@ import jax.numpy as jnp
 import numpy as np
 import flax.linen as nn
 from jax import lax
+from safetensors.numpy import load_file, save_file
 
-from templm.data.records import DataError
+from templm.errors import DataError
 
 Array = jax.Array
 PyTree = Any
@@ -962,8 +963,6 @@ _EMBEDDING_ALIASES = ("shared.weight", "encoder.embed_tokens.weight", "decoder.e
 
 
 def _load_safetensors(path: str) -> Dict[str, np.ndarray]:
-    from safetensors.numpy import load_file  # local: only checkpoint import needs it
-
     if not os.path.isfile(path):
         raise DataError("missing safetensors file", path)
     try:
@@ -1048,8 +1047,6 @@ def load_hf_checkpoint(path_or_dir: str, dtype: Any = jnp.float32) -> Tuple[T5Co
 def save_hf_checkpoint(params: PyTree, config: T5Config, directory: str) -> str:
     """Write `config.json` and `model.safetensors` (float32, HF names and layouts) into `directory`; returns it.
     Files are written under temporary names and renamed, so a failure leaves no half-written checkpoint."""
-    from safetensors.numpy import save_file
-
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
     tensors = {}

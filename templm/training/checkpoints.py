@@ -13,7 +13,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
-from templm.data.records import DataError
+from templm.errors import DataError
 
 
 class Checkpointer:

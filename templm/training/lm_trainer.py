@@ -1,24 +1,12 @@
-"""Language-model training of the Transformer-XL on one split: `templm train_lm --gin_file=txl/time_stratified.gin`.
+"""Language-model training of the Transformer-XL on one split: `templm train-lm --gin_file=txl/time_stratified.gin`.
 
-The other half of the T5 trainer (training/trainer.py), for the streaming-perplexity experiments ("Mind the Gap"):
-the same mesh and logical-axis rules, a pure train step jitted once with explicit shardings and the state donated,
-orbax checkpoints holding the data position, clu + JSON-lines metrics, a progress line with a rate and an ETA,
-a checkpoint on SIGTERM and a stop on a non-finite loss. `train_lm()` is one readable function in sections.
+The streaming-perplexity experiments' trainer ("Mind the Gap"). It shares with the T5 trainer the mesh and the
+logical-axis rules, the sharded state and compiled step (state.py), orbax checkpoints holding the data position,
+and the one loop (loop.py: metrics, progress, checkpoints, SIGTERM, the non-finite stop). `train_lm()` is one
+readable function in sections.
 
-Data. The documents a split file names (`templm data splits`: TIME-STRATIFIED or CONTROL train) are read from the
-corpus and ordered
-
-  * ``data_order="date"`` (default): by date, then id -- the order of the split file, the paper's setting; every
-    epoch reads the same stream;
-  * ``data_order="shuffle"``: by a permutation of whole documents drawn for each epoch e from
-    ``numpy.random.default_rng([data_seed, e])``; documents stay intact, only their order changes. A short run then
-    sees documents from the whole training period rather than its first weeks (the smoke experiment uses this).
-
-Each document is tokenised with the SentencePiece model and followed by EOS; the epoch's stream starts with an EOS
-too (exactly the layout of the test stream in evaluation/streaming.py). The stream is cut into `batch_size`
-contiguous rows of equal length (the classic `batchify`: row b holds tokens [b*n, (b+1)*n)) and the rows are read
-side by side in segments of `tgt_len` tokens: step k of an epoch takes inputs ``rows[:, kT:(k+1)T]`` and targets
-``rows[:, kT+1:(k+1)T+1]``. The few tokens that do not fill a segment at the end of a row are dropped.
+Data: the documents of one split, tokenised and laid out as `batch_size` parallel streams read in segments of
+`tgt_len` tokens (templm/data/lm_data.py; ``data_order`` "date" or "shuffle").
 
 Memory. Segment-level recurrence runs across consecutive steps: the train state carries the memories (n_layer + 1
 arrays [batch, mem_len, d_model], fixed shapes) and `mem_valid` ([batch], how many memory rows hold real history).
@@ -33,8 +21,8 @@ seeds, the data order, the batch layout and a fingerprint of the token stream; r
 rates of the remaining steps, as it would in any trainer.)
 
 A checkpoint records the model configuration, the corpus, the split and the SentencePiece model (with its SHA-256),
-so `load_lm(model_dir)` rebuilds the model without any configuration and the `templm stream` verb can check that the
-models it compares share one vocabulary.
+so `load_lm(model_dir)` rebuilds the model without any configuration and `templm stream` can check that the models
+it compares share one vocabulary.
 
 Multi-host: every process tokenises the same documents and puts its own rows of each batch on its own devices.
 """
@@ -42,10 +30,8 @@ Multi-host: every process tokenises the same documents and puts its own rows of 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
-import signal
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import flax.linen as nn
 import gin
@@ -56,171 +42,17 @@ import optax
 from absl import logging
 from jax.sharding import PartitionSpec
 
-from templm.data.records import DataError, Document
+from templm.data.lm_data import DATA_ORDERS, LMData, load_processor, read_split_documents, split_path, tokenize_documents
+from templm.errors import DataError, require_macros
+from templm.io import file_sha256
 from templm.models.transformer_xl import TXL_CONFIGS, TransformerXL, TransformerXLConfig, lm_loss, next_mem_valid
-from templm.training import partitioning
+from templm.training import loop, partitioning, state as train_state
 from templm.training.checkpoints import Checkpointer, abstract_like, load_params
-# TrainingError is what train_lm raises (through check_finite); callers catch it as lm_trainer.TrainingError.
-from templm.training.trainer import Chrono, MetricsLog, TrainingError, _eta, check_finite, nn_rules  # noqa: F401
+from templm.training.optimizers import learning_rate_schedule, make_optimizer
 
 gin.external_configurable(TransformerXLConfig, module="templm")
 
-DATA_ORDERS = ("date", "shuffle")
 _MEM_AXES = ("batch", "length", "embed")
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Documents and tokens.
-
-
-def split_path(split_file: Optional[str], split_dir: Optional[str], split: str) -> str:
-    """The split file: `split_file` if given, else `split_dir/split.gz`."""
-    if split_file:
-        return os.fspath(split_file)
-    if not split_dir:
-        raise ValueError("give a split file (split_file) or a split folder (split_dir) and a split name")
-    return os.path.join(os.fspath(split_dir), f"{split}.gz")
-
-
-def read_split_documents(corpus: str, split_file: str, format: str = "auto", on_error: str = "raise",
-                         allow_missing: bool = False) -> List[Document]:
-    """The documents of `corpus` that `split_file` names, sorted by date then id.
-
-    Raises DataError naming the split file when it does not exist, names no document, or names ids the corpus does
-    not hold (unless allow_missing: then a warning).
-    """
-    from templm.data.splits import apply_split
-
-    corpus, split_file = os.fspath(corpus), os.fspath(split_file)
-    if not os.path.exists(split_file):
-        raise DataError("no such split file (write one with `templm data splits`)", split_file)
-    if not os.path.exists(corpus):
-        raise DataError("no such corpus file", corpus)
-    docs_iter, report = apply_split(corpus, split_file, format, on_error)
-    docs = sorted(docs_iter, key=lambda d: (d.date, d.id))
-    if report.missing and not allow_missing:
-        raise DataError(f"{report.missing} of the {report.expected} document ids of this split are not in the "
-                        f"corpus {corpus} (first: {', '.join(report.missing_ids)}); is it the split of another "
-                        "corpus?", split_file)
-    if not docs:
-        raise DataError(f"none of the split's {report.expected} ids is in the corpus {corpus}", split_file)
-    return docs
-
-
-def load_processor(spm_model: str):
-    """The sentencepiece processor of a T5-style SentencePiece model (checked by templm.data.vocab), without seqio's
-    sentinel ids: a language model needs only the trained pieces (ids 0 .. get_piece_size() - 1)."""
-    from templm.data.vocab import load_vocabulary
-
-    return load_vocabulary(os.fspath(spm_model), extra_ids=0).tokenizer
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def tokenize_documents(documents: Iterable[Document], processor: Any) -> Tuple[np.ndarray, np.ndarray]:
-    """(tokens, offsets): every document's pieces followed by EOS, concatenated (int32), and the start of each
-    document in it [D + 1] (document d is tokens[offsets[d]:offsets[d+1]], its EOS last)."""
-    texts = [d.text for d in documents]
-    eos = int(processor.eos_id())
-    pieces = processor.encode(texts) if texts else []
-    lengths = np.array([len(p) + 1 for p in pieces], np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    tokens = np.empty(int(offsets[-1]), np.int32)
-    for d, p in enumerate(pieces):
-        tokens[offsets[d]:offsets[d + 1] - 1] = p
-        tokens[offsets[d + 1] - 1] = eos
-    return tokens, offsets
-
-
-@dataclasses.dataclass
-class LMData:
-    """Tokenised documents laid out as `batch_size` parallel streams in segments of `seg_len` (module docstring).
-
-    `batch(position)` is the segment at a data position (a global step): epoch = position // segments_per_epoch,
-    segment k = position % segments_per_epoch; `reset` is 1 on every row at k = 0 (start the memory afresh).
-    """
-
-    tokens: np.ndarray
-    offsets: np.ndarray
-    eos_id: int
-    batch_size: int
-    seg_len: int
-    order: str = "date"
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.order not in DATA_ORDERS:
-            raise ValueError(f"data_order must be one of {DATA_ORDERS}, got {self.order!r}")
-        if self.batch_size < 1 or self.seg_len < 1:
-            raise ValueError(f"batch_size and tgt_len must be >= 1, got {self.batch_size} and {self.seg_len}")
-        self._epoch = None
-        self._rows = None
-
-    @property
-    def n_documents(self) -> int:
-        return len(self.offsets) - 1
-
-    @property
-    def row_len(self) -> int:
-        return (len(self.tokens) + 1) // self.batch_size
-
-    @property
-    def segments_per_epoch(self) -> int:
-        return max(0, (self.row_len - 1) // self.seg_len)
-
-    @property
-    def tokens_per_epoch(self) -> int:
-        return self.segments_per_epoch * self.batch_size * self.seg_len
-
-    def fingerprint(self) -> str:
-        digest = hashlib.sha256()
-        digest.update(self.tokens.astype("<i4").tobytes())
-        digest.update(self.offsets.astype("<i8").tobytes())
-        return digest.hexdigest()
-
-    def document_order(self, epoch: int) -> np.ndarray:
-        if self.order == "date":
-            return np.arange(self.n_documents)
-        return np.random.default_rng([int(self.seed), int(epoch)]).permutation(self.n_documents)
-
-    def epoch_stream(self, epoch: int) -> np.ndarray:
-        """[EOS] + the documents (each with its EOS) in the epoch's order."""
-        order = self.document_order(epoch)
-        parts = [np.array([self.eos_id], np.int32)]
-        if self.order == "date":
-            parts.append(self.tokens)
-        else:
-            parts += [self.tokens[self.offsets[d]:self.offsets[d + 1]] for d in order]
-        return np.concatenate(parts)
-
-    def rows(self, epoch: int) -> np.ndarray:
-        """The epoch's stream as [batch_size, row_len] (batchify)."""
-        if self._epoch != epoch:
-            stream = self.epoch_stream(epoch)
-            n = self.row_len
-            self._rows = stream[:self.batch_size * n].reshape(self.batch_size, n)
-            self._epoch = epoch
-        return self._rows
-
-    def batch(self, position: int, rows: Optional[slice] = None) -> Dict[str, np.ndarray]:
-        """{"inputs", "targets": [B, T] int32, "reset": [B] int32} at a data position (only `rows`, if given)."""
-        per_epoch = self.segments_per_epoch
-        if per_epoch < 1:
-            raise ValueError("the data holds no complete segment")
-        epoch, k = divmod(int(position), per_epoch)
-        data = self.rows(epoch)
-        if rows is not None:
-            data = data[rows]
-        t = self.seg_len
-        return {"inputs": np.ascontiguousarray(data[:, k * t:(k + 1) * t]),
-                "targets": np.ascontiguousarray(data[:, k * t + 1:(k + 1) * t + 1]),
-                "reset": np.full(data.shape[0], int(k == 0), np.int32)}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -273,27 +105,7 @@ def load_lm(model_dir: str, step: Optional[int] = None) -> Tuple[TransformerXL, 
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Optimizer and the update step.
-
-
-@gin.configurable(module="templm")
-def lm_optimizer(learning_rate: float = 2.5e-4, train_steps: int = 1, warmup_steps: int = 0,
-                 schedule: str = "cosine", max_grad_norm: float = 0.25, b1: float = 0.9, b2: float = 0.999,
-                 weight_decay: float = 0.0) -> optax.GradientTransformation:
-    """Transformer-XL's recipe: Adam, linear warm-up then cosine decay to 0 at `train_steps` ("cosine") or a
-    constant rate ("constant"), gradients clipped to global norm `max_grad_norm` (0: no clipping)."""
-    if schedule == "cosine":
-        main = optax.cosine_decay_schedule(learning_rate, max(1, train_steps - warmup_steps))
-    elif schedule == "constant":
-        main = optax.constant_schedule(learning_rate)
-    else:
-        raise ValueError(f"lm_optimizer.schedule must be 'cosine' or 'constant', got {schedule!r}")
-    if warmup_steps > 0:
-        lr = optax.join_schedules([optax.linear_schedule(0.0, learning_rate, warmup_steps), main], [warmup_steps])
-    else:
-        lr = main
-    tx = optax.adamw(lr, b1=b1, b2=b2, weight_decay=weight_decay) if weight_decay else optax.adam(lr, b1=b1, b2=b2)
-    return optax.chain(optax.clip_by_global_norm(max_grad_norm), tx) if max_grad_norm > 0 else tx
+# The update step.
 
 
 def make_lm_train_step(model: TransformerXL, tx: optax.GradientTransformation, mem_len: int):
@@ -326,52 +138,36 @@ def make_lm_train_step(model: TransformerXL, tx: optax.GradientTransformation, m
     return train_step
 
 
-def _init_state(model: TransformerXL, tx, batch_size: int, mem_len: int, seed: int, mesh, rules):
-    """The train state, created already laid out on the mesh; and its shardings."""
-    cfg = model.config
-    tokens = jnp.zeros((batch_size, cfg.tgt_len), jnp.int32)
+def init_state(model: TransformerXL, tx, batch_size: int, mem_len: int, seed: int, mesh, rules):
+    """(state, shardings): parameters, optimizer state and empty memories, created already laid out on the mesh.
+    Call inside `state.mesh_rules(mesh, rules)`."""
+    tokens = jnp.zeros((batch_size, model.config.tgt_len), jnp.int32)
 
     def init_params(rng):
         return model.init(rng, tokens, None, True, mem_len=0)["params"]
 
     boxed = jax.eval_shape(init_params, jax.random.key(seed))
     param_shardings = partitioning.logical_shardings(nn.get_partition_spec(boxed), mesh, rules)
-    params = jax.jit(lambda rng: nn.unbox(init_params(rng)), out_shardings=param_shardings)(jax.random.key(seed))
-    opt_state = jax.jit(tx.init)(params)
-    # Optimizer statistics take the layout XLA propagates from the parameters; scalars (counts) are replicated.
-    opt_state = jax.tree.map(
-        lambda x: x if len(x.sharding.device_set) == mesh.size else jax.device_put(x, partitioning.replicated(mesh)),
-        opt_state)
+    params = train_state.sharded_params(lambda rng: nn.unbox(init_params(rng)), param_shardings, seed)
     mem_sharding = partitioning.logical_shardings(PartitionSpec(*_MEM_AXES), mesh, rules)
     row_sharding = partitioning.logical_shardings(PartitionSpec("batch"), mesh, rules)
     mems = [jax.device_put(m, mem_sharding) for m in model.init_mems(batch_size, mem_len)]
-    state = {"step": jax.device_put(jnp.zeros((), jnp.int32), partitioning.replicated(mesh)), "params": params,
-             "opt_state": opt_state, "mems": mems,
-             "mem_valid": jax.device_put(jnp.zeros((batch_size,), jnp.int32), row_sharding)}
-    return state, jax.tree.map(lambda x: x.sharding, state)
+    return train_state.train_state(params, tx, mesh, mems=mems,
+                                   mem_valid=jax.device_put(jnp.zeros((batch_size,), jnp.int32), row_sharding))
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # The training run.
 
 
+# Runs with the same model, mesh and optimizer settings (TIME-STRATIFIED and CONTROL) share one compiled step.
 _STEP_CACHE: Dict[Any, Any] = {}
-
-_REQUIRED = {"model_dir": "MODEL_DIR", "corpus": "CORPUS", "spm_model": "SPM_MODEL", "config": "MODEL_CONFIG",
-             "train_steps": "TRAIN_STEPS", "batch_size": "BATCH_SIZE"}
-
-
-def _check_required(values: Dict[str, Any]) -> None:
-    from templm.cli import ConfigError
-
-    for name, value in values.items():
-        if value is gin.REQUIRED or value is None:
-            macro = _REQUIRED.get(name, name)
-            raise ConfigError(f"templm.train_lm.{name} is required: set the gin macro {macro}, e.g. "
-                              f"--gin.{macro}=...")
+# What a resumed run must share with the checkpoint it resumes.
+_RESUME_KEYS = ("seed", "data_seed", "data_order", "batch_size", "tgt_len", "mem_len", "data_fingerprint",
+                "model_config")
 
 
-@gin.configurable(module="templm", denylist=["mesh"])
+@gin.configurable(module="templm", denylist=["mesh", "progress"])
 def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_file: Optional[str] = None,
              spm_model: str = gin.REQUIRED, config: Union[str, TransformerXLConfig] = gin.REQUIRED,
              train_steps: int = gin.REQUIRED, batch_size: int = gin.REQUIRED, learning_rate: float = 2.5e-4, *,
@@ -380,7 +176,7 @@ def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_fi
              schedule: str = "cosine", max_grad_norm: float = 0.25, seed: int = 0, data_seed: Optional[int] = None,
              data_order: str = "date", corpus_format: str = "auto", on_error: str = "raise",
              allow_missing_ids: bool = False, save_period: int = 1000, keep_checkpoints: Optional[int] = 3,
-             log_period: int = 10, mesh=None) -> Dict[str, Any]:
+             log_period: int = 10, mesh=None, progress: bool = True) -> Dict[str, Any]:
     """Trains a Transformer-XL language model on one split of a corpus; resumes from `model_dir` if it holds a run.
 
     Args:
@@ -391,19 +187,23 @@ def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_fi
       config: a TransformerXLConfig or a TXL_CONFIGS name; tgt_len is the segment length, mem_len the training
         memory.
       train_steps, batch_size: segments per row and parallel rows (the global batch is batch_size x tgt_len tokens).
-      learning_rate, warmup_steps, schedule, max_grad_norm: `lm_optimizer` (Adam); `optimizer` replaces it.
+      learning_rate, warmup_steps, schedule, max_grad_norm: Adam with this schedule (templm.training.optimizers);
+        `optimizer` replaces it.
       seed: parameter init and dropout; data_seed (default seed): the document shuffle of data_order="shuffle".
-      data_order: "date" (split order) or "shuffle" (documents permuted per epoch); see the module docstring.
+      data_order: "date" (split order) or "shuffle" (documents permuted per epoch); see templm/data/lm_data.py.
       save_period / keep_checkpoints / log_period: checkpoint every N steps (and at the end, and on SIGTERM), keep
         the last K; log metrics every N steps.
       mesh: a ("data", "model") mesh (default `partitioning.make_mesh()`, bindable in gin).
+      progress: print a progress line every log_period steps.
 
-    Returns {"step", "start_step", "train": last logged metrics, "data": data statistics, "params"} and, when
-    stopped by SIGTERM, "preempted_at". Raises TrainingError on a non-finite loss (naming the last good
+    Returns {"step", "start_step", "train": last logged metrics, "data": data statistics, "params", "mems"}.
+    Raises Preempted on SIGTERM (after saving), TrainingError on a non-finite loss (naming the last good
     checkpoint), DataError on bad input (naming the file).
     """
-    _check_required({"model_dir": model_dir, "corpus": corpus, "spm_model": spm_model, "config": config,
-                     "train_steps": train_steps, "batch_size": batch_size})
+    require_macros("templm.train_lm", {
+        "model_dir": ("MODEL_DIR", model_dir), "corpus": ("CORPUS", corpus), "spm_model": ("SPM_MODEL", spm_model),
+        "config": ("MODEL_CONFIG", config), "train_steps": ("TRAIN_STEPS", train_steps),
+        "batch_size": ("BATCH_SIZE", batch_size)})
     config = resolve_config(config)
     data_seed = seed if data_seed is None else data_seed
     if data_order not in DATA_ORDERS:
@@ -439,87 +239,63 @@ def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_fi
 
     model = TransformerXL(config)
     mem_len = config.mem_len
-    tx = optimizer or lm_optimizer(learning_rate=learning_rate, train_steps=train_steps, warmup_steps=warmup_steps,
-                                   schedule=schedule, max_grad_norm=max_grad_norm)
-    os.makedirs(model_dir, exist_ok=True)
-    checkpointer = Checkpointer(os.path.join(model_dir, "checkpoints"), save_period, keep_checkpoints)
+    tx = optimizer or make_optimizer(
+        "adam", learning_rate_schedule(schedule, learning_rate, warmup_steps, train_steps), max_grad_norm=max_grad_norm)
     meta = {"kind": "transformer_xl_lm", "model_config": config_to_json(config), "corpus": corpus,
             "split_file": split_file, "spm_model": spm_model, "spm_sha256": file_sha256(spm_model),
             "seed": seed, "data_seed": data_seed, "data_order": data_order, "batch_size": batch_size,
             "tgt_len": config.tgt_len, "mem_len": mem_len, "data_fingerprint": data.fingerprint(), "data": data_stats}
+    os.makedirs(model_dir, exist_ok=True)
+    checkpointer = Checkpointer(os.path.join(model_dir, "checkpoints"), save_period, keep_checkpoints)
+    log = loop.MetricsLog(model_dir)
+    try:
+        with train_state.mesh_rules(mesh, rules):
+            # --- Model and sharded init: parameters, optimizer state and memories laid out on the mesh. ---------
+            state, state_shardings = init_state(model, tx, batch_size, mem_len, seed, mesh, rules)
 
-    with jax.set_mesh(mesh), nn_rules(rules):
-        # --- Model and sharded init: parameters, optimizer state and memories laid out on the mesh. -------------
-        state, state_shardings = _init_state(model, tx, batch_size, mem_len, seed, mesh, rules)
+            # --- Resume: the state (memories included) and the data position. ---------------------------------
+            start_step, last = 0, None
+            if checkpointer.latest_step() is not None:
+                state, saved = checkpointer.restore(abstract_like(state))
+                for key in _RESUME_KEYS:
+                    if saved.get(key) != meta[key]:
+                        raise DataError(f"the checkpoint was written with {key}={saved.get(key)!r}, this run has "
+                                        f"{meta[key]!r}: use another model_dir or the same settings and data",
+                                        checkpointer.directory)
+                start_step, last = int(saved["data_position"]), saved.get("train")
+                logging.info("resumed from step %d", start_step)
 
-        # --- Resume: the state (memories included) and the data position. -------------------------------------
-        start_step = 0
-        if checkpointer.latest_step() is not None:
-            state, saved = checkpointer.restore(abstract_like(state))
-            for key in ("seed", "data_seed", "data_order", "batch_size", "tgt_len", "mem_len", "data_fingerprint",
-                        "model_config"):
-                if saved.get(key) != meta[key]:
-                    checkpointer.close()
-                    raise DataError(f"the checkpoint was written with {key}={saved.get(key)!r}, this run has "
-                                    f"{meta[key]!r}: use another model_dir or the same settings and data",
-                                    checkpointer.directory)
-            start_step = int(saved["data_position"])
-            logging.info("resumed from step %d", start_step)
+            # --- The update step: one pure function, jitted once, the state donated. ----------------------------
+            batch_shardings = {key: partitioning.data_sharding(mesh) for key in ("inputs", "targets", "reset")}
+            step_key = None if optimizer is not None else (
+                model, mem_len, mesh, tuple(rules), learning_rate, train_steps if schedule == "cosine" else None,
+                warmup_steps, schedule, max_grad_norm)
+            step_fn = _STEP_CACHE.get(step_key) if step_key is not None else None
+            if step_fn is None:
+                step_fn = train_state.compile_step(make_lm_train_step(model, tx, mem_len), state_shardings,
+                                                   batch_shardings, mesh)
+                if step_key is not None:
+                    _STEP_CACHE.clear()  # keep one: a compiled step holds on to its executable
+                    _STEP_CACHE[step_key] = step_fn
 
-        # --- The update step: one pure function, jitted once, the state donated. --------------------------------
-        batch_shardings = {"inputs": partitioning.data_sharding(mesh), "targets": partitioning.data_sharding(mesh),
-                           "reset": partitioning.data_sharding(mesh)}
-        # Runs with the same model, mesh and optimizer settings (TIME-STRATIFIED and CONTROL) share one compiled step.
-        step_key = None if optimizer is not None else (
-            model, mem_len, mesh, tuple(rules), learning_rate, train_steps if schedule == "cosine" else None,
-            warmup_steps, schedule, max_grad_norm)
-        step_fn = _STEP_CACHE.get(step_key) if step_key is not None else None
-        if step_fn is None:
-            step_fn = jax.jit(make_lm_train_step(model, tx, mem_len),
-                              in_shardings=(state_shardings, batch_shardings, partitioning.replicated(mesh)),
-                              out_shardings=(state_shardings, partitioning.replicated(mesh)), donate_argnums=0)
-            if step_key is not None:
-                _STEP_CACHE.clear()  # keep one: a compiled step holds on to its executable
-                _STEP_CACHE[step_key] = step_fn
-
-        # --- The loop: metrics, progress, checkpoints, SIGTERM, NaN stop. ---------------------------------------
-        local = batch_size // jax.process_count()
-        rows = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
-        log = MetricsLog(model_dir)
-        chrono = Chrono(train_steps, batch_size * config.tgt_len, start_step)
-        stop = {"signal": None}
-        previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.update(signal=signum))
-        rng = jax.random.key(seed + 1)
-        result: Dict[str, Any] = {"start_step": start_step, "data": data_stats}
-        step = start_step
-        try:
-            while step < train_steps:
-                host = data.batch(step, rows)
-                batch = {k: jax.make_array_from_process_local_data(batch_shardings[k], v) for k, v in host.items()}
-                state, metrics = step_fn(state, batch, rng)
-                step += 1
-                last = step == train_steps
-                if step % log_period == 0 or last or checkpointer.should_save(step) or stop["signal"]:
-                    metrics = jax.device_get(metrics)
-                    check_finite(metrics, step, checkpointer)
-                    timing = chrono.report(step)
-                    epoch = step / data.segments_per_epoch
-                    log.write(step, "train", {**metrics, **timing, "epoch": epoch})
-                    logging.info("step %d/%d  epoch %.2f  loss %.4f  ppl %.1f  %.2f steps/s  %.0f tokens/s  ETA %s",
-                                 step, train_steps, epoch, metrics["loss"], metrics["ppl"], timing["steps_per_sec"],
-                                 timing["tokens_per_sec"], _eta(timing["eta_sec"]))
-                    result["train"] = {k: float(v) for k, v in metrics.items()}
-                if checkpointer.should_save(step) or last or stop["signal"]:
-                    checkpointer.save(step, state, {**meta, "step": step, "data_position": step})
-                if stop["signal"]:
-                    logging.warning("SIGTERM at step %d: checkpoint saved, exiting", step)
-                    result["preempted_at"] = step
-                    break
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-            log.close()
-            checkpointer.close()
-    result["step"] = step
+            # --- The loop: this process's rows of the segment at each data position. --------------------------
+            local = batch_size // jax.process_count()
+            rows = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
+            state, logged = loop.run(
+                step_fn, state, lambda position: train_state.global_batch(data.batch(position, rows), batch_shardings),
+                rng=jax.random.key(seed + 1), start_step=start_step, train_steps=train_steps,
+                checkpointer=checkpointer, log=log, meta=meta, log_period=log_period,
+                tokens_per_step=batch_size * config.tgt_len, name=os.path.basename(model_dir),
+                extra_scalars=lambda step: {"epoch": step / data.segments_per_epoch},
+                shown=("epoch", "loss", "ppl"), progress=progress)
+    finally:
+        log.close()
+        checkpointer.close()
+    result: Dict[str, Any] = {"start_step": start_step, "data": data_stats}
+    train = logged if logged is not None else last  # a resumed run with nothing left reports its checkpoint's
+    if train is not None:
+        result["train"] = train
+    result["step"] = max(train_steps, start_step)
     result["params"] = state["params"]
     result["mems"] = state["mems"]
     return result

@@ -1,39 +1,65 @@
-"""Optimizers from optax with T5's defaults: Adafactor (factored second moments, decay 0.8), or AdamW.
+"""Optimizers and learning-rate schedules from optax, for both trainers.
 
-Learning rates: constant (0.001, the paper's fine-tuning rate) or T5X's rsqrt schedule,
-lr = base / sqrt(max(step, warmup_steps)).
+Optimizers: Adafactor with T5's defaults (factored second moments, decay 0.8, update clipping 1.0, parameter-scaled
+steps), Adam (Transformer-XL's recipe) or AdamW; `max_grad_norm` > 0 clips gradients by their global norm first.
+
+Schedules: "constant" (0.001, the time-aware T5 paper's fine-tuning rate), T5X's "rsqrt" (base / sqrt(max(step,
+warmup_steps))), and "cosine" (Transformer-XL's: decay to 0 at `decay_steps`); "constant" and "cosine" start with a
+linear warm-up from 0 over `warmup_steps` when it is positive.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import gin
 import jax.numpy as jnp
 import optax
 
+OPTIMIZERS = ("adafactor", "adam", "adamw")
+SCHEDULES = ("constant", "rsqrt", "cosine")
+RSQRT_WARMUP_STEPS = 10_000  # T5X's default
+
 
 @gin.configurable(module="templm")
-def learning_rate_schedule(kind: str = "constant", base_learning_rate: float = 0.001, warmup_steps: int = 10_000):
-    if kind == "constant":
-        return optax.constant_schedule(base_learning_rate)
+def learning_rate_schedule(kind: str = "constant", base_learning_rate: float = 0.001,
+                           warmup_steps: Optional[int] = None, decay_steps: int = 1):
+    """The learning rate by step. warmup_steps: default 10,000 for "rsqrt" (T5X), 0 otherwise; decay_steps: where
+    "cosine" reaches 0 (the run's train_steps)."""
     if kind == "rsqrt":
-        return lambda step: base_learning_rate / jnp.sqrt(jnp.maximum(step, warmup_steps).astype(jnp.float32))
-    raise ValueError(f"learning_rate_schedule.kind must be 'constant' or 'rsqrt', got {kind!r}")
+        warmup = RSQRT_WARMUP_STEPS if warmup_steps is None else warmup_steps
+        if warmup < 1:
+            raise ValueError(f"learning_rate_schedule: 'rsqrt' needs warmup_steps >= 1, got {warmup}")
+        return lambda step: base_learning_rate / jnp.sqrt(jnp.maximum(step, warmup).astype(jnp.float32))
+    warmup = warmup_steps or 0
+    if kind == "constant":
+        main = optax.constant_schedule(base_learning_rate)
+    elif kind == "cosine":
+        main = optax.cosine_decay_schedule(base_learning_rate, max(1, decay_steps - warmup))
+    else:
+        raise ValueError(f"learning_rate_schedule.kind must be one of {SCHEDULES}, got {kind!r}")
+    if warmup > 0:
+        return optax.join_schedules([optax.linear_schedule(0.0, base_learning_rate, warmup), main], [warmup])
+    return main
 
 
 @gin.configurable(module="templm")
 def make_optimizer(name: str = "adafactor", learning_rate=None, decay_rate: float = 0.8,
-                   clipping_threshold: float = 1.0, weight_decay: float = 0.0,
+                   clipping_threshold: float = 1.0, b1: float = 0.9, b2: float = 0.999, weight_decay: float = 0.0,
                    max_grad_norm: float = 0.0) -> optax.GradientTransformation:
-    """`adafactor` (T5 defaults) or `adamw`; `max_grad_norm` > 0 adds global-norm clipping first."""
+    """`adafactor` (T5's defaults), `adam` or `adamw`; learning_rate: a number or a schedule (default: the gin-bound
+    `learning_rate_schedule()`)."""
     learning_rate = learning_rate if learning_rate is not None else learning_rate_schedule()
     if name == "adafactor":
         tx = optax.adafactor(learning_rate=learning_rate, decay_rate=decay_rate, clipping_threshold=clipping_threshold,
                              multiply_by_parameter_scale=True, factored=True,
                              weight_decay_rate=weight_decay or None)
-    elif name == "adamw":
-        tx = optax.adamw(learning_rate=learning_rate, weight_decay=weight_decay)
+    elif name == "adam" and not weight_decay:
+        tx = optax.adam(learning_rate, b1=b1, b2=b2)
+    elif name in ("adam", "adamw"):
+        tx = optax.adamw(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay)
     else:
-        raise ValueError(f"make_optimizer.name must be 'adafactor' or 'adamw', got {name!r}")
+        raise ValueError(f"make_optimizer.name must be one of {OPTIMIZERS}, got {name!r}")
     if max_grad_norm > 0:
         tx = optax.chain(optax.clip_by_global_norm(max_grad_norm), tx)
     return tx

@@ -1,0 +1,514 @@
+"""The CALM corpus: its layout on disk, its vocabulary, the tokenised cache, and the builders that write one.
+
+CALM (Kruszewski et al., "Evaluating Online Continual Learning with CALM") streams token windows drawn from several
+classes (languages or domains). This module holds what the stream reads: the corpus layout and its tokenised cache,
+and two ways to make a corpus (from a folder of texts, or one class per news domain of the embedded world). The
+stream itself is `calm_stream`, the loss log `calm_log`, the metrics `templm.metrics.calm`.
+
+Corpus layout (as the original)
+-------------------------------
+``<root>/<class>.txt``, one file per class (class name = file stem; classes sorted by name, class index = position
+in that order), and ``<root>/vocab/*.vocab``. The vocabulary is the union of the entries of the vocab files, read in
+file-name order; each line is ``token`` or ``token<TAB>count`` (the count, when given, must be a non-negative
+integer and is otherwise ignored). Surrounding whitespace is stripped from an entry and entries that are empty after
+stripping are skipped, so whitespace is never read from a vocab file. Ids:
+
+- ``<unk>`` is always id 0 (`UNK_ID`); a token outside the vocabulary reads as ``<unk>``.
+- char level: ids 1, 2, 3 are space, tab and newline (the original adds these three too); word level: id 1 is
+  ``<eol>`` (`EOL`), the end-of-line token.
+- then the vocab files' entries in order of first appearance (duplicates keep their first id).
+
+Text is read as UTF-8 (invalid bytes are a `DataError` naming the file and line) with ``\\r\\n`` and lone ``\\r``
+read as ``\\n``. Char level: one token per character, newlines included. Word level: every line (a final line
+without a newline counts as a line; a trailing newline does not start another) is split on whitespace and followed
+by ``<eol>``, so line structure survives (the original dropped newlines at word level).
+
+Cache: the token ids of each class are cached beside the data as ``<root>/.cache/<class>.<level>.npy`` (int32) with
+``<class>.<level>.json`` recording the sha256 of the source bytes, of the vocabulary (its id-ordered token list) and
+of the array. A cache whose hashes do not match is rebuilt; files are written to a temporary name and renamed, array
+first, JSON last, so a reader never takes a half-written cache. A corpus directory that cannot be written is read
+without caching.
+
+Corpus builders
+---------------
+`build_calm_corpus_from_texts` turns a directory of ``*.txt`` files (one class per file) into the layout above, with
+``vocab/<class>.vocab`` files of ``token<TAB>count`` lines (most frequent first; whitespace characters are left out
+at char level, where space, tab and newline are built in). `build_calm_corpus_from_world` makes one class per news
+domain of the embedded world (see `WORLD_DOMAINS` and `world_sentence_source`); `build_world_corpus` does the same
+for a subset of the domains (`world_domains`), generating the world first when its folder does not exist.
+`check_corpus` checks a corpus beyond what the stream needs (every class has its vocabulary file).
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import hashlib
+import io
+import json
+import os
+import re
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+from absl import logging
+
+from templm import console
+from templm.data.world import BURST_TEMPLATES, NEWS_TEMPLATES, START_TEMPLATES, TOPICS, WorldConfig, generate_world
+from templm.errors import DataError
+from templm.io import atomic_write, build_folder
+
+UNK = "<unk>"
+UNK_ID = 0
+EOL = "<eol>"
+LEVELS = ("char", "word")
+CHAR_SPECIALS = (" ", "\t", "\n")
+
+CACHE_DIR = ".cache"
+_CACHE_FORMAT = 1
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Vocabulary and tokenisation.
+
+
+class CalmVocabulary:
+    """Token <-> id for one corpus and level. `tokens[i]` is the token of id i; unknown tokens map to `UNK_ID`."""
+
+    def __init__(self, tokens: Sequence[str], level: str):
+        if level not in LEVELS:
+            raise ValueError(f"model_level must be one of {LEVELS}, got {level!r}")
+        self.level = level
+        self.tokens: Tuple[str, ...] = tuple(tokens)
+        if not self.tokens or self.tokens[UNK_ID] != UNK:
+            raise ValueError(f"id {UNK_ID} must be {UNK!r}")
+        self._index = {t: i for i, t in enumerate(self.tokens)}
+        if len(self._index) != len(self.tokens):
+            raise ValueError("vocabulary tokens must be distinct")
+        self.sha256 = hashlib.sha256(json.dumps([level, self.tokens], ensure_ascii=False).encode("utf-8")).hexdigest()
+
+    unk_id = UNK_ID
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __contains__(self, token: str) -> bool:
+        return token in self._index
+
+    def __getitem__(self, i: int) -> str:
+        return self.tokens[i]
+
+    def id(self, token: str) -> int:
+        return self._index.get(token, UNK_ID)
+
+    def split(self, text: str) -> List[str]:
+        """The tokens of `text` at this level (char: characters; word: words of each line, each line closed by
+        `EOL`). `text` is taken as already newline-normalised."""
+        if self.level == "char":
+            return list(text)
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()  # a trailing newline does not start another line
+        out: List[str] = []
+        for line in lines:
+            out.extend(line.split())
+            out.append(EOL)
+        return out
+
+    def encode(self, text: str) -> np.ndarray:
+        """int32 ids of `text`."""
+        tokens = self.split(text)
+        get = self._index.get
+        return np.fromiter((get(t, UNK_ID) for t in tokens), dtype=np.int32, count=len(tokens))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Char level: the characters joined; word level: the words of a line joined by spaces, `EOL` a newline."""
+        tokens = [self.tokens[int(i)] for i in np.asarray(ids).reshape(-1)]
+        if self.level == "char":
+            return "".join(tokens)
+        out, line = [], []
+        for token in tokens:
+            if token == EOL:
+                out.append(" ".join(line) + "\n")
+                line = []
+            else:
+                line.append(token)
+        return "".join(out) + " ".join(line)
+
+    def __repr__(self) -> str:
+        return f"CalmVocabulary({len(self)} tokens, level={self.level!r})"
+
+
+def _read_text(path: str) -> Tuple[str, str]:
+    """(newline-normalised text, sha256 of the raw bytes); bad UTF-8 is a DataError naming the line."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise DataError(f"cannot read: {e.strerror or e}", path) from e
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise DataError(f"invalid UTF-8 at byte {e.start}; expected UTF-8 text", path, line) from e
+    return text.replace("\r\n", "\n").replace("\r", "\n"), hashlib.sha256(raw).hexdigest()
+
+
+def _vocab_entry(line: str, path: str, lineno: int) -> Optional[str]:
+    """The token on one vocab line (`token` or `token<TAB>count`), or None for an entry that is only whitespace."""
+    line = line.rstrip("\n")
+    if "\t" in line:
+        token, count = line.rsplit("\t", 1)
+        count = count.strip()
+        if not count.isdigit():
+            raise DataError(f"expected `token` or `token<TAB>count` with a non-negative integer count, got "
+                            f"count {count!r}", path, lineno)
+    else:
+        token = line
+    token = token.strip()
+    return token or None
+
+
+def read_vocabulary(corpus_path: str, model_level: str) -> CalmVocabulary:
+    """The vocabulary of a CALM corpus at `model_level` (see the module docstring for ids and file format)."""
+    if model_level not in LEVELS:
+        raise ValueError(f"model_level must be one of {LEVELS}, got {model_level!r}")
+    vocab_dir = os.path.join(corpus_path, "vocab")
+    files = sorted(glob.glob(os.path.join(glob.escape(vocab_dir), "*.vocab")))
+    if not files:
+        raise DataError("no vocabulary: expected one or more vocab/*.vocab files", vocab_dir)
+    tokens = [UNK] + (list(CHAR_SPECIALS) if model_level == "char" else [EOL])
+    seen = set(tokens)
+    for path in files:
+        try:
+            with open(path, encoding="utf-8") as f:
+                for lineno, line in enumerate(f, 1):
+                    token = _vocab_entry(line, path, lineno)
+                    if token is not None and token not in seen:
+                        seen.add(token)
+                        tokens.append(token)
+        except UnicodeDecodeError as e:
+            raise DataError(f"invalid UTF-8: {e.reason}; expected UTF-8 text", path) from e
+        except OSError as e:
+            raise DataError(f"cannot read: {e.strerror or e}", path) from e
+    return CalmVocabulary(tokens, model_level)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The token cache.
+
+
+def cache_paths(txt_path: str, level: str) -> Tuple[str, str]:
+    """(array path, metadata path) of the token cache of one class file."""
+    root, name = os.path.split(txt_path)
+    stem = os.path.splitext(name)[0]
+    base = os.path.join(root, CACHE_DIR, f"{stem}.{level}")
+    return base + ".npy", base + ".json"
+
+
+def _load_cache(npy_path: str, meta_path: str, source_sha: str, vocab: CalmVocabulary) -> Optional[np.ndarray]:
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+        if (meta.get("format") != _CACHE_FORMAT or meta.get("level") != vocab.level
+                or meta.get("source_sha256") != source_sha or meta.get("vocab_sha256") != vocab.sha256):
+            return None
+        ids = np.load(npy_path, allow_pickle=False)
+        if ids.dtype != np.int32 or ids.ndim != 1 or ids.shape[0] != meta.get("tokens"):
+            return None
+        if hashlib.sha256(ids.tobytes()).hexdigest() != meta.get("array_sha256"):
+            return None
+        if ids.size and (ids.min() < 0 or ids.max() >= len(vocab)):
+            return None
+        return ids
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def load_class_tokens(txt_path: str, vocab: CalmVocabulary, cache: bool = True) -> np.ndarray:
+    """The int32 token ids of one class file, from the cache when it matches the text and vocabulary."""
+    text, source_sha = _read_text(txt_path)
+    npy_path, meta_path = cache_paths(txt_path, vocab.level)
+    if cache:
+        ids = _load_cache(npy_path, meta_path, source_sha, vocab)
+        if ids is not None:
+            return ids
+    ids = vocab.encode(text)
+    if cache:
+        meta = {"format": _CACHE_FORMAT, "level": vocab.level, "source": os.path.basename(txt_path),
+                "source_sha256": source_sha, "vocab_sha256": vocab.sha256, "tokens": int(ids.shape[0]),
+                "array_sha256": hashlib.sha256(ids.tobytes()).hexdigest()}
+        try:
+            os.makedirs(os.path.dirname(npy_path), exist_ok=True)
+            array = io.BytesIO()
+            np.save(array, ids, allow_pickle=False)
+            atomic_write(npy_path, array.getvalue())
+            atomic_write(meta_path, json.dumps(meta, indent=1) + "\n")
+        except OSError as e:
+            console.warn(f"CALM: could not write the token cache for {txt_path} ({e}); continuing without it")
+    return ids
+
+
+def class_files(corpus_path: str) -> List[str]:
+    """The class files of a corpus, sorted by class name; a DataError when there are none."""
+    if not os.path.isdir(corpus_path):
+        raise DataError("not a directory; expected a CALM corpus (<class>.txt files and vocab/)", corpus_path)
+    files = sorted(glob.glob(os.path.join(glob.escape(corpus_path), "*.txt")),
+                   key=lambda p: os.path.splitext(os.path.basename(p))[0])
+    files = [p for p in files if os.path.isfile(p)]
+    if not files:
+        raise DataError("no class files: expected one <class>.txt per class", corpus_path)
+    return files
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Corpus builders.
+
+
+def _vocab_counts(text: str, level: str) -> List[Tuple[str, int]]:
+    if level == "char":
+        counts = collections.Counter(ch for ch in text if ch.strip())
+    else:
+        counts = collections.Counter(text.split())
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+_CLASS_NAME = re.compile(r"^[^/\\\x00]+$")
+
+
+def write_calm_corpus(texts: Mapping[str, str], out_dir: str, level: str) -> Dict[str, Dict[str, int]]:
+    """Writes `texts` ({class name: text}) as a CALM corpus at `out_dir`: `<class>.txt` and `vocab/<class>.vocab`
+    (token<TAB>count, most frequent first). Built in `<out_dir>.partial` and renamed, so nothing half-written stays;
+    an existing `out_dir` is replaced only when it is empty or a CALM corpus (has vocab/). Returns per-class counts."""
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    if len(texts) < 1:
+        raise ValueError("no classes to write")
+    for name in texts:
+        if not _CLASS_NAME.match(name) or name in (".", "..") or name.startswith("."):
+            raise ValueError(f"class name {name!r} cannot be a file stem")
+    out_dir = out_dir.rstrip("/\\") or out_dir
+    if os.path.exists(out_dir):
+        if not os.path.isdir(out_dir) or (os.listdir(out_dir) and not os.path.isdir(os.path.join(out_dir, "vocab"))):
+            raise FileExistsError(f"{out_dir} exists and is not a CALM corpus; refusing to replace it")
+    vocab = CalmVocabulary([UNK] + (list(CHAR_SPECIALS) if level == "char" else [EOL]), level)
+
+    def build(tmp: str) -> Dict[str, Dict[str, int]]:
+        os.makedirs(os.path.join(tmp, "vocab"))
+        stats: Dict[str, Dict[str, int]] = {}
+        for name in sorted(texts):
+            text = texts[name]
+            with open(os.path.join(tmp, f"{name}.txt"), "w", encoding="utf-8", newline="\n") as f:
+                f.write(text)
+            counts = _vocab_counts(text, level)
+            with open(os.path.join(tmp, "vocab", f"{name}.vocab"), "w", encoding="utf-8", newline="\n") as f:
+                for token, count in counts:
+                    f.write(f"{token}\t{count}\n")
+            n_lines = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+            stats[name] = {"lines": n_lines, "tokens": len(vocab.split(text)), "types": len(counts)}
+        return stats
+
+    return build_folder(out_dir, build)
+
+
+def build_calm_corpus_from_texts(src_dir: str, out_dir: str, level: str) -> Dict[str, Dict[str, int]]:
+    """A CALM corpus at `out_dir` from the `*.txt` files of `src_dir` (one class per file, class = file stem).
+
+    The texts are copied newline-normalised; an empty (or whitespace-only) file is a DataError naming it. Returns
+    {class: {"lines", "tokens", "types"}} (tokens at `level`, `<eol>` included at word level)."""
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    if os.path.realpath(src_dir) == os.path.realpath(out_dir):
+        raise ValueError("out_dir must differ from src_dir")
+    texts: Dict[str, str] = {}
+    for path in class_files(src_dir):
+        text, _ = _read_text(path)
+        if not text.strip():
+            raise DataError("empty class file; expected text", path)
+        texts[os.path.splitext(os.path.basename(path))[0]] = text
+    return write_calm_corpus(texts, out_dir, level)
+
+
+# The embedded world's sentences come from templates; each template source belongs to at most one domain.
+# Sources: a relation id (its NEWS_TEMPLATES and START_TEMPLATES), "topic:<name>" (TOPICS), "burst"
+# (BURST_TEMPLATES), and the calibration relations host_city / based_in / located_in.
+WORLD_DOMAINS: Dict[str, Tuple[str, ...]] = {
+    "sports": ("P54", "P286", "topic:sport"),
+    "politics": ("P39", "P102", "P6"),
+    "business": ("P108", "P488", "P127", "based_in", "topic:economy"),
+    "education": ("P69",),
+    "technology": ("topic:technology",),
+    "weather": ("topic:weather",),
+    "health": ("topic:health",),
+}
+# Left out by default: "burst" (storms, scandals, strikes, summits: no single domain), "host_city" (games, cups,
+# festivals, expos) and "located_in" (landmarks).
+
+_DATE_PATTERN = r"\d{1,2} [A-Z][a-z]+ \d{4}"
+_NAME_PATTERN = r"[A-Z][^.]*?"  # entity names start with a capital and hold no full stop
+
+
+def _template_pattern(template: str) -> "re.Pattern[str]":
+    out = []
+    for piece in re.split(r"(\{[a-z]\})", template):
+        if piece == "{d}":
+            out.append(_DATE_PATTERN)
+        elif re.fullmatch(r"\{[a-z]\}", piece):
+            out.append(_NAME_PATTERN)
+        else:
+            out.append(re.escape(piece))
+    return re.compile("".join(out))
+
+
+def world_templates() -> List[Tuple[str, str, "re.Pattern[str]"]]:
+    """(source, template, compiled pattern) of every sentence template of the embedded world."""
+    out = []
+    for relation, templates in NEWS_TEMPLATES.items():
+        out.extend((relation, t, _template_pattern(t)) for t in templates)
+    for relation, templates in START_TEMPLATES.items():
+        out.extend((relation, t, _template_pattern(t)) for t in templates)
+    out.extend(("burst", t, _template_pattern(t)) for t in BURST_TEMPLATES)
+    for topic, (_, _, templates) in TOPICS.items():
+        out.extend((f"topic:{topic}", t, _template_pattern(t)) for t in templates)
+    return out
+
+
+def _literal_length(template: str) -> int:
+    return len(re.sub(r"\{[a-z]\}", "", template))
+
+
+def world_sentence_source(sentence: str, templates: Optional[Sequence[Tuple[str, str, "re.Pattern[str]"]]] = None
+                          ) -> Optional[str]:
+    """The template source of one world sentence (see `WORLD_DOMAINS`), or None when no template matches.
+
+    A sentence matches a template when the whole sentence fits it, entity slots standing for capitalised names
+    without full stops and {d} for a date like "4 March 2014". When several templates fit (a short template such as
+    "{s} plays for {o}." also fits "X, who plays for Y, was named man of the match."), the one with the most literal
+    text wins, ties going to the earlier template in `world_templates()` order."""
+    best: Optional[Tuple[int, str]] = None
+    for source, template, pattern in (templates if templates is not None else world_templates()):
+        if pattern.fullmatch(sentence):
+            score = _literal_length(template)
+            if best is None or score > best[0]:
+                best = (score, source)
+    return None if best is None else best[1]
+
+
+_SENTENCE_SPLIT = re.compile(r"(?<=\.)\s+")
+
+
+def build_calm_corpus_from_world(world_dir: str, out_dir: str, level: str = "word",
+                                 domains: Optional[Mapping[str, Sequence[str]]] = None) -> Dict[str, Any]:
+    """A CALM corpus with one class per news domain of the embedded world at `world_dir` (its news.jsonl).
+
+    Each document is cut into sentences after every full stop (the world's sentences end with one and its names hold
+    none); each sentence is assigned the template source that `world_sentence_source` finds and the domain of that
+    source in `domains` (default `WORLD_DOMAINS`); sentences of other sources, or of none, are left out. A domain
+    file holds its sentences one per line, in document order. Domains without sentences are not written. Returns
+    {"classes": {domain: {"lines", "tokens", "types"}}, "sentences": n, "left_out": {source or "unmatched": n}}.
+    """
+    domains = WORLD_DOMAINS if domains is None else domains
+    domain_of: Dict[str, str] = {}
+    for domain, sources in domains.items():
+        for source in sources:
+            if source in domain_of and domain_of[source] != domain:
+                raise ValueError(f"source {source!r} is in two domains: {domain_of[source]!r} and {domain!r}")
+            domain_of[source] = domain
+    templates = world_templates()
+    known = {s for s, _, _ in templates}
+    unknown = sorted(set(domain_of) - known)
+    if unknown:
+        raise ValueError(f"unknown template source(s) {unknown}; known: {sorted(known)}")
+    path = os.path.join(world_dir, "news.jsonl")
+    lines: Dict[str, List[str]] = collections.defaultdict(list)
+    left_out: Dict[str, int] = collections.Counter()
+    total = 0
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as e:
+        raise DataError(f"cannot read the world's news: {e.strerror or e}", path) from e
+    with f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"not JSON ({e.msg}); expected a document object", path, lineno) from None
+            if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
+                raise DataError("expected an object with a string field `text`", path, lineno)
+            for sentence in _SENTENCE_SPLIT.split(doc["text"].strip()):
+                sentence = " ".join(sentence.split())
+                if not sentence:
+                    continue
+                total += 1
+                source = world_sentence_source(sentence, templates)
+                domain = domain_of.get(source) if source is not None else None
+                if domain is None:
+                    left_out[source or "unmatched"] += 1
+                else:
+                    lines[domain].append(sentence)
+    if not lines:
+        raise DataError("no sentence of the world's news falls in any domain", path)
+    texts = {domain: "\n".join(ls) + "\n" for domain, ls in lines.items()}
+    classes = write_calm_corpus(texts, out_dir, level)
+    return {"classes": classes, "sentences": total, "left_out": dict(sorted(left_out.items()))}
+
+
+def world_domains(names: Optional[Sequence[str]] = None) -> Dict[str, Tuple[str, ...]]:
+    """The `WORLD_DOMAINS` entries named in `names` (all when None); an unknown name is a ValueError."""
+    if names is None:
+        return dict(WORLD_DOMAINS)
+    unknown = [n for n in names if n not in WORLD_DOMAINS]
+    if unknown:
+        raise ValueError(f"unknown world domain(s) {unknown}; known: {sorted(WORLD_DOMAINS)}")
+    if len(set(names)) < 2:
+        raise ValueError(f"CALM needs at least two classes, got domains {list(names)}")
+    return {n: WORLD_DOMAINS[n] for n in names}
+
+
+def build_world_corpus(world_dir: str, out_dir: str, level: str = "word", domains: Optional[Sequence[str]] = None,
+                       world: Any = None) -> Dict[str, Any]:
+    """A CALM corpus at `out_dir` from the embedded world at `world_dir`, one class per domain.
+
+    When `world_dir` does not exist the world is generated there first from `world` (a `WorldConfig`; default
+    `WorldConfig()`); an existing folder is never written to and must hold news.jsonl. Returns the corpus builder's
+    stats plus "world_generated" (bool)."""
+    generated = False
+    if not os.path.exists(world_dir):
+        config = WorldConfig() if world is None else world
+        if not isinstance(config, WorldConfig):
+            raise ValueError(f"world must be a WorldConfig, got {type(config).__name__}")
+        console.say(f"CALM: generating the embedded world into {world_dir}")
+        logging.info("CALM: world config %s", config)
+        generate_world(config, world_dir)
+        generated = True
+    elif not os.path.isfile(os.path.join(world_dir, "news.jsonl")):
+        raise DataError("exists but holds no news.jsonl; expected a world folder (`templm data world`), or a path "
+                        "that does not exist yet (the world is then generated there)", world_dir)
+    stats = build_calm_corpus_from_world(world_dir, out_dir, level, world_domains(domains))
+    if len(stats["classes"]) < 2:
+        raise DataError(f"the world's news fill only {sorted(stats['classes'])}; CALM needs two or more classes",
+                        world_dir)
+    return {**stats, "world_generated": generated}
+
+
+def check_corpus(corpus_dir: str) -> List[str]:
+    """Checks the CALM layout beyond what the iterator needs; returns the class names.
+
+    When the vocab files are per class (some `vocab/<stem>.vocab` is named after a class, as both builders write
+    them), every class must have its own: a missing one would silently turn that class into `<unk>`s."""
+    names = [os.path.splitext(os.path.basename(p))[0] for p in class_files(corpus_dir)]
+    vocab_dir = os.path.join(corpus_dir, "vocab")
+    stems = {os.path.splitext(f)[0] for f in os.listdir(vocab_dir) if f.endswith(".vocab")} \
+        if os.path.isdir(vocab_dir) else set()
+    if not stems:
+        raise DataError("no vocabulary: expected one or more vocab/*.vocab files", vocab_dir)
+    if stems & set(names):
+        missing = [n for n in names if n not in stems]
+        if missing:
+            raise DataError(f"class {missing[0]!r} ({missing[0]}.txt) has no vocabulary file; expected "
+                            f"vocab/{missing[0]}.vocab beside the other classes' "
+                            f"({', '.join(sorted(stems & set(names)))})",
+                            os.path.join(vocab_dir, f"{missing[0]}.vocab"))
+    return names

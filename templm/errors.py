@@ -1,0 +1,62 @@
+"""The errors templm raises on purpose, and the exit status the command line gives each.
+
+Every layer raises these and nothing above them needs to be imported to catch them: bad input is a `DataError`
+(naming the file and line) or a `ConfigError` (naming the gin binding or flag), a run that cannot go on is a
+`TrainingError`, and a run stopped by SIGTERM after saving its checkpoint is `Preempted`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Tuple
+
+import gin
+
+# Exit statuses of `templm VERB` (README.md, "The command line").
+EXIT_OK = 0
+EXIT_BAD_INPUT = 1  # DataError, ConfigError, a missing file or a bad value: the message names it
+EXIT_USAGE = 2  # an unknown verb or a malformed flag
+EXIT_TRAINING = 3  # TrainingError: a non-finite loss; the message names the last good checkpoint
+EXIT_PREEMPTED = 75  # Preempted: SIGTERM, checkpoint saved, nothing reported; rerun the command to resume (EX_TEMPFAIL)
+
+
+class DataError(ValueError):
+    """Bad input: names the file, the line (or record) and what was expected."""
+
+    def __init__(self, message: str, path: Optional[str] = None, line: Optional[int] = None):
+        self.path = path
+        self.line = line
+        self.reason = message
+        where = ""
+        if path is not None:
+            where = f"{path}:{line}: " if line is not None else f"{path}: "
+        super().__init__(where + message)
+
+
+class ConfigError(ValueError):
+    """A gin file, binding or flag that cannot be applied; the message names it."""
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (a NaN loss): the message says why and which checkpoint is the last good one."""
+
+
+class Preempted(Exception):
+    """SIGTERM arrived: the work stopped at a safe point (a training loop saves its checkpoint first).
+
+    It is not an error of the input, so it is no ValueError: every caller lets it propagate, nothing is reported
+    from the unfinished work, and the command exits with EXIT_PREEMPTED. Running the same command again resumes.
+    `where` says where it stopped, e.g. "at step 120 (checkpoint saved in runs/t/checkpoints)"."""
+
+    def __init__(self, where: str, step: Optional[int] = None):
+        self.where = where
+        self.step = step
+        super().__init__(f"stopped by SIGTERM {where}: run the same command again to resume")
+
+
+def require_macros(function: str, values: Mapping[str, Tuple[str, Any]], allow_none: bool = False) -> None:
+    """Raises a ConfigError naming the gin macro to set for the first parameter of `function` (e.g. "templm.train")
+    that arrived as gin's REQUIRED sentinel (or as None / empty, unless allow_none). `values`: {parameter: (macro,
+    value)}."""
+    for name, (macro, value) in values.items():
+        if value is gin.REQUIRED or (not allow_none and (value is None or value == "")):
+            raise ConfigError(f"{function}.{name} is required: set the gin macro {macro}, e.g. --gin.{macro}=...")

@@ -1,0 +1,570 @@
+"""`templm reproduce --preset smoke|small --out DIR [--seed S]`: the time-aware T5 study end to end, in one command.
+
+    world -> yearly splits -> vocabulary and task records -> Uniform, Temporal and Yearly T5 models (trained on
+    the seen years) -> evaluation (TempLAMA F1 by year and slice, CustomNews perplexity, yearly router, F1 by year
+    gap and by answer duration) -> future probes (log-likelihood degradation, calibration entropy) -> adaptation
+    (alpha mixtures of a new year against retraining from scratch) -> streaming (Transformer-XL) -> report
+
+`reproduce(preset, out_dir, seed)` writes under `out_dir`
+
+    data/                 the task data (world, splits, SentencePiece model, TFRecords, manifest)
+    data_views/           the same records restricted to the training years (symlinks), for the seen-years models
+    models/<name>/        each model's checkpoints and metrics.jsonl
+    stream_experiment/    the Transformer-XL half: its own world, TIME-STRATIFIED/CONTROL splits, models, results
+    run.json              the preset and seed of the run these folders belong to
+    results.json          every number, with the findings judged from them (keys sorted; times only under "timing")
+
+and returns the results dict; the command line then writes report.md and figures/ (templm.reports.reproduction).
+
+A run stopped by SIGTERM saves the model it was training and raises Preempted (nothing is reported); the same command
+run again finds run.json unchanged, keeps the models and resumes each from its checkpoint, so it ends with the numbers
+of a run that never stopped. Another preset or seed in the same folder starts the models afresh. Models never see the future years: Uniform and Temporal train on a view of the data
+holding only the seen years, the Yearly experts on one seen year each, and the retrained reference on the seen years
+plus the new year. The same preset and seed give the same numbers (seeded world, seeded and ordered tf.data
+pipelines, deterministic CPU arithmetic); wall-clock times are kept apart, under "timing".
+
+Presets (README.md has their measured times): `smoke` (the demo: every stage, small and noisy), `small` (sized so that
+the paper's findings show) and `tiny_test` (the test suite's). A run prints one line as each stage starts and ends
+(elapsed time and an ETA) and one per model trained.
+
+The Transformer-XL streaming half ("Mind the Gap": TIME-STRATIFIED and CONTROL models, monthly degradation, dynamic
+evaluation) is the extra stage "streaming", registered in `EXTRA_STAGES` below; `extra_stages=[]` (the CLI's
+--nostreaming) leaves it out. An extra stage gets a `StageContext` and returns a JSON-able dict that lands in
+`results["extra"][name]`; the report renders it (templm.reports.reproduction.STAGE_SECTIONS).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import signal
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import jax
+import seqio
+
+import tasks
+from templm import console
+from templm.data.readers import TemplamaReader
+from templm.data.task_data import MANIFEST, TaskDataConfig, prepare_task_data, read_manifest
+from templm.data.world import WorldConfig
+from templm.errors import Preempted
+from templm.evaluation.checkpoint_eval import evaluate_params
+from templm.evaluation.future_probes import TextScorer, future_calibration, future_degradation, read_calibration
+from templm.evaluation.inference import ModelFns
+from templm.evaluation.routing import YearRouter, evaluate_router
+from templm.evaluation.task_eval import evaluate_model, with_params
+from templm.experiments import adaptation, streaming
+from templm.io import format_duration, jsonable, write_json
+from templm.metrics import time_analysis
+from templm.metrics.findings import findings
+from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, count_parameters
+from templm.training import partitioning, trainer
+from templm.training.optimizers import make_optimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """Everything a reproduction's size depends on."""
+
+    name: str
+    start_year: int
+    end_year: int
+    future_years: int  # the last N years are never trained on (but the adaptation's new year is the first of them)
+    subjects_per_relation: int
+    docs_per_month: int
+    vocab_size: int
+    steps: int  # Uniform and Temporal
+    yearly_steps: int  # each Yearly expert
+    adapt_steps: int  # each alpha's fine-tuning
+    retrain_steps: int  # the Temporal model retrained from scratch on every year up to the new one
+    alphas: Tuple[float, ...]
+    adapt_eval_points: int = 1  # evaluations during each fine-tuning (the adaptation curve)
+    retrain_eval_points: int = 1
+    model: Tuple[Tuple[str, Any], ...] = ()  # T5Config changes on top of T5 v1.1 "tiny"
+    inputs_length: int = 64
+    targets_length: int = 16
+    batch_size: int = 32
+    learning_rate: float = 0.01
+    eval_batch_size: int = 32
+    max_gap: int = 10  # degradation: years past the last seen year
+    calibration_years: int = 4  # calibration: future years probed, from the first year after the seen ones
+    heldout_fraction: float = 0.1
+    estimated_steps_per_s: float = 8.0  # for the ETA before the first measurement (2 CPU cores, tiny model)
+
+
+PRESETS: Dict[str, Preset] = {
+    "smoke": Preset("smoke", start_year=2014, end_year=2018, future_years=2, subjects_per_relation=8,
+                    docs_per_month=10, vocab_size=512, steps=200, yearly_steps=100, adapt_steps=40,
+                    retrain_steps=200, alphas=(0.3, 0.7), calibration_years=3),
+    "small": Preset("small", start_year=2010, end_year=2019, future_years=2, subjects_per_relation=12,
+                    docs_per_month=30, vocab_size=512, steps=2500, yearly_steps=500, adapt_steps=400,
+                    retrain_steps=2500, alphas=(0.1, 0.5, 0.9), adapt_eval_points=4, retrain_eval_points=5),
+    "tiny_test": Preset("tiny_test", start_year=2016, end_year=2017, future_years=1, subjects_per_relation=4,
+                        docs_per_month=3, vocab_size=300, steps=6, yearly_steps=2, adapt_steps=2,
+                        retrain_steps=4, alphas=(0.5,), max_gap=3, calibration_years=2,
+                        model=(("num_encoder_layers", 1), ("num_decoder_layers", 1), ("emb_dim", 32),
+                               ("num_heads", 2), ("mlp_dim", 64)),
+                        inputs_length=32, targets_length=8, batch_size=8, eval_batch_size=8,
+                        heldout_fraction=0.2),
+}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# HOOK: extra stages. Each runs after adaptation, gets a StageContext, and returns a JSON-able dict stored as
+# results["extra"][name]; wall-clock seconds returned under "timings_sec" move to results["timing"] (results outside
+# "timing" must repeat exactly with the same seed). The report renders a stage named in
+# templm.reports.reproduction.STAGE_SECTIONS with its own section and figures, any other as JSON. The Transformer-XL
+# streaming half ("Mind the Gap", templm/experiments/streaming.py) is registered this way at the bottom of this
+# section.
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class StageContext:
+    preset: Preset
+    seed: int
+    out_dir: str
+    data_dir: str  # the task data (its world under data_dir/world, news in world/news.jsonl)
+    manifest: Mapping[str, Any]
+    figures_dir: str
+    results: Mapping[str, Any]  # what the earlier stages found (read only)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtraStage:
+    name: str
+    run: Callable[[StageContext], Dict[str, Any]]
+    estimated_s: Union[float, Callable[[Preset], float]] = 60.0  # for the ETA: seconds, or seconds by preset
+
+    def estimate(self, preset: Preset) -> float:
+        return float(self.estimated_s(preset) if callable(self.estimated_s) else self.estimated_s)
+
+
+def _streaming_estimate(preset: Preset) -> float:
+    return streaming.ESTIMATED_SECONDS.get(preset.name, streaming.ESTIMATED_SECONDS["smoke"])
+
+
+EXTRA_STAGES: List[ExtraStage] = [ExtraStage("streaming", streaming.reproduce_stage, _streaming_estimate)]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Progress.
+
+
+class Progress:
+    """Prints each stage's start and end with the elapsed time and an ETA from the planned cost of what is left
+    (estimates at first, rescaled by how long the finished stages actually took)."""
+
+    def __init__(self, plan: Sequence[Tuple[str, float]]):
+        self.plan = list(plan)
+        self.t0 = time.time()
+        self.done_estimate = 0.0
+        self.times: Dict[str, float] = {}
+        self._current: Optional[Tuple[str, float, float]] = None
+
+    def _eta(self, remaining_estimate: float) -> str:
+        # How much slower (or faster) than planned the finished stages ran, damped so one short stage does not
+        # swing the estimate: a minute of the plan counts as if it had run on time.
+        elapsed = time.time() - self.t0
+        scale = (elapsed + 60.0) / (self.done_estimate + 60.0)
+        return format_duration(remaining_estimate * scale)
+
+    def start(self, name: str) -> None:
+        estimate = dict(self.plan)[name]
+        index = [n for n, _ in self.plan].index(name) + 1
+        remaining = sum(e for n, e in self.plan[index - 1:])
+        console.say(f"reproduce [{index}/{len(self.plan)}] {name}: starting (elapsed "
+                    f"{format_duration(time.time() - self.t0)}, ETA {self._eta(remaining)})")
+        self._current = (name, estimate, time.time())
+
+    def end(self) -> None:
+        name, estimate, started = self._current
+        self.times[name] = time.time() - started
+        self.done_estimate += estimate
+        index = [n for n, _ in self.plan].index(name) + 1
+        remaining = sum(e for n, e in self.plan[index:])
+        console.say(f"reproduce [{index}/{len(self.plan)}] {name}: done in {format_duration(self.times[name])} "
+                    f"(elapsed {format_duration(time.time() - self.t0)}, ETA {self._eta(remaining)})")
+        self._current = None
+
+
+def _plan(preset: Preset, n_experts: int, extra: Sequence[ExtraStage]) -> List[Tuple[str, float]]:
+    rate = preset.estimated_steps_per_s
+    per_training = 25.0  # data pipeline start, compilation, checkpoint
+    plan = [("data", 15.0),
+            ("train uniform and temporal", 2 * per_training + 2 * preset.steps / rate),
+            ("train yearly experts", n_experts * (per_training + preset.yearly_steps / rate)),
+            ("evaluate", 30.0 + 8.0 * (n_experts + 6)),
+            ("future probes", 30.0),
+            ("adaptation", (len(preset.alphas) + 1) * per_training
+             + (len(preset.alphas) * preset.adapt_steps + preset.retrain_steps) / rate
+             + 8.0 * (len(preset.alphas) * preset.adapt_eval_points + preset.retrain_eval_points))]
+    plan += [(f"extra: {stage.name}", stage.estimate(preset)) for stage in extra]
+    return plan
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Data.
+
+
+def training_view(data_dir: str, years: Sequence[int], view_dir: str) -> dict:
+    """A task-data folder holding only `years` of `data_dir` (symlinks to its record files and vocabulary), so the
+    registry's `uniform_mixture` / `temporal_mixture` over it train on those years only. Returns its manifest."""
+    manifest = read_manifest(data_dir)
+    years = sorted(int(y) for y in years)
+    if os.path.exists(view_dir):
+        shutil.rmtree(view_dir)
+    for folder in ("customnews", "templama"):
+        os.makedirs(os.path.join(view_dir, folder))
+        for name in sorted(os.listdir(os.path.join(data_dir, folder))):
+            stem = name.split(".")[0]
+            if stem.rsplit("-", 1)[-1].isdigit() and int(stem.rsplit("-", 1)[-1]) in years:
+                os.symlink(os.path.abspath(os.path.join(data_dir, folder, name)), os.path.join(view_dir, folder, name))
+    os.symlink(os.path.abspath(os.path.join(data_dir, "spm")), os.path.join(view_dir, "spm"))
+    counts = {folder: {split: {y: n for y, n in by_year.items() if int(y) in years}
+                       for split, by_year in splits.items()}
+              for folder, splits in manifest["counts"].items()}
+    view = {**manifest, "years": years, "seen_years": years, "future_years": [], "counts": counts,
+            "view_of": os.path.abspath(data_dir)}
+    with open(os.path.join(view_dir, MANIFEST), "w", encoding="utf-8") as f:
+        json.dump(view, f, indent=1)
+    return view
+
+
+def _world_summary(stats: Mapping[str, Any], manifest: Mapping[str, Any]) -> Dict[str, Any]:
+    counts = manifest["counts"]
+    seen = set(manifest["seen_years"])
+    return {"documents": stats["documents"], "entities": stats["entities"], "facts": stats["facts"],
+            "templama_queries": stats["templama_queries"], "templama_splits": stats["templama_splits"],
+            "multi_answer_share": stats["multi_answer_share"],
+            "subjects_per_relation": stats["config"]["subjects_per_relation"],
+            "docs_per_month": stats["config"]["docs_per_month"],
+            "years": manifest["years"], "seen_years": manifest["seen_years"], "future_years": manifest["future_years"],
+            "customnews_train_examples": sum(n for y, n in counts["customnews"]["train"].items() if int(y) in seen),
+            "templama_train_examples": sum(n for y, n in counts["templama"]["train"].items() if int(y) in seen),
+            "customnews_test_examples": sum(counts["customnews"]["test"].values()),
+            "templama_test_examples": sum(counts["templama"]["test"].values())}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The pipeline.
+
+
+class Reproduction:
+    """The state one reproduction carries from stage to stage: the preset, the model and its optimizer, the device
+    mesh, where things live, the trained parameters and the results so far. `reproduce` drives it through the
+    stages; `prepare_data` and `train` are also what a test re-runs to check that a stage repeats exactly."""
+
+    def __init__(self, preset: Preset, out_dir: str, seed: int):
+        self.preset, self.out_dir, self.seed = preset, out_dir, seed
+        config = T5_1_1_CONFIGS["tiny"].replace(dropout_rate=0.0, **dict(preset.model))
+        self.model = EncoderDecoderModel(config)
+        self.params_count = count_parameters(config)
+        model_config = {k: getattr(config, k) for k in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim",
+                                                          "num_encoder_layers", "num_decoder_layers")}
+        self.lengths = {"inputs": preset.inputs_length, "targets": preset.targets_length}
+        # CPU: one device (fake host devices share the same cores and only add overhead); accelerators: all.
+        devices = jax.devices()
+        self.mesh = partitioning.make_mesh(devices=devices[:1] if devices[0].platform == "cpu" else devices)
+        self.optimizer = make_optimizer(name="adafactor", learning_rate=preset.learning_rate)
+        self.data_dir = os.path.join(out_dir, "data")
+        self.models_dir = os.path.join(out_dir, "models")
+        self.results: Dict[str, Any] = {"preset": preset.name, "seed": seed, "config": dataclasses.asdict(preset),
+                                        "model_config": model_config, "models": {}, "regimes": {}, "summary": {}}
+        self.model_times: Dict[str, float] = {}
+        self.extra_times: Dict[str, Any] = {}
+        self.params: Dict[str, Any] = {}
+
+    # -- helpers ------------------------------------------------------------------------------------------------
+    def train_kwargs(self) -> Dict[str, Any]:
+        p = self.preset
+        return dict(task_feature_lengths=self.lengths, batch_size=p.batch_size, model=self.model,
+                    optimizer=self.optimizer, seed=self.seed, mesh=self.mesh, save_period=0, keep_checkpoints=1,
+                    log_period=max(10, p.steps // 10), eval_batch_size=p.eval_batch_size, evaluator=evaluate_params,
+                    progress=False)
+
+    def train(self, name: str, regime: str, mixture: str, steps: int, init: str = "scratch") -> Any:
+        start = time.time()
+        result = trainer.train(model_dir=os.path.join(self.models_dir, name), mixture_or_task_name=mixture,
+                               train_steps=steps, eval_period=0, **self.train_kwargs())
+        self.model_times[name] = time.time() - start
+        self.record_model(name, regime, mixture, int(result["step"]), result.get("train", {}).get("loss"), init)
+        self.params[name] = result["params"]
+        return result["params"]
+
+    def record_model(self, name, regime, mixture, steps, loss, init) -> None:
+        self.results["models"][name] = {"regime": regime, "mixture": mixture, "params": self.params_count,
+                                        "steps": steps, "batch_size": self.preset.batch_size,
+                                        "train_loss": None if loss is None else float(loss), "init": init}
+        console.say(f"  trained {name}: {steps} steps, final loss "
+                    f"{'n/a' if loss is None else f'{float(loss):.3f}'}, {format_duration(self.model_times[name])}")
+
+    def configure(self, data_dir: str) -> None:
+        tasks.configure(data_dir=data_dir)
+
+    def prepare_data(self) -> dict:
+        """World, yearly splits, vocabulary and task records under data/, and the training views; the manifest."""
+        p = self.preset
+        config = TaskDataConfig(world=WorldConfig(seed=self.seed, start_year=p.start_year, end_year=p.end_year,
+                                                  subjects_per_relation=p.subjects_per_relation,
+                                                  docs_per_month=p.docs_per_month),
+                                vocab_size=p.vocab_size, future_years=p.future_years, seed=self.seed,
+                                heldout_fraction=p.heldout_fraction)
+        manifest = prepare_task_data(config, self.data_dir)
+        with open(os.path.join(self.data_dir, "world", "stats.json"), encoding="utf-8") as f:
+            stats = json.load(f)
+        self.manifest = manifest
+        self.seen, self.future = list(manifest["seen_years"]), list(manifest["future_years"])
+        self.new_year = self.future[0]
+        views = os.path.join(self.out_dir, "data_views")
+        self.seen_view = os.path.join(views, "seen")
+        self.retrain_view = os.path.join(views, f"seen_and_{self.new_year}")
+        training_view(self.data_dir, self.seen, self.seen_view)
+        training_view(self.data_dir, self.seen + [self.new_year], self.retrain_view)
+        self.results["world"] = _world_summary(stats, manifest)
+        return manifest
+
+    def run_extra_stage(self, stage: ExtraStage) -> Dict[str, Any]:
+        """Runs an extra stage (see the HOOK above) and files what it returns under results["extra"][name]."""
+        context = StageContext(self.preset, self.seed, self.out_dir, self.data_dir, dict(self.manifest),
+                               os.path.join(self.out_dir, "figures"), dict(self.results))
+        os.makedirs(context.figures_dir, exist_ok=True)
+        result = dict(stage.run(context))
+        timings = result.pop("timings_sec", None)
+        if timings is not None:
+            self.extra_times[stage.name] = timings
+        self.results.setdefault("extra", {})[stage.name] = result
+        return result
+
+
+def _stage_train_main(run: Reproduction) -> None:
+    run.configure(run.seen_view)
+    for regime in ("uniform", "temporal"):
+        run.train(regime, regime, f"{regime}_mixture", run.preset.steps)
+
+
+def _stage_train_yearly(run: Reproduction) -> None:
+    run.configure(run.data_dir)
+    for year in run.seen:
+        run.train(f"yearly_{year}", "yearly", f"yearly_{year}_mixture", run.preset.yearly_steps)
+
+
+def _qa_summary(run: Reproduction, regime: str, templama, customnews, params: int, steps: int) -> None:
+    run.results["regimes"][regime] = {"templama": templama.metrics, "customnews": customnews.metrics}
+    run.results["summary"][regime] = {
+        "params": params, "steps": steps,
+        "seen_ppl": time_analysis.pooled_perplexity(customnews.metrics, run.seen),
+        "future_ppl": time_analysis.pooled_perplexity(customnews.metrics, run.future)}
+
+
+def _stage_evaluate(run: Reproduction) -> None:
+    run.configure(run.data_dir)
+    fns = ModelFns(run.model, None, batch_size=run.preset.eval_batch_size,
+                   max_decode_length=run.lengths["targets"])
+    evaluations = {}
+    for regime in ("uniform", "temporal"):
+        model_fns = with_params(fns, run.params[regime])
+        templama = evaluate_model(model_fns, f"templama_{regime}", run.lengths)
+        customnews = evaluate_model(model_fns, f"customnews_ssm_{regime}", run.lengths)
+        _qa_summary(run, regime, templama, customnews, run.params_count, run.preset.steps)
+        evaluations[regime] = templama
+    router = YearRouter({year: run.params[f"yearly_{year}"] for year in run.seen})
+    templama = evaluate_router(router, fns, "templama_uniform", run.lengths)
+    customnews = evaluate_router(router, fns, "customnews_ssm_uniform", run.lengths)
+    _qa_summary(run, "yearly", templama, customnews, run.params_count * len(run.seen),
+                run.preset.yearly_steps * len(run.seen))
+    run.results["regimes"]["yearly"]["routes"] = {str(y): router.route(y) for y in run.manifest["years"]}
+    evaluations["yearly"] = templama
+
+    experts = {}
+    for year in run.seen:
+        metrics = evaluate_model(with_params(fns, run.params[f"yearly_{year}"]), "templama_uniform",
+                                 run.lengths).metrics
+        experts[year] = {k: v for k, v in metrics.items() if k.split("_")[0] in ("f1", "em", "count")}
+    by_gap = time_analysis.f1_by_year_gap(experts)
+    run.results["yearly"] = {"experts": experts, "by_gap": by_gap, "falloff": time_analysis.falloff(by_gap)}
+
+    queries = list(TemplamaReader(os.path.join(run.data_dir, "world", "templama", "test.jsonl")))
+    run.test_queries = queries
+    durations = time_analysis.answer_durations(queries)
+    seen = set(run.seen)
+    run.results["duration"] = {}
+    for regime, evaluation in evaluations.items():
+        ids = {ex["id"] for ex in evaluation.examples if ex.get("year") in seen}
+        predictions = {i: p for i, p in evaluation.predictions().items() if i in ids}
+        run.results["duration"][regime] = time_analysis.f1_by_duration(predictions, evaluation.answers(),
+                                                                       durations)
+    run.fns = fns
+
+
+def _stage_future(run: Reproduction) -> None:
+    vocabulary = seqio.get_mixture_or_task("templama_temporal").output_features["targets"].vocabulary
+    scorer = TextScorer(run.model, vocabulary, run.lengths, run.preset.eval_batch_size)
+    calibration = read_calibration(os.path.join(run.data_dir, "world", "calibration.jsonl"))
+    last_seen = run.seen[-1]
+    years = list(range(last_seen + 1, last_seen + 1 + run.preset.calibration_years))
+    run.results["degradation"], run.results["calibration"] = {}, {}
+    for regime in ("uniform", "temporal"):
+        run.results["degradation"][regime] = future_degradation(scorer, run.params[regime], regime, run.test_queries,
+                                                                last_seen, run.preset.max_gap)
+        run.results["calibration"][regime] = future_calibration(scorer, run.params[regime], regime, calibration,
+                                                                years)
+
+
+def _stage_adaptation(run: Reproduction) -> None:
+
+    p = run.preset
+    run.configure(run.data_dir)
+    base_metrics = run.results["regimes"]["temporal"]["templama"]
+    base = adaptation.new_and_old_f1(base_metrics, run.new_year, run.seen)
+    kwargs = run.train_kwargs()
+
+    def evaluate(params):  # the final scores, with the functions the evaluation stage compiled
+        return evaluate_model(with_params(run.fns, params), "templama_temporal", run.lengths).metrics
+
+    def period(steps, points):  # evaluations during training only where a curve is asked for
+        return max(1, steps // points) if points > 1 else None
+
+    adapt_dir = os.path.join(run.models_dir, "adapt")
+    runs = adaptation.fine_tune_alphas(os.path.join(run.models_dir, "temporal", "checkpoints"), run.new_year,
+                                       run.seen, p.alphas, p.adapt_steps, adapt_dir, "templama_temporal",
+                                       period(p.adapt_steps, p.adapt_eval_points), evaluate, **kwargs)
+    for alpha, r in runs.items():
+        name = f"adapt_alpha{alpha}"
+        run.model_times[name] = r.pop("wall_s")
+        r.pop("params")
+        run.record_model(name, "temporal", r["mixture"], r["steps"], r["train_loss"], "temporal")
+    # The retrained model sees the seen years and the new one; its TempLAMA years are the same examples either way.
+    run.configure(run.retrain_view)
+    try:
+        retrained = adaptation.train_with_curve(os.path.join(run.models_dir, "retrain"), "temporal_mixture",
+                                                p.retrain_steps, "templama_temporal", run.new_year, run.seen,
+                                                period(p.retrain_steps, p.retrain_eval_points), evaluate=evaluate,
+                                                **kwargs)
+    finally:
+        run.configure(run.data_dir)
+    run.model_times["retrain"] = retrained.pop("wall_s")
+    retrained.pop("params")
+    run.record_model("retrain", "temporal", f"temporal_mixture ({_years(run.seen + [run.new_year])})",
+                     retrained["steps"], retrained["train_loss"], "scratch")
+    run.results["adaptation"] = {
+        "new_year": run.new_year, "old_years": run.seen, "runs": runs, "retrained": retrained,
+        "summary": adaptation.summarize(base, runs, retrained, p.steps)}
+
+
+def _years(years: Sequence[int]) -> str:
+    return f"{years[0]}-{years[-1]}" if len(years) > 1 else str(years[0])
+
+
+RUN_RECORD = "run.json"
+
+
+def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[ExtraStage]) -> bool:
+    """Records the run in out_dir/run.json. The models of an earlier run with the same record are kept (each trainer
+    resumes from its checkpoint); otherwise the models and training views of an earlier run are removed, so a run
+    never resumes another's checkpoints. The results of an earlier run are removed either way: they are written
+    again only when this run completes. Returns True when resuming."""
+    record = {"preset": dataclasses.asdict(preset), "seed": seed, "extra_stages": [stage.name for stage in extra]}
+    path = os.path.join(out_dir, RUN_RECORD)
+    previous = None
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            previous = json.load(f)
+    resuming = previous == jsonable(record)
+    stale = ["results.json", "report.md"] + ([] if resuming else ["models", "data_views", "stream_experiment"])
+    for name in stale:
+        target = os.path.join(out_dir, name)
+        if os.path.isdir(target):
+            shutil.rmtree(target)
+        elif os.path.exists(target):
+            os.remove(target)
+    write_json(path, record)
+    return resuming
+
+
+def reproduce(preset: Union[str, Preset], out_dir: str, seed: int = 0,
+              extra_stages: Optional[Sequence[ExtraStage]] = None) -> Dict[str, Any]:
+    """Runs the whole study for `preset` (a name in PRESETS or a Preset) into `out_dir`; writes results.json (with
+    the findings) and returns the results dict as it holds them.
+
+    `extra_stages` default to the registered `EXTRA_STAGES`. A rerun of the same preset, seed and stages resumes the
+    models of the earlier run; any other run starts them afresh (`_start_or_resume`). SIGTERM raises Preempted from
+    the stage that was training, after its checkpoint: nothing is written then.
+    """
+    if isinstance(preset, str):
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}: expected one of {', '.join(PRESETS)}")
+        preset = PRESETS[preset]
+    extra = list(EXTRA_STAGES if extra_stages is None else extra_stages)
+    _enable_compilation_cache()
+    out_dir = os.path.abspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    if _start_or_resume(out_dir, preset, seed, extra):
+        console.say(f"reproduce: resuming the run in {out_dir} (same preset and seed)")
+    previous_data_dir = tasks.current().get("data_dir")
+    t0 = time.time()
+    run = Reproduction(preset, out_dir, seed)
+    progress = Progress(_plan(preset, preset.end_year - preset.start_year + 1 - preset.future_years, extra))
+    stages: List[Tuple[str, Callable[[], None]]] = [
+        ("data", run.prepare_data),
+        ("train uniform and temporal", lambda: _stage_train_main(run)),
+        ("train yearly experts", lambda: _stage_train_yearly(run)),
+        ("evaluate", lambda: _stage_evaluate(run)),
+        ("future probes", lambda: _stage_future(run)),
+        ("adaptation", lambda: _stage_adaptation(run)),
+    ]
+    stages += [(f"extra: {stage.name}", lambda stage=stage: run.run_extra_stage(stage)) for stage in extra]
+    # SIGTERM while a model trains: its loop saves and raises Preempted. Between trainings (evaluation, data): the
+    # signal is noted and the run stops before the next stage. Either way nothing is written and a rerun resumes.
+    stop = {"signal": None}
+    previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: stop.update(signal=signum))
+    try:
+        for name, fn in stages:
+            if stop["signal"] is not None:
+                raise Preempted(f"before the stage '{name}' (the models trained so far are saved in {out_dir})")
+            progress.start(name)
+            fn()
+            progress.end()
+        if stop["signal"] is not None:
+            raise Preempted(f"after the last stage (the models are saved in {out_dir})")
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+        _restore_tasks(previous_data_dir)
+    run.results["timing"] = {"stages": [[n, t] for n, t in progress.times.items()],
+                             "models": [[n, t] for n, t in run.model_times.items()],
+                             "extra": run.extra_times,
+                             "total_s": time.time() - t0, "machine": _machine()}
+    results = jsonable(run.results)
+    results["findings"] = {item["name"]: {"holds": item["holds"], "evidence": item["evidence"]}
+                           for item in findings(results)}
+    write_json(os.path.join(out_dir, "results.json"), results, sort_keys=True)
+    return results
+
+
+def _restore_tasks(data_dir: Optional[str]) -> None:
+    """Registers the tasks over the folder they were over before the run (the default world's when it had none)."""
+    try:
+        has_manifest = bool(data_dir) and read_manifest(data_dir) is not None
+    except ValueError:
+        has_manifest = False
+    tasks.configure(data_dir=data_dir if has_manifest else None)
+
+
+def _machine() -> str:
+    devices = jax.devices()
+    return f"{platform.machine()} {os.cpu_count()} CPU cores, {len(devices)} {devices[0].platform} device(s)"
+
+
+def _enable_compilation_cache() -> None:
+    """Reuse compilations across the many trainings and evaluations of one architecture (a persistent JAX cache in
+    $JAX_COMPILATION_CACHE_DIR, or $TEMPLM_CACHE/jax, default ~/.cache/templm/jax), unless one is already set."""
+    if jax.config.jax_compilation_cache_dir:
+        return
+    cache = os.environ.get("TEMPLM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "templm")
+    jax.config.update("jax_compilation_cache_dir", os.path.join(cache, "jax"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)

@@ -1,0 +1,410 @@
+"""The streaming-perplexity experiment ("Mind the Gap", Lazaridou et al.): `templm stream` and its end-to-end run.
+
+Two entry points:
+
+* `stream_evaluation(...)` (gin: ``templm.stream_evaluation``; the `templm stream` verb): reads the test documents
+  of a split in date order as one token stream (templm.data.token_stream), scores it with a TIME-STRATIFIED and a
+  CONTROL checkpoint of `templm train_lm` (templm.evaluation.stream_eval) -- statically, and with dynamic evaluation
+  of the TIME-STRATIFIED model in every configured variant (SGD or RMS; all parameters, embeddings only, biases only,
+  or a regex) -- and computes every analysis (templm.metrics.stream.stream_results): perplexity per month and overall
+  (subword and word level), the relative increase of TIME-STRATIFIED over CONTROL per month with and without dynamic
+  evaluation and its slope, emerging words, first versus later occurrences, topics, and parts of speech when spaCy is
+  installed. It writes them as OUT_DIR/results.json; the verb then writes report.md and the figures
+  (templm.reports.stream.write_stream_report). Anything not given is read from the TIME-STRATIFIED checkpoint's
+  record: the corpus, the SentencePiece model, the split folder (test = `<split folder>/test.gz`) and the training
+  split (for the word counts of the emerging-word analysis and the gradient statistics of the RMS rule).
+
+* `run_stream_experiment(out_dir, ...)`: the whole experiment as one call (a stage of `templm reproduce`,
+  `reproduce_stage`): the embedded world (or a given corpus), TIME-STRATIFIED / CONTROL splits, one SentencePiece
+  vocabulary, two tiny Transformer-XL models, and `stream_evaluation`; returns a summary of the monthly degradation
+  and of what dynamic evaluation recovers (templm.metrics.stream.summarize), which the reproduction's report renders
+  (templm.reports.stream.streaming_section).
+
+One vocabulary for both models. The comparison is per token and per word of ONE test stream: both models must
+predict the same targets, so they must share the SentencePiece model (a checkpoint records its SHA-256; two
+checkpoints that disagree are refused). The experiment trains it on the union of the two training splits -- the
+documents either model may see, never a test or validation document -- so that neither model's words are cut into
+more pieces than the other's by construction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import gin
+import numpy as np
+from absl import logging
+
+from templm import console
+from templm.data.lm_data import load_processor, read_split_documents, split_path, tokenize_documents
+from templm.data.readers import read_documents
+from templm.data.splits import make_splits, read_split_file
+from templm.data.token_stream import build_stream, word_counts
+from templm.data.vocab import train_spm
+from templm.data.world import WorldConfig, generate_world
+from templm.errors import ConfigError, DataError, require_macros
+from templm.evaluation import dynamic_eval
+from templm.evaluation.stream_eval import evaluate_stream
+from templm.io import file_sha256, write_json
+from templm.metrics.stream import perplexity, stream_findings, stream_results, summarize, word_log_probs
+from templm.models.transformer_xl import TransformerXLConfig
+from templm.training.lm_trainer import load_lm, train_lm
+
+# Dynamic evaluation variants of the TIME-STRATIFIED model (names become the report's modes). The rates were the
+# best of a small sweep for the smoke experiment's tiny model (SGD on the segment's mean token loss; RMS with eps
+# 1e-3, as lr / (sqrt(ms) + 1e-5) overshoots on parameters with no training gradient); tune them on validation data
+# for other models.
+DEFAULT_DYNAMIC = (
+    {"name": "dynamic", "rule": "sgd", "which": "all", "lr": 0.03},
+    {"name": "dynamic_embeddings", "rule": "sgd", "which": "embeddings", "lr": 0.03},
+    {"name": "dynamic_biases", "rule": "sgd", "which": "biases", "lr": 0.3},
+    {"name": "dynamic_rms", "rule": "rms", "which": "all", "lr": 1e-4, "eps": 1e-3, "decay": 0.0},
+)
+_VARIANT_KEYS = {"name", "rule", "which", "lr", "decay", "eps", "normalise_decay"}
+
+
+def _check_variants(variants: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    out, names = [], set()
+    for k, v in enumerate(variants):
+        if not isinstance(v, Mapping):
+            raise ValueError(f"stream_evaluation.dynamic[{k}] must be a dict, got {v!r}")
+        unknown = sorted(set(v) - _VARIANT_KEYS)
+        if unknown or "name" not in v or "rule" not in v:
+            raise ValueError(f"stream_evaluation.dynamic[{k}] = {dict(v)!r}: needs 'name' and 'rule'; allowed keys "
+                             f"{sorted(_VARIANT_KEYS)}" + (f"; unknown {unknown}" if unknown else ""))
+        if v["name"] == "static" or v["name"] in names:
+            raise ValueError(f"stream_evaluation.dynamic[{k}]: name {v['name']!r} is 'static' or used twice")
+        if v["rule"] not in ("sgd", "rms"):
+            raise ValueError(f"stream_evaluation.dynamic[{k}]: rule must be 'sgd' or 'rms', got {v['rule']!r}")
+        names.add(v["name"])
+        out.append(dict(v))
+    return out
+
+
+def _sample_documents(documents: list, limit: Optional[int], seed: int) -> list:
+    if limit is None or len(documents) <= limit:
+        return documents
+    keep = np.sort(np.random.default_rng([seed, 7]).choice(len(documents), size=limit, replace=False))
+    return [documents[i] for i in keep]
+
+
+def _training_segments(documents: list, processor: Any, seg_len: int, n_segments: int) -> np.ndarray:
+    """[K, 1, seg_len + 1] segments of the most recent training text (the stream's layout), K <= n_segments."""
+    tokens, _ = tokenize_documents(documents, processor)
+    stream = np.concatenate([[int(processor.eos_id())], tokens]).astype(np.int32)
+    k = max(1, min(n_segments, (len(stream) - 1) // seg_len))
+    tail = stream[-(k * seg_len + 1):]
+    if len(tail) < k * seg_len + 1:
+        raise DataError(f"the training split holds {len(stream)} tokens, too few for one segment of {seg_len}")
+    return np.stack([tail[i * seg_len:(i + 1) * seg_len + 1] for i in range(k)])[:, None, :]
+
+
+@gin.configurable(module="templm")
+def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gin.REQUIRED,
+                      control_dir: Optional[str] = None, *, corpus: Optional[str] = None,
+                      test_split_file: Optional[str] = None, split_dir: Optional[str] = None,
+                      spm_model: Optional[str] = None, train_split_file: Optional[str] = None,
+                      batch_size: int = 1, seg_len: Optional[int] = None, mem_len: Optional[int] = None,
+                      dynamic: Sequence[Mapping[str, Any]] = DEFAULT_DYNAMIC, dynamic_on_control: bool = False,
+                      ms_segments: int = 64, train_count_documents: Optional[int] = None, min_test_count: int = 50,
+                      emerging_ratio: float = 5.0, n_topics: int = 10, topics: bool = True, pos: bool = True,
+                      corpus_format: str = "auto", seed: int = 0, step: Optional[int] = None) -> Dict[str, Any]:
+    """Streaming evaluation of a TIME-STRATIFIED (and a CONTROL) checkpoint; writes out_dir/results.json.
+
+    Args:
+      out_dir: where results.json goes (and, from the `templm stream` verb, report.md and the figures).
+      time_stratified_dir / control_dir: `templm train_lm` run folders (latest checkpoint unless `step`). Without a
+        CONTROL run there is no relative increase.
+      corpus, spm_model, split_dir: default to those of the TIME-STRATIFIED checkpoint's record; test_split_file
+        defaults to `split_dir/test.gz`; train_split_file (word counts for emerging words, gradient statistics for
+        the RMS rule) to the TIME-STRATIFIED training split.
+      batch_size: parallel streams (1: the paper's single stream, memory carried across every segment and
+        document); seg_len / mem_len: segment and memory length (default: the TIME-STRATIFIED model's tgt_len and
+        evaluation memory length).
+      dynamic: dynamic-evaluation variants, dicts {"name", "rule": "sgd"|"rms", "which": "all"|"embeddings"|
+        "biases"|regex, "lr", "decay", "eps", "normalise_decay"}; run on TIME-STRATIFIED (and on CONTROL too when
+        dynamic_on_control). RMS variants use the mean squared gradients of the last `ms_segments` training
+        segments (collect_ms).
+      train_count_documents: count training words (Moses) on a seeded sample of this many training documents
+        (None: all).
+      min_test_count, emerging_ratio, n_topics, topics, pos: the analyses' settings (metrics.stream.stream_results).
+
+    Returns the results dict (as results.json) with "files": {"results.json": its path}.
+    Raises DataError naming the file for a missing split file, ids missing from the corpus, checkpoints trained
+    with different SentencePiece models, and so on.
+    """
+    require_macros("templm.stream_evaluation", {"out_dir": ("OUT_DIR", out_dir),
+                                                "time_stratified_dir": ("TIME_STRATIFIED_DIR", time_stratified_dir)})
+    try:
+        require_macros("templm.stream_evaluation", {"control_dir": ("CONTROL_DIR", control_dir)}, allow_none=True)
+    except ConfigError as e:
+        raise ConfigError(f"{e} (None for a TIME-STRATIFIED run alone)") from None
+    started = time.time()
+    variants = _check_variants(dynamic)
+    if batch_size < 1:
+        raise ValueError(f"stream_evaluation.batch_size must be >= 1, got {batch_size}")
+
+    # --- Checkpoints and the files they name. -----------------------------------------------------------------
+    runs_dirs = {"time_stratified": time_stratified_dir}
+    if control_dir:
+        runs_dirs["control"] = control_dir
+    loaded = {name: load_lm(path, step) for name, path in runs_dirs.items()}
+    ts_meta = loaded["time_stratified"][2]
+    corpus = corpus or ts_meta["corpus"]
+    spm_model = spm_model or ts_meta["spm_model"]
+    split_dir = split_dir or os.path.dirname(ts_meta["split_file"])
+    test_split_file = split_path(test_split_file, split_dir, "test")
+    train_split_file = train_split_file or ts_meta["split_file"]
+    if not os.path.exists(spm_model):
+        raise DataError("no such SentencePiece model file", spm_model)
+    spm_hash = file_sha256(spm_model)
+    for name, (_, _, meta) in loaded.items():
+        if meta.get("spm_sha256") != spm_hash:
+            raise DataError(f"the {name} model was trained with the SentencePiece model {meta.get('spm_model')}, "
+                            f"which differs from {spm_model}: one test stream must serve every model, so they must "
+                            "share one vocabulary", runs_dirs[name])
+
+    # --- The test stream. ---------------------------------------------------------------------------------------
+    test_docs = read_split_documents(corpus, test_split_file, corpus_format)
+    processor = load_processor(spm_model)
+    stream = build_stream(test_docs, processor)
+    ts_model = loaded["time_stratified"][0]
+    seg_len = ts_model.config.tgt_len if seg_len is None else int(seg_len)
+    mem_len = ts_model.config.test_mem_len if mem_len is None else int(mem_len)
+    console.say(f"stream: {len(test_docs)} test documents ({stream.months[0]} .. {stream.months[-1]}), "
+                f"{stream.n_targets} tokens, {stream.n_words} words; segments of {seg_len}, memory {mem_len}, "
+                f"{batch_size} stream(s)")
+    logging.info("stream: test split %s, corpus %s, SentencePiece model %s", test_split_file, corpus, spm_model)
+
+    # The training split: word counts for the emerging-word analysis, gradient statistics for the RMS rule.
+    train_docs = read_split_documents(corpus, train_split_file, corpus_format)
+
+    # --- Static and dynamic evaluation. ----------------------------------------------------------------------------
+    lps: Dict[str, Dict[str, np.ndarray]] = {}
+    timings: Dict[str, float] = {}
+
+    def done(name: str, mode: str) -> None:
+        lp = lps[name][mode]
+        word_ppl = perplexity(float(word_log_probs(stream, lp).sum()), stream.n_words)
+        console.say(f"stream: {name} {mode}: word perplexity {word_ppl:.2f}, subword perplexity "
+                    f"{float(np.exp(-np.mean(lp))):.3f} ({timings[f'{name}/{mode}']:.1f}s)")
+
+    for name, (model, params, meta) in loaded.items():
+        t0 = time.time()
+        lps[name] = {"static": evaluate_stream(model, params, stream, batch_size=batch_size, seg_len=seg_len,
+                                               mem_len=mem_len)}
+        timings[f"{name}/static"] = time.time() - t0
+        done(name, "static")
+        if name != "time_stratified" and not dynamic_on_control:
+            continue
+        ms = None
+        for v in variants:
+            t0 = time.time()
+            if v["rule"] == "rms" and ms is None:
+                run_train = train_docs if name == "time_stratified" else \
+                    read_split_documents(corpus, meta["split_file"], corpus_format)
+                segments = _training_segments(run_train, processor, seg_len, ms_segments)
+                ms = dynamic_eval.collect_ms(params, segments, model=model, mem_len=mem_len)
+            lps[name][v["name"]] = evaluate_stream(
+                model, params, stream, batch_size=batch_size, seg_len=seg_len, mem_len=mem_len, rule=v["rule"],
+                lr=float(v.get("lr", 0.0)), which=v.get("which", "all"), decay=float(v.get("decay", 0.0)),
+                eps=v.get("eps"), ms=ms if v["rule"] == "rms" else None,
+                normalise_decay=bool(v.get("normalise_decay", False)))
+            timings[f"{name}/{v['name']}"] = time.time() - t0
+            done(name, v["name"])
+
+    # --- Analyses and results.json. -------------------------------------------------------------------------
+    train_counts = word_counts(_sample_documents(train_docs, train_count_documents, seed))
+    settings = {"test_split": os.path.basename(test_split_file),
+                "steps": "/".join(f"{name} {meta['step']}" for name, (_, _, meta) in loaded.items())}
+    results = stream_results(stream, lps, seg_len=seg_len, mem_len=mem_len, batch_size=batch_size,
+                             train_counts=train_counts, min_test_count=min_test_count, ratio=emerging_ratio,
+                             n_topics=n_topics, seed=seed, topics=topics, pos=pos, settings=settings,
+                             baseline="control")
+    results["inputs"] = {"corpus": os.path.abspath(corpus), "test_split_file": os.path.abspath(test_split_file),
+                         "train_split_file": os.path.abspath(train_split_file), "spm_model": os.path.abspath(spm_model),
+                         "checkpoints": {name: {"dir": os.path.abspath(runs_dirs[name]), "step": meta["step"],
+                                                "split_file": meta["split_file"]}
+                                         for name, (_, _, meta) in loaded.items()}}
+    results["dynamic"] = {"variants": variants, "on_control": dynamic_on_control, "ms_segments": ms_segments}
+    results["timings_sec"] = {**timings, "total": time.time() - started}
+    os.makedirs(out_dir, exist_ok=True)
+    results["files"] = {"results.json": write_json(os.path.join(out_dir, "results.json"), results)}
+    return results
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The end-to-end experiment.
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamPreset:
+    """Sizes of an end-to-end run. The world spans start_year..end_year; TIME-STRATIFIED ends at `cutoff`, then 3
+    validation months and `test_months` test months of `test_docs_per_month` documents each."""
+
+    docs_per_month: int
+    subjects_per_relation: int
+    test_docs_per_month: int
+    vocab_size: int
+    model: Dict[str, Any]
+    train_steps: int
+    batch_size: int
+    learning_rate: float
+    dynamic: Sequence[Mapping[str, Any]]
+    start_year: int = 2010
+    end_year: int = 2020
+    cutoff: datetime.date = datetime.date(2017, 12, 31)
+    test_months: int = 24
+    min_test_count: int = 50
+    n_topics: int = 10
+    train_count_documents: Optional[int] = None
+    ms_segments: int = 64
+
+
+_TINY_MODEL = dict(d_model=64, n_head=2, d_head=32, d_inner=256, n_layer=2, tgt_len=32, mem_len=64, eval_mem_len=128,
+                   dropout=0.0, dropatt=0.0)
+_SMALL_MODEL = dict(d_model=128, n_head=4, d_head=32, d_inner=512, n_layer=3, tgt_len=64, mem_len=128,
+                    eval_mem_len=256, dropout=0.1, dropatt=0.0)
+
+PRESETS: Dict[str, StreamPreset] = {
+    # A tiny model, 600 steps, 10 test documents a month.
+    "smoke": StreamPreset(docs_per_month=30, subjects_per_relation=40, test_docs_per_month=10, vocab_size=512,
+                          model=_TINY_MODEL, train_steps=600, batch_size=16, learning_rate=3e-3,
+                          dynamic=DEFAULT_DYNAMIC, min_test_count=10, n_topics=5, train_count_documents=400,
+                          ms_segments=16),
+    # The test suite's (a 2015-2019 world, a 12-month test period, a one-layer model).
+    "tiny_test": StreamPreset(docs_per_month=6, subjects_per_relation=6, test_docs_per_month=2, vocab_size=256,
+                              model=dict(d_model=32, n_head=2, d_head=16, d_inner=64, n_layer=1, tgt_len=16,
+                                         mem_len=16, eval_mem_len=32, dropout=0.0, dropatt=0.0),
+                              train_steps=40, batch_size=8, learning_rate=1e-2,
+                              dynamic=({"name": "dynamic", "rule": "sgd", "which": "all", "lr": 0.03},),
+                              start_year=2015, end_year=2019, test_months=12, min_test_count=3, n_topics=3,
+                              train_count_documents=100, ms_segments=4),
+    # The default world, a 3-layer model, every dynamic-evaluation variant.
+    "small": StreamPreset(docs_per_month=60, subjects_per_relation=40, test_docs_per_month=12, vocab_size=1000,
+                          model=_SMALL_MODEL, train_steps=1500, batch_size=16, learning_rate=1e-3,
+                          dynamic=DEFAULT_DYNAMIC, min_test_count=30, n_topics=10),
+}
+
+
+def prepare_stream_data(out_dir: str, *, corpus: Optional[str] = None, world: Any = None,
+                        cutoff: datetime.date = datetime.date(2017, 12, 31), test_months: int = 24,
+                        test_docs_per_month: int = 4, vocab_size: int = 512, seed: int = 0,
+                        max_spm_sentences: int = 200_000) -> Dict[str, Any]:
+    """The data stage: the corpus (`corpus`, or the embedded world drawn with WorldConfig `world` into
+    out_dir/world), TIME-STRATIFIED / CONTROL splits in out_dir/splits, and one SentencePiece model out_dir/spm.model
+    trained on the union of both training splits. Returns {"corpus", "split_dir", "spm_model", "splits": stats}."""
+    out_dir = os.path.abspath(os.fspath(out_dir))
+    os.makedirs(out_dir, exist_ok=True)
+    if corpus is None:
+        world = world if world is not None else WorldConfig(seed=seed)
+        generate_world(world, os.path.join(out_dir, "world"))
+        corpus = os.path.join(out_dir, "world", "news.jsonl")
+    split_dir = os.path.join(out_dir, "splits")
+    stats = make_splits(corpus, split_dir, cutoff=cutoff, test_months=test_months,
+                        test_docs_per_month=test_docs_per_month, seed=seed)
+    train_ids = {doc_id for name in ("time_stratified_train", "control_train")
+                 for _, doc_id in read_split_file(os.path.join(split_dir, f"{name}.gz"))}
+    docs = (d for d in read_documents(corpus) if d.id in train_ids)
+    spm_model = train_spm(docs, os.path.join(out_dir, "spm"), vocab_size=vocab_size,
+                          max_sentences=max_spm_sentences, seed=seed)
+    return {"corpus": corpus, "split_dir": split_dir, "spm_model": spm_model, "splits": stats}
+
+
+def prepare_preset_data(out_dir: str, preset: str = "tiny_test", seed: int = 0,
+                        corpus: Optional[str] = None) -> Dict[str, Any]:
+    """`prepare_stream_data` with a preset's world, cut-off, test period and vocabulary size (tests share it)."""
+    p = PRESETS[preset]
+    world = WorldConfig(seed=seed, start_year=p.start_year, end_year=p.end_year,
+                        subjects_per_relation=p.subjects_per_relation, docs_per_month=p.docs_per_month)
+    return prepare_stream_data(out_dir, corpus=corpus, world=world, cutoff=p.cutoff, test_months=p.test_months,
+                               test_docs_per_month=p.test_docs_per_month, vocab_size=p.vocab_size, seed=seed)
+
+
+def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus: Optional[str] = None,
+                          preset: str = "smoke", seed: int = 0, mesh=None) -> Dict[str, Any]:
+    """The streaming-perplexity experiment end to end; a stage of `templm reproduce`.
+
+    Args:
+      out_dir: receives world/ (unless a corpus is given), splits/, spm.model, time_stratified/ and control/ (the
+        two `train_lm` runs), stream/results.json (stream_evaluation's results) and summary.json (what this returns).
+      world_dir: an embedded world already generated (`templm data world`); its news.jsonl is the corpus.
+      corpus: any corpus templm reads instead (dated documents spanning the cut-off and the test period).
+        Default (neither): the world is generated here from `seed` with the preset's size, 2010-2020.
+      preset: "smoke", "small" or "tiny_test" (see PRESETS).
+      seed: world, splits, vocabulary, initialisation and data order.
+      mesh: device mesh for training (default: all devices along the data axis).
+
+    The cut-off is 2017-12-31: TIME-STRATIFIED trains on 2010-2017, validation is 2018-01..03 and the test stream is
+    the 24 months 2018-04..2020-03; CONTROL trains on as many documents, the most recent ones up to 2020-03
+    (test documents excluded). Both models train on shuffled documents with the same seed, steps and sizes.
+
+    Returns `metrics.stream.summarize` of the results ({"overall_word_ppl": {run/mode: word ppl}, "relative": {mode:
+    {"slope_per_month", "mean", "first_month", "last_month"}}, "dynamic_gain": {mode: relative word-ppl change of
+    TIME-STRATIFIED vs its static evaluation}, "months"}) plus "out_dir", "results" (the path of stream/results.json),
+    "preset" and "timings_sec".
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    p = PRESETS[preset]
+    out_dir = os.path.abspath(os.fspath(out_dir))
+    timings: Dict[str, float] = {}
+    t0 = time.time()
+    if world_dir is not None and corpus is None:
+        corpus = os.path.join(world_dir, "news.jsonl")
+        if not os.path.exists(corpus):
+            raise DataError("no news.jsonl here: not an embedded world (templm data world)", world_dir)
+    data = prepare_preset_data(out_dir, preset, seed, corpus=corpus)
+    timings["data"] = time.time() - t0
+    console.say(f"stream experiment: data ready in {data['split_dir']} ({timings['data']:.1f}s)")
+
+    config = TransformerXLConfig(vocab_size=p.vocab_size, **p.model)
+    for name, split in (("time_stratified", "time_stratified_train"), ("control", "control_train")):
+        t0 = time.time()
+        train_lm(os.path.join(out_dir, name), data["corpus"], split_dir=data["split_dir"], split=split,
+                 spm_model=data["spm_model"], config=config, train_steps=p.train_steps, batch_size=p.batch_size,
+                 learning_rate=p.learning_rate, warmup_steps=min(100, p.train_steps // 10), seed=seed,
+                 data_order="shuffle", save_period=0, keep_checkpoints=1, log_period=max(1, p.train_steps // 10),
+                 mesh=mesh, progress=False)
+        timings[f"train_{name}"] = time.time() - t0
+        console.say(f"stream experiment: {name} model trained ({timings[f'train_{name}']:.1f}s)")
+
+    t0 = time.time()
+    results = stream_evaluation(os.path.join(out_dir, "stream"), os.path.join(out_dir, "time_stratified"),
+                                os.path.join(out_dir, "control"), dynamic=p.dynamic,
+                                min_test_count=p.min_test_count, n_topics=p.n_topics,
+                                train_count_documents=p.train_count_documents, ms_segments=p.ms_segments, seed=seed)
+    timings["evaluate"] = time.time() - t0
+    summary = summarize(results)
+    summary.update(out_dir=out_dir, results=results["files"]["results.json"], preset=preset, timings_sec=timings)
+    write_json(os.path.join(out_dir, "summary.json"), summary)
+    return summary
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The `templm reproduce` stage.
+
+# Expected seconds of each preset's run_stream_experiment, for reproduce's ETA.
+ESTIMATED_SECONDS = {"tiny_test": 30.0, "smoke": 60.0, "small": 600.0}
+
+
+def reproduce_stage(context: Any) -> Dict[str, Any]:
+    """The streaming half as a `templm reproduce` extra stage: ``ExtraStage("streaming", reproduce_stage,
+    estimated_s=ESTIMATED_SECONDS[preset])``.
+
+    context: reproduce's StageContext (uses .preset.name, .seed, .out_dir). The reproduce presets' worlds end before
+    the 24 test months after a 2017-12-31 cut-off, so this stage draws its own world (same seed, 2010-2020) under
+    out_dir/stream_experiment with the preset of the same name ("smoke" for an unknown one).
+    Returns the `run_stream_experiment` summary plus "findings" (metrics.stream.stream_findings); the report's
+    section and figures come from templm.reports.stream.streaming_section(summary, figures_dir).
+    """
+    name = getattr(context.preset, "name", "smoke")
+    preset = name if name in PRESETS else "smoke"
+    summary = run_stream_experiment(os.path.join(context.out_dir, "stream_experiment"), preset=preset,
+                                    seed=int(context.seed))
+    summary["findings"] = stream_findings(summary)
+    return summary

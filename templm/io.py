@@ -1,0 +1,112 @@
+"""Small file and value helpers every layer shares: atomic writes, JSON-safe values, file digests, durations."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from typing import Any, Callable, Mapping, Union
+
+
+def atomic_write(path: str, content: Union[str, bytes, Callable[[str], None]]) -> str:
+    """Writes `path` through a temporary file beside it, renamed into place only when complete, so a reader (or a
+    crash) never sees a half-written file. `content` is text, bytes, or a function that writes the temporary path it
+    is given (e.g. a figure's savefig). On an error the temporary file is removed and `path` is left as it was."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    stem, ext = os.path.splitext(os.path.basename(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=f"{ext}.tmp", dir=directory)
+    try:
+        if callable(content):
+            os.close(fd)
+            content(tmp)
+        else:
+            data = content.encode("utf-8") if isinstance(content, str) else content
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def jsonable(value: Any) -> Any:
+    """A copy of `value` with JSON types only: dict keys become strings, tuples lists, numpy scalars and arrays
+    Python numbers and lists, dates ISO strings, and non-finite floats None (JSON has no NaN or infinity)."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (str, bool)) or value is None:
+        return value
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return value.isoformat()
+    if hasattr(value, "tolist"):  # numpy arrays and scalars, jax arrays
+        return jsonable(value.tolist())
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, int):
+        return value
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def write_json(path: str, value: Any, sort_keys: bool = False) -> str:
+    """`jsonable(value)` as indented JSON, written atomically; returns the path."""
+    text = json.dumps(jsonable(value), indent=1, sort_keys=sort_keys, allow_nan=False) + "\n"
+    return atomic_write(path, text)
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def format_duration(seconds: float) -> str:
+    """2m13s, 1h05m12s; '?' for an unknown (infinite or NaN) duration."""
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    minutes, sec = divmod(int(round(max(seconds, 0.0))), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{sec:02d}s" if hours else f"{minutes}m{sec:02d}s"
+
+
+def lookup(value: Any, *path: Any, default: Any = None) -> Any:
+    """value[path[0]][path[1]]...; `default` where a key is missing or a level is not a mapping (results dicts)."""
+    for key in path:
+        if not isinstance(value, Mapping) or key not in value:
+            return default
+        value = value[key]
+    return value
+
+
+def build_folder(out_dir: str, build: Callable[[str], Any]) -> Any:
+    """Runs build(tmp) in a fresh folder beside `out_dir` (`out_dir` + ".partial"), then puts that folder in the
+    place of `out_dir`: nothing half-built is ever at `out_dir`, and a failure removes the partial folder and leaves
+    `out_dir` as it was. Returns what build returned."""
+    out_dir = os.fspath(out_dir).rstrip("/\\") or os.fspath(out_dir)
+    tmp = out_dir + ".partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        result = build(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if os.path.exists(out_dir):
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    return result

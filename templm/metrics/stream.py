@@ -1,0 +1,325 @@
+"""The analyses of a streaming-perplexity run ("Mind the Gap", Lazaridou et al.) as pure numbers.
+
+Every function here takes a test stream (templm.data.token_stream.TokenStream) and the log-probabilities a model gave
+its targets (templm.evaluation.stream_eval.evaluate_stream), and returns numbers; nothing here runs a model or writes
+a file (the topic and part-of-speech labels come from templm.data.stream_annotations):
+
+  * `month_perplexities`: perplexity per test month and overall, subword and word level;
+  * `relative_increase`: (ppl_TS - ppl_CTL) / ppl_CTL per month and its least-squares slope per month (Figure 1);
+  * `emerging_words`: frequent test words unseen or much rarer in training, and `word_group_perplexity` over them;
+  * `occurrence_table`: first versus later occurrences of a word in a document, split by whether the earlier
+    occurrence is still in the model's context (segment + memory);
+  * `topic_perplexity`: perplexity per LDA topic of the documents (templm.data.stream_annotations.assign_topics);
+  * `pos_perplexity`: perplexity per part of speech (stream_annotations.pos_tags), only when spaCy and an English
+    model are installed.
+
+`stream_results` gathers all of them into one JSON-able dict (what `templm stream` writes as results.json and
+templm.reports.stream turns into report.md and figures); `summarize` keeps its headline numbers and
+`stream_findings` judges the study's three expected findings from them. The usual recipe:
+
+    stream = build_stream(test_docs, processor)
+    lp = {"time_stratified": {"static": evaluate_stream(model, ts_params, stream),
+                              "dynamic": evaluate_stream(model, ts_params, stream, rule="sgd", lr=...)},
+          "control": {"static": evaluate_stream(model, ctl_params, stream)}}
+    results = stream_results(stream, lp, seg_len=T, mem_len=M, train_counts=word_counts(train_docs))
+
+Both models must share the vocabulary (one stream serves both); the relative increase is computed at word level.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from templm.data.stream_annotations import assign_topics, pos_tags
+from templm.data.token_stream import TokenStream, month_number, part_length, stream_word_counts
+
+# ----------------------------------------------------------------------------------------------------------------
+# Aggregation.
+
+
+def perplexity(log_prob_sum: float, count: int) -> float:
+    """exp(-sum / count); nan for count 0."""
+    return float(math.exp(-log_prob_sum / count)) if count else float("nan")
+
+
+def word_log_probs(stream: TokenStream, token_log_probs: Any) -> np.ndarray:
+    """Per-word log-probabilities [W]: the sum of each word's pieces (0 for a word without pieces)."""
+    lp = np.asarray(token_log_probs, np.float64).reshape(-1)
+    if lp.shape != (stream.n_targets,):
+        raise ValueError(f"expected {stream.n_targets} token log-probs, got {lp.shape}")
+    return np.bincount(stream.token_word, weights=lp, minlength=stream.n_words)
+
+
+def group_perplexity(log_probs: Any, groups: Sequence[Any]) -> Dict[Any, Dict[str, float]]:
+    """{group: {"ppl", "n"}} of log-probs by group label (labels sorted)."""
+    lp = np.asarray(log_probs, np.float64).reshape(-1)
+    groups = np.asarray(groups)
+    out = {}
+    for g in sorted(set(groups.tolist())):
+        sel = groups == g
+        out[g] = {"ppl": perplexity(float(lp[sel].sum()), int(sel.sum())), "n": int(sel.sum())}
+    return out
+
+
+def month_perplexities(stream: TokenStream, token_log_probs: Any) -> Dict[str, Any]:
+    """Perplexity overall and per month, subword level (every target, EOS included) and word level (Moses words +
+    EOS): {"overall": {...}, "by_month": {month: {...}}}, each {"subword_ppl", "word_ppl", "n_tokens", "n_words"}."""
+    tok = np.asarray(token_log_probs, np.float64).reshape(-1)
+    wlp = word_log_probs(stream, tok)
+    months = np.asarray(stream.doc_months, dtype=object)
+    by_token = group_perplexity(tok, months[stream.token_doc])
+    by_word = group_perplexity(wlp, months[stream.word_doc])
+    by_month = {}
+    for m in stream.months:
+        t = by_token.get(m, {"ppl": float("nan"), "n": 0})
+        w = by_word.get(m, {"ppl": float("nan"), "n": 0})
+        by_month[m] = {"subword_ppl": t["ppl"], "word_ppl": w["ppl"], "n_tokens": t["n"], "n_words": w["n"]}
+    overall = {"subword_ppl": perplexity(float(tok.sum()), len(tok)),
+               "word_ppl": perplexity(float(wlp.sum()), len(wlp)), "n_tokens": len(tok), "n_words": len(wlp)}
+    return {"overall": overall, "by_month": by_month}
+
+
+def relative_increase(ts_by_month: Mapping[str, float], ctl_by_month: Mapping[str, float]
+                      ) -> Tuple[Dict[str, float], float, float]:
+    """Relative perplexity increase of TIME-STRATIFIED over CONTROL per month, (ts - ctl) / ctl, over the months
+    both have, and the least-squares line through it: (per_month, slope per month, intercept at the first month).
+
+    x is the number of months since the first common month (gaps count). With one month the slope is nan and the
+    intercept that month's value; with none both are nan.
+    """
+    months = sorted(set(ts_by_month) & set(ctl_by_month), key=month_number)
+    per_month = {m: (float(ts_by_month[m]) - float(ctl_by_month[m])) / float(ctl_by_month[m]) for m in months}
+    if not months:
+        return per_month, float("nan"), float("nan")
+    if len(months) == 1:
+        return per_month, float("nan"), per_month[months[0]]
+    x = np.array([month_number(m) - month_number(months[0]) for m in months], np.float64)
+    y = np.array([per_month[m] for m in months], np.float64)
+    slope, intercept = np.polyfit(x, y, 1)
+    return per_month, float(slope), float(intercept)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Analyses.
+
+
+def emerging_words(train_counts: Mapping[str, int], test_counts: Mapping[str, int], min_test_count: int = 50,
+                   ratio: float = 5.0) -> List[str]:
+    """Words with at least `min_test_count` test occurrences that are unseen in training or whose relative
+    frequency in training is at least `ratio` times lower than in the test data; most frequent first (ties by word).
+    """
+    train_total = sum(train_counts.values())
+    test_total = sum(test_counts.values())
+    out = []
+    for word, n in test_counts.items():
+        if n < min_test_count:
+            continue
+        m = train_counts.get(word, 0)
+        if m == 0 or (n / test_total) >= ratio * (m / train_total):
+            out.append(word)
+    return sorted(out, key=lambda w: (-test_counts[w], w))
+
+
+def word_group_perplexity(stream: TokenStream, word_lp: Any, words: Collection[str]) -> Dict[str, Any]:
+    """Word-level perplexity over every occurrence of `words` together and per word: {"overall": {"ppl", "n"},
+    "per_word": {word: {"ppl", "n"}}}."""
+    wanted = set(words)
+    wlp = np.asarray(word_lp, np.float64)
+    sel = np.fromiter((w in wanted for w in stream.word_text), dtype=bool, count=stream.n_words)
+    sel &= ~stream.word_is_eos
+    texts = np.asarray(stream.word_text, dtype=object)
+    per_word = group_perplexity(wlp[sel], texts[sel]) if sel.any() else {}
+    return {"overall": {"ppl": perplexity(float(wlp[sel].sum()), int(sel.sum())), "n": int(sel.sum())},
+            "per_word": {w: per_word.get(w, {"ppl": float("nan"), "n": 0}) for w in words}}
+
+
+def context_start(target: Any, *, seg_len: int, mem_len: int, part_len: int) -> np.ndarray:
+    """The earliest target index whose token the model sees when it predicts `target` (vectorised).
+
+    Target i of part b (i in [b*part_len, (b+1)*part_len)), at offset t = (i - b*part_len) % seg_len in its segment,
+    attends to the inputs from max(b*part_len, i - t - mem_len) to i; input k is the token of target k - 1.
+    """
+    i = np.asarray(target, np.int64)
+    part_start = (i // part_len) * part_len
+    t = (i - part_start) % seg_len
+    return np.maximum(part_start, i - t - mem_len) - 1
+
+
+OCCURRENCE_CATEGORIES = ("first", "later_in_context", "later_out_of_context")
+
+
+def occurrence_table(stream: TokenStream, word_lp: Any, *, seg_len: int, mem_len: int, batch_size: int = 1,
+                     only: Optional[Collection[str]] = None) -> Dict[str, Dict[str, float]]:
+    """Word-level perplexity of first versus later occurrences of a word within its document.
+
+    A later occurrence is "in context" when every piece of the word's previous occurrence in the document is still
+    visible to the model when it predicts the later occurrence's first piece (segment + memory, see `context_start`,
+    for the layout `templm.evaluation.stream_eval.layout_stream(stream, batch_size, seg_len)`), "out of context"
+    otherwise. EOS words and words without pieces are left out; `only` restricts the table to some words.
+    Returns {category: {"ppl", "n"}}.
+    """
+    wlp = np.asarray(word_lp, np.float64)
+    first_tok = stream.word_first_token()
+    part_len = part_length(stream.n_targets, batch_size, seg_len)
+    starts = context_start(np.maximum(first_tok, 0), seg_len=seg_len, mem_len=mem_len, part_len=part_len)
+    wanted = None if only is None else set(only)
+    sums = dict.fromkeys(OCCURRENCE_CATEGORIES, 0.0)
+    counts = dict.fromkeys(OCCURRENCE_CATEGORIES, 0)
+    last_seen: Dict[str, int] = {}
+    current_doc = -1
+    for k, word in enumerate(stream.word_text):
+        if stream.word_is_eos[k] or first_tok[k] < 0 or (wanted is not None and word not in wanted):
+            continue
+        if stream.word_doc[k] != current_doc:
+            current_doc = int(stream.word_doc[k])
+            last_seen = {}
+        previous = last_seen.get(word)
+        if previous is None:
+            category = "first"
+        else:
+            category = "later_in_context" if first_tok[previous] >= starts[k] else "later_out_of_context"
+        sums[category] += float(wlp[k])
+        counts[category] += 1
+        last_seen[word] = k
+    return {c: {"ppl": perplexity(sums[c], counts[c]), "n": counts[c]} for c in OCCURRENCE_CATEGORIES}
+
+def topic_perplexity(stream: TokenStream, token_log_probs: Any, doc_topic: Any) -> Dict[int, Dict[str, float]]:
+    """{topic: {"subword_ppl", "word_ppl", "n_tokens", "n_words", "n_docs"}} for documents assigned to topics."""
+    doc_topic = np.asarray(doc_topic, np.int64)
+    tok = np.asarray(token_log_probs, np.float64)
+    by_token = group_perplexity(tok, doc_topic[stream.token_doc])
+    by_word = group_perplexity(word_log_probs(stream, tok), doc_topic[stream.word_doc])
+    n_docs = collections.Counter(doc_topic.tolist())
+    return {int(k): {"subword_ppl": by_token[k]["ppl"], "word_ppl": by_word[k]["ppl"], "n_tokens": by_token[k]["n"],
+                     "n_words": by_word[k]["n"], "n_docs": n_docs[k]} for k in by_token}
+
+
+def pos_perplexity(stream: TokenStream, word_lp: Any, tags: Sequence[str]) -> Dict[str, Dict[str, float]]:
+    """{POS tag: {"ppl", "n"}} over words (EOS words left out)."""
+    keep = ~stream.word_is_eos
+    return group_perplexity(np.asarray(word_lp)[keep], np.asarray(tags, dtype=object)[keep])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# All results.
+
+
+def stream_results(stream: TokenStream, runs: Mapping[str, Mapping[str, Any]], *, seg_len: int, mem_len: int,
+                   batch_size: int = 1, train_counts: Optional[Mapping[str, int]] = None, min_test_count: int = 50,
+                   ratio: float = 5.0, n_topics: int = 10, seed: int = 0, primary: str = "time_stratified",
+                   baseline: str = "control", topics: bool = True, pos: bool = True,
+                   settings: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """Every analysis of a stream as one JSON-able dict.
+
+    runs: {run name: {mode: token log-probs [n_targets]}}, modes "static" and any dynamic variants ("dynamic",
+    "dynamic_biases", ...), e.g. {"time_stratified": {"static": lp, "dynamic": lp}, "control": {"static": lp}}.
+    relative[mode]: `primary` in that mode against `baseline` STATIC (the paper: a dynamically evaluated
+    TIME-STRATIFIED model against the static CONTROL), word level. The per-word analyses (emerging words, occurrences,
+    topics, POS) use every mode of `primary`; emerging words need `train_counts`.
+    """
+    if primary not in runs:
+        raise ValueError(f"runs must hold the primary run {primary!r}; got {sorted(runs)}")
+    results: Dict[str, Any] = {
+        "settings": dict(settings or {}, seg_len=seg_len, mem_len=mem_len, batch_size=batch_size,
+                         n_documents=len(stream.doc_ids), n_tokens=stream.n_targets, n_words=stream.n_words),
+        "months": stream.months,
+        "primary": primary,
+        "baseline": baseline,
+        "runs": {name: {mode: month_perplexities(stream, lp) for mode, lp in modes.items()}
+                 for name, modes in runs.items()},
+    }
+    modes = list(runs[primary])
+    word_lps = {mode: word_log_probs(stream, lp) for mode, lp in runs[primary].items()}
+
+    relative = {}
+    if baseline in runs and "static" in runs[baseline]:
+        ctl = {m: v["word_ppl"] for m, v in results["runs"][baseline]["static"]["by_month"].items()}
+        for mode in modes:
+            ts = {m: v["word_ppl"] for m, v in results["runs"][primary][mode]["by_month"].items()}
+            per_month, slope, intercept = relative_increase(ts, ctl)
+            relative[mode] = {"per_month": per_month, "slope": slope, "intercept": intercept}
+    results["relative"] = relative
+
+    if train_counts is not None:
+        test_counts = stream_word_counts(stream)
+        words = emerging_words(train_counts, test_counts, min_test_count, ratio)
+        results["emerging"] = {
+            "min_test_count": min_test_count, "ratio": ratio,
+            "words": [{"word": w, "train_count": int(train_counts.get(w, 0)), "test_count": int(test_counts[w])}
+                      for w in words],
+            "perplexity": {mode: word_group_perplexity(stream, word_lps[mode], words) for mode in modes},
+        }
+
+    results["occurrences"] = {mode: occurrence_table(stream, word_lps[mode], seg_len=seg_len, mem_len=mem_len,
+                                                     batch_size=batch_size) for mode in modes}
+
+    if topics and stream.documents is not None:
+        doc_topic, top_words = assign_topics([d.text for d in stream.documents], n_topics, seed)
+        results["topics"] = {
+            "n_topics": n_topics, "top_words": top_words,
+            "perplexity": {mode: topic_perplexity(stream, lp, doc_topic) for mode, lp in runs[primary].items()},
+        }
+
+    if pos:
+        tags, reason = pos_tags(stream)
+        results["pos"] = {"skipped": reason} if tags is None else \
+            {"perplexity": {mode: pos_perplexity(stream, word_lps[mode], tags) for mode in modes}}
+    return results
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Headline numbers and the expected findings.
+
+
+def summarize(results: Mapping[str, Any]) -> Dict[str, Any]:
+    """The headline numbers of a stream_evaluation result: word perplexity of every run and mode, the relative
+    increase over CONTROL (slope per month, mean, first and last month) per mode, and each dynamic mode's change of
+    TIME-STRATIFIED word perplexity against its static evaluation (negative: dynamic evaluation helps)."""
+    def num(x):  # JSON-safe: None for a missing or non-finite value
+        return float(x) if x is not None and np.isfinite(x) else None
+
+    runs = results["runs"]
+    overall = {f"{name}/{mode}": num(r["overall"]["word_ppl"]) for name, modes in runs.items()
+               for mode, r in modes.items()}
+    relative = {}
+    for mode, r in results.get("relative", {}).items():
+        months = sorted(r["per_month"])
+        values = [r["per_month"][m] for m in months]
+        relative[mode] = {"slope_per_month": num(r["slope"]), "mean": num(np.mean(values)) if values else None,
+                          "first_month": num(values[0]) if values else None,
+                          "last_month": num(values[-1]) if values else None}
+    ts = runs.get(results.get("primary", "time_stratified"), {})
+    gain = {}
+    base = num(ts["static"]["overall"]["word_ppl"]) if "static" in ts else None
+    if base:
+        gain = {mode: None if num(r["overall"]["word_ppl"]) is None else num((r["overall"]["word_ppl"] - base) / base)
+                for mode, r in ts.items() if mode != "static"}
+    return {"overall_word_ppl": overall, "relative": relative, "dynamic_gain": gain,
+            "months": list(results.get("months", []))}
+
+
+def stream_findings(summary: Mapping[str, Any]) -> Dict[str, Any]:
+    """The streaming half's expected findings ("Mind the Gap") judged from a `summarize` summary: {"gap", "growth",
+    "dynamic"}, each {"holds": True/False/None, "evidence": text}; None where the numbers to judge it are missing.
+    The statements and their verdict words are the report's (templm.reports.stream.STREAM_FINDINGS)."""
+    static = summary.get("relative", {}).get("static", {})
+    dynamic = summary.get("relative", {}).get("dynamic", {})
+    gain = summary.get("dynamic_gain", {}).get("dynamic")
+    out = {}
+    mean, slope = static.get("mean"), static.get("slope_per_month")
+    out["gap"] = {"holds": None if mean is None else mean > 0,
+                  "evidence": "no monthly ratios" if mean is None else f"mean relative increase {100 * mean:+.1f}%"}
+    out["growth"] = {"holds": None if slope is None else slope > 0,
+                     "evidence": "no fitted slope" if slope is None else f"slope {100 * slope:+.2f}% per month"}
+    if gain is None or dynamic.get("mean") is None or mean is None:
+        out["dynamic"] = {"holds": None, "evidence": "no SGD dynamic evaluation in this run"}
+    else:
+        out["dynamic"] = {"holds": gain < 0 and dynamic["mean"] < mean,
+                          "evidence": f"word perplexity {100 * gain:+.1f}%, mean relative increase over CONTROL "
+                                      f"{100 * mean:+.1f}% static vs {100 * dynamic['mean']:+.1f}% dynamic"}
+    return out
+

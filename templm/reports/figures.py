@@ -1,0 +1,25 @@
+"""Figures for the reports: matplotlib without a display, and a PNG written atomically."""
+
+from __future__ import annotations
+
+from templm.io import atomic_write
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed). Imported here, on first use: matplotlib is a heavy
+    import that only the report writers need."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: str, dpi: int = 100) -> str:
+    """Writes `fig` as PNG to `path` (through a temporary file, renamed when complete) and closes it."""
+    try:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi))
+    finally:
+        pyplot().close(fig)
+    return path

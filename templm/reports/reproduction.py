@@ -1,0 +1,418 @@
+"""The reproduction's report: Markdown tables and PNG figures from one results dict (as `templm reproduce` builds it).
+
+`write_report(results, out_dir)` writes
+
+    report.md          the run (seed, world size, models with parameter counts and steps), the paper's tables in the
+                       same shape, the expected findings each marked as appearing or not in these numbers, timing
+    figures/*.png      F1 by year gap for yearly experts, F1 by answer duration, log-likelihood change into the
+                       future, entropy by change class and year, adaptation curves, and the streaming stage's figures
+
+beside the results.json the experiment wrote. Every file is written to a temporary name and renamed, so a report is
+never half-written. The findings are judged from the numbers alone (templm.metrics.findings); where one does not
+appear the report says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from templm.io import atomic_write, jsonable, lookup
+from templm.metrics.findings import CHANGE_CLASSES, findings
+from templm.metrics.time_analysis import DURATION_BUCKETS
+from templm.reports import stream
+from templm.reports.figures import pyplot, save_figure
+from templm.reports.tables import VERDICTS, fmt_number, markdown_table
+
+REGIME_ORDER = ("uniform", "yearly", "temporal")
+FIGURES = ("yearly_gap", "answer_duration", "future_loglik", "future_entropy", "adaptation")
+
+
+def _num(value: Optional[float], digits: int = 2) -> str:
+    return fmt_number(value, digits, missing="n/a")
+
+
+def _streaming_section(summary: Mapping[str, Any], fig_dir: Optional[str]) -> str:
+    """The streaming stage's section. With a figures folder, its figures are drawn there and the stage's own report
+    (report.md and figures) is written beside the stream results.json it ran with."""
+    if fig_dir is None:
+        return stream.streaming_section({**summary, "results": None}, "figures")
+    path = summary.get("results")
+    if path and os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            stream.write_stream_report(json.load(f), os.path.dirname(path))
+    return stream.streaming_section(summary, fig_dir)
+
+
+# Extra stages whose results the report renders itself (the others are shown as JSON or their "markdown" text).
+STAGE_SECTIONS = {"streaming": _streaming_section}
+
+
+def _regimes(results) -> List[str]:
+    present = lookup(results, "regimes", default={}) or {}
+    return [r for r in REGIME_ORDER if r in present] + sorted(set(present) - set(REGIME_ORDER))
+
+
+def _years_text(years: Sequence[Any]) -> str:
+    years = [int(y) for y in years]
+    if not years:
+        return "none"
+    return f"{years[0]}-{years[-1]}" if len(years) > 1 else str(years[0])
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Markdown.
+
+
+def _section_run(results) -> str:
+    world = results.get("world", {})
+    lines = ["## The run", "",
+             f"- preset `{results.get('preset')}`, seed {results.get('seed')}",
+             f"- world: {world.get('documents', 'n/a')} news documents, {world.get('entities', 'n/a')} entities, "
+             f"{world.get('facts', 'n/a')} facts, {world.get('templama_queries', 'n/a')} TempLAMA queries "
+             f"({lookup(world, 'templama_splits', 'test', default='n/a')} test); "
+             f"{world.get('subjects_per_relation', 'n/a')} subjects per relation, "
+             f"{world.get('docs_per_month', 'n/a')} documents a month",
+             f"- years {_years_text(world.get('years', []))}: seen (training) "
+             f"{_years_text(world.get('seen_years', []))}, future {_years_text(world.get('future_years', []))}",
+             f"- training examples: {world.get('customnews_train_examples', 'n/a')} CustomNews SSM, "
+             f"{world.get('templama_train_examples', 'n/a')} TempLAMA (mixed 1000:1)"]
+    mc, config = results.get("model_config") or {}, results.get("config") or {}
+    if mc:
+        lines.append(f"- model: T5 v1.1, {mc['num_encoder_layers']} encoder + {mc['num_decoder_layers']} decoder "
+                     f"layers, width {mc['emb_dim']}, {mc['num_heads']} heads of {mc['head_dim']}, MLP "
+                     f"{mc['mlp_dim']}, vocabulary {mc['vocab_size']}; Adafactor, learning rate "
+                     f"{config.get('learning_rate')}, batch {config.get('batch_size')}, inputs/targets "
+                     f"{config.get('inputs_length')}/{config.get('targets_length')} tokens")
+    lines.append("")
+    models = results.get("models", {})
+    rows = [[name, m.get("regime", ""), f"{m.get('params', 0):,}", m.get("steps", ""), m.get("batch_size", ""),
+             m.get("init", ""), _num(m.get("train_loss"), 3)] for name, m in models.items()]
+    lines += ["Models (T5 v1.1 architecture):", "",
+              markdown_table(["model", "regime", "parameters", "steps", "batch", "initialised from", "final train loss"], rows)]
+    return "\n".join(lines)
+
+
+def _section_main_table(results) -> str:
+    world = results.get("world", {})
+    seen, future = _years_text(world.get("seen_years", [])), _years_text(world.get("future_years", []))
+    rows = []
+    for regime in _regimes(results):
+        r = results["regimes"][regime]
+        s = lookup(results, "summary", regime, default={}) or {}
+        rows.append([regime.capitalize(), f"{s.get('params', 0):,}", s.get("steps", ""),
+                     _num(s.get("seen_ppl")), _num(s.get("future_ppl")),
+                     _num(lookup(r, "templama", "seen_f1")), _num(lookup(r, "templama", "future_f1")),
+                     _num(lookup(r, "templama", "seen_em")), _num(lookup(r, "templama", "future_em"))])
+    header = ["model", "parameters", "train steps", f"CustomNews ppl {seen}", f"CustomNews ppl {future}",
+              f"TempLAMA F1 {seen}", f"TempLAMA F1 {future}", f"EM {seen}", f"EM {future}"]
+    text = ["## TempLAMA F1 and CustomNews perplexity (the paper's Table 2)", "",
+            "Seen years are the training years, future years come after them; perplexity is the masked-LM (salient "
+            "span) perplexity on held-out CustomNews documents. Yearly is the ensemble of one expert per seen year, "
+            "each example routed to its year's expert (the closest one for future years); its parameters and steps "
+            "are summed over the experts.", "", markdown_table(header, rows), ""]
+    years = [int(y) for y in world.get("years", [])]
+    by_year = [[regime.capitalize()] + [_num(lookup(results, "regimes", regime, "templama", f"f1_{y}")) for y in years]
+               for regime in _regimes(results)]
+    text += ["TempLAMA F1 by year:", "", markdown_table(["model"] + [str(y) for y in years], by_year)]
+    return "\n".join(text)
+
+
+def _section_yearly(results) -> str:
+    by_gap = lookup(results, "yearly", "by_gap", default={}) or {}
+    rows = [[g, _num(v["f1"]), int(v["count"])] for g, v in sorted(by_gap.items(), key=lambda kv: int(kv[0]))]
+    f = lookup(results, "yearly", "falloff", default={}) or {}
+    return "\n".join(["## Yearly experts by year gap", "",
+                      "Each expert (trained on one year) on the TempLAMA test queries of every year; gap = test year "
+                      "- expert year.", "", markdown_table(["gap", "F1", "queries"], rows), "",
+                      f"F1 at gap 0: {_num(f.get('f1_gap0'))}; at other gaps: {_num(f.get('f1_other_gaps'))}; "
+                      f"least-squares slope against |gap|: {_num(f.get('slope_per_year'))} F1 per year.",
+                      "", "![F1 by year gap](figures/yearly_gap.png)"])
+
+
+def _section_duration(results) -> str:
+    rows = []
+    for regime in _regimes(results):
+        d = lookup(results, "duration", regime, default={}) or {}
+        rows.append([regime.capitalize()] + [f"{_num(lookup(d, b, 'f1'))} ({int(lookup(d, b, 'count', default=0))})"
+                                             for b in DURATION_BUCKETS])
+    return "\n".join(["## F1 by how long the answer stays valid (the paper's Figure 2)", "",
+                      "Seen-year test queries grouped by the number of years their answer set holds for the subject "
+                      "and relation; F1 (queries).", "",
+                      markdown_table(["model"] + [f"{b} year{'s' if b != '1' else ''}" for b in DURATION_BUCKETS], rows),
+                      "", "![F1 by answer duration](figures/answer_duration.png)"])
+
+
+def _section_degradation(results) -> str:
+    deg = results.get("degradation", {})
+    rows, gaps = [], []
+    for regime in _regimes(results):
+        d = deg.get(regime)
+        if not d:
+            continue
+        gaps = d.get("gaps", gaps)
+        for group in ("single", "multiple"):
+            g = lookup(d, "groups", group, default={}) or {}
+            rows.append([regime.capitalize(), group, g.get("count", 0)] +
+                        [_num(lookup(g, "mean", str(k)), 3) for k in gaps])
+    ref = next((d.get("reference_year") for d in deg.values() if d), None)
+    answered = ", ".join(f"{r.capitalize()} {d.get('answered', 0)}/{d.get('queries', 0)}"
+                         for r, d in deg.items() if d)
+    return "\n".join(["## Degradation into the future", "",
+                      f"Test queries of the last seen year ({ref}) that the model answers exactly ({answered}); the "
+                      "mean change in the log-likelihood (nats) of that answer as the input year moves past it. "
+                      "Temporal gets the year as its prefix (`year: Y`), Uniform as text (`In Y, `). single: one "
+                      "answer over the whole span of the subject and relation; multiple: several.", "",
+                      markdown_table(["model", "answers", "queries"] + [f"+{k}" for k in gaps], rows), "",
+                      "![Log-likelihood change into the future](figures/future_loglik.png)"])
+
+
+def _section_calibration(results) -> str:
+    cal = results.get("calibration", {})
+    rows, years = [], []
+    for regime in _regimes(results):
+        c = cal.get(regime)
+        if not c:
+            continue
+        years = [str(y) for y in c.get("years", [])]
+        for cls in CHANGE_CLASSES:
+            raw = lookup(c, "entropy", cls, default={}) or {}
+            norm = lookup(c, "normalized_entropy", cls, default={}) or {}
+            rows.append([regime.capitalize(), cls, lookup(c, "count", cls, default=0)] +
+                        [f"{_num(raw.get(y), 3)} ({_num(norm.get(y), 2)})" for y in years])
+    return "\n".join(["## Calibration on future relations", "",
+                      "Entropy (nats) of the model's distribution over a fixed candidate set (every candidate scored, "
+                      "softmax over the candidates) for relations whose value changes every year (an event's host "
+                      "city), rarely (a company's home country) or never (a landmark's city); in brackets normalized "
+                      "by log(candidates).", "",
+                      markdown_table(["model", "change class", "queries"] + years, rows), "",
+                      "![Entropy by change class and year](figures/future_entropy.png)"])
+
+
+def _section_adaptation(results) -> str:
+    a = results.get("adaptation", {})
+    s = a.get("summary", {})
+    if not s:
+        return "## Adaptation to a new year\n\nNo adaptation runs."
+    base, scratch = s["base"], s["retrained"]
+    rows = [["Temporal (no adaptation)", "-", 0, base["steps"], _num(base["new_f1"]), _num(base["old_f1"]), "", ""]]
+    for alpha, row in sorted(s.get("alphas", {}).items(), key=lambda kv: float(kv[0])):
+        rows.append(["Temporal + fine-tuning", alpha, row["steps"], row["total_steps"], _num(row["new_f1"]),
+                     _num(row["old_f1"]), _num(row["new_gain"]),
+                     "n/a" if row["old_kept"] is None else f"{100 * row['old_kept']:.0f}%"])
+    kept = (None if not base["old_f1"] or scratch["old_f1"] is None else scratch["old_f1"] / base["old_f1"])
+    rows.append(["Retrained from scratch on every year", "-", scratch["steps"], scratch["steps"],
+                 _num(scratch["new_f1"]), _num(scratch["old_f1"]),
+                 _num(None if scratch["new_f1"] is None or base["new_f1"] is None
+                      else scratch["new_f1"] - base["new_f1"]),
+                 "n/a" if kept is None else f"{100 * kept:.0f}%"])
+    return "\n".join([f"## Adaptation to a new year ({a.get('new_year')})", "",
+                      f"The Temporal model (trained on {_years_text(a.get('old_years', []))}) fine-tuned on mixtures "
+                      f"that sample {a.get('new_year')}'s news with probability alpha and the older years' with "
+                      "1 - alpha, against a Temporal model retrained from scratch on every year up to "
+                      f"{a.get('new_year')}. TempLAMA F1 on the new year and on the old years.", "",
+                      markdown_table(["model", "alpha", "steps", "total steps", "new-year F1", "old-years F1", "new-year gain",
+                              "old-years F1 kept"], rows), "",
+                      "![Adaptation curves](figures/adaptation.png)"])
+
+
+def _section_findings(items: Sequence[Mapping[str, Any]]) -> str:
+    lines = ["## Expected findings: do they appear in these numbers?", ""]
+    for item in items:
+        lines.append(f"- {item['statement']}: **{VERDICTS[item['holds']]}**. {item['evidence']}.")
+    lines += ["", "The numbers are the numbers: a finding that does not appear here is reported as such, not tuned "
+              "away. Toy models on a small world are noisy; the `small` preset is the one sized to show them."]
+    return "\n".join(lines)
+
+
+def _section_extra(results, fig_dir: Optional[str]) -> str:
+    """The extra stages' sections: a stage in STAGE_SECTIONS renders its own (drawing its figures into `fig_dir`
+    when given), a stage that returned a "markdown" text gets that text, any other is shown as JSON."""
+    parts = []
+    for name, value in (results.get("extra") or {}).items():
+        text = None
+        if name in STAGE_SECTIONS and isinstance(value, Mapping):
+            text = STAGE_SECTIONS[name](value, fig_dir)
+        elif isinstance(value, Mapping) and isinstance(value.get("markdown"), str):
+            text = value["markdown"]
+        if text is not None:
+            text = text.strip()
+            parts.append(text if text.startswith("#") else f"## {name}\n\n{text}")
+        else:
+            parts.append(f"## {name}\n\n```json\n{json.dumps(value, indent=1, sort_keys=True)}\n```")
+    return "\n\n".join(parts)
+
+
+def _section_timing(results) -> str:
+    t = results.get("timing", {})
+    def pairs(value):  # [[name, seconds], ...] in run order (a dict is accepted too)
+        return list(value.items()) if isinstance(value, Mapping) else [tuple(p) for p in value or []]
+
+    rows = [[name, f"{s:.1f}"] for name, s in pairs(t.get("stages"))]
+    rows += [[f"  train {name}", f"{s:.1f}"] for name, s in pairs(t.get("models"))]
+    for stage, parts in (t.get("extra") or {}).items():  # what extra stages timed themselves
+        if isinstance(parts, Mapping):
+            rows += [[f"  {stage}: {name}", f"{s:.1f}"] for name, s in parts.items() if isinstance(s, (int, float))]
+    total = t.get("total_s")
+    return "\n".join(["## Timing", "",
+                      "Wall-clock seconds, stage by stage and per model trained (the only numbers that change "
+                      "between runs with the same seed; the report itself is written after them).", "",
+                      markdown_table(["stage", "seconds"], rows), "",
+                      f"Total: {_num(total, 1)} s ({_num(None if total is None else total / 60, 1)} min) on "
+                      f"{t.get('machine', 'this machine')}."])
+
+
+def markdown(results: Mapping[str, Any], fig_dir: Optional[str] = None) -> str:
+    """The whole report.md text for `results`; the extra stages' figures are drawn into `fig_dir` when given."""
+    results = jsonable(results)
+    items = findings(results)
+    sections = [f"# templm reproduction: time-aware language models ({results.get('preset')} preset)",
+                _section_run(results), _section_findings(items), _section_main_table(results),
+                _section_yearly(results), _section_duration(results), _section_degradation(results),
+                _section_calibration(results), _section_adaptation(results)]
+    extra = _section_extra(results, fig_dir)
+    if extra:
+        sections.append(extra)
+    sections.append(_section_timing(results))
+    return "\n\n".join(sections) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Figures.
+
+
+def _empty(ax, text: str = "no data") -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+
+
+def _integer_x(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _figure_yearly_gap(results, ax) -> None:
+    by_gap = lookup(results, "yearly", "by_gap", default={}) or {}
+    if not by_gap:
+        return _empty(ax)
+    gaps = sorted(by_gap, key=int)
+    ax.plot([int(g) for g in gaps], [by_gap[g]["f1"] for g in gaps], "o-")
+    ax.axvline(0, color="grey", lw=0.5)
+    _integer_x(ax)
+    ax.set_xlabel("test year - expert year")
+    ax.set_ylabel("TempLAMA F1")
+    ax.set_title("Yearly experts by year gap")
+
+
+def _figure_duration(results, ax) -> None:
+    regimes = [r for r in _regimes(results) if lookup(results, "duration", r)]
+    if not regimes:
+        return _empty(ax)
+    width = 0.8 / len(regimes)
+    for i, regime in enumerate(regimes):
+        d = results["duration"][regime]
+        values = [lookup(d, b, "f1", default=0.0) or 0.0 for b in DURATION_BUCKETS]
+        ax.bar([j + i * width for j in range(len(DURATION_BUCKETS))], values, width, label=regime.capitalize())
+    ax.set_xticks([j + width * (len(regimes) - 1) / 2 for j in range(len(DURATION_BUCKETS))])
+    ax.set_xticklabels([f"{b} yr" for b in DURATION_BUCKETS])
+    ax.set_xlabel("years the answer stays valid")
+    ax.set_ylabel("TempLAMA F1")
+    ax.set_title("F1 by answer duration")
+    ax.legend()
+
+
+def _figure_loglik(results, ax) -> None:
+    drawn = False
+    for regime, style in (("temporal", "-"), ("uniform", "--")):
+        d = lookup(results, "degradation", regime)
+        if not d:
+            continue
+        for group, marker in (("single", "o"), ("multiple", "s")):
+            mean = lookup(d, "groups", group, "mean", default={}) or {}
+            if mean:
+                gaps = sorted(mean, key=int)
+                ax.plot([int(g) for g in gaps], [mean[g] for g in gaps], style, marker=marker,
+                        label=f"{regime.capitalize()}, {group} answer")
+                drawn = True
+    if not drawn:
+        return _empty(ax, "no correctly answered queries")
+    ax.axhline(0, color="grey", lw=0.5)
+    _integer_x(ax)
+    ax.set_xlabel("years past the last seen year")
+    ax.set_ylabel("change in log-likelihood (nats)")
+    ax.set_title("Degradation into the future")
+    ax.legend(fontsize=8)
+
+
+def _figure_entropy(results, ax) -> None:
+    drawn = False
+    colors = dict(zip(CHANGE_CLASSES, ("tab:red", "tab:orange", "tab:blue")))
+    for regime, style in (("temporal", "-"), ("uniform", "--")):
+        table = lookup(results, "calibration", regime, "normalized_entropy", default={}) or {}
+        for cls in CHANGE_CLASSES:
+            values = table.get(cls) or {}
+            if values:
+                years = sorted(values, key=int)
+                ax.plot([int(y) for y in years], [values[y] for y in years], style, marker="o",
+                        color=colors[cls], label=f"{regime.capitalize()}, {cls}")
+                drawn = True
+    if not drawn:
+        return _empty(ax)
+    _integer_x(ax)
+    ax.set_xlabel("future year")
+    ax.set_ylabel("entropy / log(candidates)")
+    ax.set_title("Entropy over candidates by change class")
+    ax.legend(fontsize=8)
+
+
+def _figure_adaptation(results, axes) -> None:
+    a = results.get("adaptation", {})
+    runs, retrain = a.get("runs", {}), a.get("retrained", {})
+    base = lookup(a, "summary", "base", default={}) or {}
+    if not runs and not retrain:
+        for ax in axes:
+            _empty(ax)
+        return
+    for ax, key, title in ((axes[0], "new_f1", f"new year ({a.get('new_year')})"), (axes[1], "old_f1", "old years")):
+        for alpha, run in sorted(runs.items(), key=lambda kv: float(kv[0])):
+            points = [(0, base.get(key))] + [(p["step"], p.get(key)) for p in run.get("curve", [])]
+            points = [(s, v) for s, v in points if v is not None]
+            if points:
+                ax.plot(*zip(*points), "o-", label=f"fine-tune, alpha {alpha}")
+        curve = [(p["step"], p.get(key)) for p in retrain.get("curve", []) if p.get(key) is not None]
+        if curve:
+            ax.plot(*zip(*curve), "k^--", label="retrained from scratch")
+        ax.set_xlabel("training steps (fine-tuning steps for the adapted models)")
+        ax.set_ylabel("TempLAMA F1")
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+
+
+def write_figures(results: Mapping[str, Any], fig_dir: str) -> Dict[str, str]:
+    """Draws every figure into `fig_dir` (PNG, written atomically); returns {name: path}."""
+    results = jsonable(results)
+    plt = pyplot()
+    os.makedirs(fig_dir, exist_ok=True)
+    out = {}
+    for name in FIGURES:
+        if name == "adaptation":
+            fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+            _figure_adaptation(results, axes)
+        else:
+            fig, ax = plt.subplots(figsize=(6, 4))
+            {"yearly_gap": _figure_yearly_gap, "answer_duration": _figure_duration, "future_loglik": _figure_loglik,
+             "future_entropy": _figure_entropy}[name](results, ax)
+        fig.tight_layout()
+        out[name] = save_figure(fig, os.path.join(fig_dir, f"{name}.png"))
+    return out
+
+
+def write_report(results: Mapping[str, Any], out_dir: str) -> Dict[str, Any]:
+    """Writes report.md and figures/*.png into `out_dir` (beside the experiment's results.json); returns their
+    paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    fig_dir = os.path.join(out_dir, "figures")
+    paths: Dict[str, Any] = {"figures": write_figures(results, fig_dir)}
+    paths["report"] = atomic_write(os.path.join(out_dir, "report.md"), markdown(results, fig_dir))
+    return paths

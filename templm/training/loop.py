@@ -1,0 +1,106 @@
+"""The one training loop. Both trainers (T5 in trainer.py, the Transformer-XL in lm_trainer.py) build their state, a
+compiled step and a way to get the batch of any data position, and hand them to `run`.
+
+Each step takes the batch of its data position and applies the step; then
+
+* every `log_period` steps (and at a save, at the last step, on a signal): the metrics are fetched and checked
+  (a non-finite loss or parameter norm raises TrainingError naming the last good checkpoint, before anything is
+  saved), written to TensorBoard and `metrics.jsonl` with the rate, and shown as a progress line;
+* every `save_period` steps and at the last step: a checkpoint of the state with the data position, the run's
+  record (`meta`) and the last train metrics (so a resumed run that has nothing left to do still reports them);
+* every `eval_period` steps and at the last step: the caller's `evaluate(step, state)`;
+* on SIGTERM (the usual preemption notice): a checkpoint at the current step, then `Preempted` is raised. Callers
+  let it propagate, so nothing is evaluated or reported from the unfinished run and the command exits with
+  templm.errors.EXIT_PREEMPTED; the same command run again resumes from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+import jax
+import numpy as np
+from clu import metric_writers
+
+from templm import console
+from templm.errors import Preempted, TrainingError
+from templm.training.checkpoints import Checkpointer
+
+
+class MetricsLog:
+    """TensorBoard summaries through clu's writers plus `metrics.jsonl`, written by process 0 only."""
+
+    def __init__(self, model_dir: str):
+        self.enabled = jax.process_index() == 0
+        self.path = os.path.join(model_dir, "metrics.jsonl")
+        self.writer = metric_writers.create_default_writer(model_dir, just_logging=not self.enabled,
+                                                           asynchronous=False)
+
+    def write(self, step: int, split: str, scalars: Mapping[str, float]) -> None:
+        scalars = {k: float(v) for k, v in scalars.items()}
+        self.writer.write_scalars(step, {f"{split}/{k}": v for k, v in scalars.items()})
+        if self.enabled:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": step, "split": split, **scalars}) + "\n")
+
+    def close(self) -> None:
+        self.writer.flush()
+        self.writer.close()
+
+
+def check_finite(metrics: Mapping[str, Any], step: int, checkpointer: Checkpointer) -> None:
+    """Raises TrainingError when the loss or the parameter norm is not finite, naming the last good checkpoint.
+    Called before every save, so no checkpoint ever holds non-finite parameters."""
+    if not (np.isfinite(metrics["loss"]) and np.isfinite(metrics["param_norm"])):
+        good = checkpointer.latest_step()
+        raise TrainingError(f"loss {metrics['loss']}, parameter norm {metrics['param_norm']} at step {step}: "
+                            f"stopping; the last good checkpoint is step {good} in {checkpointer.directory}")
+
+
+def run(step_fn: Callable, state: Any, batch_at: Callable[[int], Mapping[str, jax.Array]], *, rng: jax.Array,
+        start_step: int, train_steps: int, checkpointer: Checkpointer, log: MetricsLog, meta: Mapping[str, Any],
+        log_period: int, tokens_per_step: int, name: str = "train",
+        extra_scalars: Optional[Callable[[int], Dict[str, float]]] = None, shown: Tuple[str, ...] = ("loss",),
+        evaluate: Optional[Callable[[int, Any], None]] = None, eval_period: int = 0,
+        progress: bool = True) -> Tuple[Any, Optional[Dict[str, float]]]:
+    """Runs steps start_step+1 .. train_steps (module docstring); returns (state, the last logged train metrics).
+
+    batch_at(position) -> the global batch of a data position (position = the number of steps done before it).
+    extra_scalars(step) -> more scalars to log beside the step's metrics (e.g. the epoch); `shown` names the metrics
+    and extra scalars the progress line shows. The caller closes `log` and `checkpointer`.
+    """
+    rate = console.Rate(train_steps, tokens_per_step, start_step)
+    stop = {"signal": None}
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.update(signal=signum))
+    last_metrics: Optional[Dict[str, float]] = None
+    step = start_step
+    try:
+        while step < train_steps:
+            state, metrics = step_fn(state, batch_at(step), rng)
+            step += 1
+            last = step == train_steps
+            stopping = stop["signal"] is not None  # read once: a signal arriving later is seen after the next step
+            save = checkpointer.should_save(step) or last or stopping
+            if step % log_period == 0 or save:
+                metrics = jax.device_get(metrics)
+                check_finite(metrics, step, checkpointer)
+                timing = rate.report(step)
+                extra = extra_scalars(step) if extra_scalars else {}
+                log.write(step, "train", {**metrics, **timing, **extra})
+                last_metrics = {k: float(v) for k, v in metrics.items()}
+                if progress:
+                    values = {**last_metrics, **extra}
+                    console.say(console.step_line(name, step, train_steps, timing,
+                                                  **{k: values.get(k) for k in shown}))
+            if save:
+                checkpointer.save(step, state, {**meta, "step": step, "data_position": step, "train": last_metrics})
+            if stopping:
+                raise Preempted(f"at step {step} (checkpoint saved in {checkpointer.directory})", step)
+            if evaluate is not None and eval_period and (step % eval_period == 0 or last):
+                evaluate(step, state)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return state, last_metrics

@@ -1,0 +1,57 @@
+"""The train state, created already laid out on the device mesh, and the update step compiled once for it.
+
+As in big_vision: parameters are created by a jitted init whose outputs are placed by the logical-axis rules, so no
+host ever holds the whole model; the optimizer statistics take the layout XLA propagates from the parameters (scalar
+counts are replicated); the step counter is replicated. Both trainers (T5 and Transformer-XL) and the benchmark tools
+build their state and step with these functions.
+
+The state is a dict {"step", "params", "opt_state", ...extra}; extra holds what a model carries from step to step
+(the Transformer-XL's memories), already placed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Dict, Iterator, Mapping, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from templm.training import partitioning
+
+
+@contextlib.contextmanager
+def mesh_rules(mesh, rules) -> Iterator[None]:
+    """The mesh and the logical-axis rules in effect (for init, the step and restores)."""
+    with jax.set_mesh(mesh), nn.logical_axis_rules(list(rules)):
+        yield
+
+
+def sharded_params(init_fn: Callable[[jax.Array], Any], param_shardings: Any, seed: int) -> Any:
+    """init_fn(rng) -> parameters, run jitted with its outputs laid out by `param_shardings`."""
+    return jax.jit(init_fn, out_shardings=param_shardings)(jax.random.key(seed))
+
+
+def train_state(params: Any, tx, mesh, **extra: Any) -> Tuple[Dict[str, Any], Any]:
+    """(state, its shardings) for parameters already on the mesh: the optimizer initialised beside them."""
+    replicated = partitioning.replicated(mesh)
+    opt_state = jax.jit(tx.init)(params)
+    opt_state = jax.tree.map(lambda x: x if len(x.sharding.device_set) == mesh.size else jax.device_put(x, replicated),
+                             opt_state)
+    state = {"step": jax.device_put(jnp.zeros((), jnp.int32), replicated), "params": params, "opt_state": opt_state,
+             **extra}
+    return state, jax.tree.map(lambda x: x.sharding, state)
+
+
+def compile_step(step_fn: Callable, state_shardings: Any, batch_shardings: Any, mesh) -> Callable:
+    """step_fn(state, batch, rng) -> (state, metrics), jitted once with explicit shardings and the state donated."""
+    replicated = partitioning.replicated(mesh)
+    return jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings, replicated),
+                   out_shardings=(state_shardings, replicated), donate_argnums=0)
+
+
+def global_batch(local: Mapping[str, Any], shardings: Any) -> Dict[str, jax.Array]:
+    """This process's rows of a batch as global arrays (`shardings`: one sharding, or one per key)."""
+    pick = shardings.get if isinstance(shardings, Mapping) else (lambda key: shardings)
+    return {k: jax.make_array_from_process_local_data(pick(k), v) for k, v in local.items()}

@@ -1,0 +1,87 @@
+"""Tests of templm.experiments.importance_sampling: run_is_eval's rows against the exact values and the claims they
+show (the prior is poor, a finer valid level is tighter), its JSON; and `templm is-eval` end to end (the experiment,
+then the report), with bad input answered by a message and a non-zero exit.
+"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from templm.experiments.importance_sampling import run_is_eval
+from templm.metrics.importance_sampling import LEVELS, unit_starts
+from templm.models.hmm import forward_log_likelihood
+from templm_testing import run_templm as templm
+
+S, V, B, T = 4, 6, 4, 8  # the shape of the is_problem fixture (tests/conftest.py)
+
+
+def _restarts(is_problem, latent):
+    return unit_starts(latent, (B, T), is_problem["segment_ids"])
+
+
+def test_run_is_eval_writes_its_json_and_the_exact_line(tmp_path, is_problem):
+    # POOL = 256 * 16 samples per proposal: the same compiled samplers as the other importance-sampling tests.
+    result = run_is_eval(str(tmp_path), seed=0, ks=(1, 16, 256), temperatures=(2.0,), repeats=16, num_states=S,
+                             vocab_size=V, num_docs=B, doc_length=T)
+    assert (tmp_path / "is_eval.json").stat().st_size > 0
+    # The JSON only (no temporary files): the Markdown and the figure are the report's (tests/reports).
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["is_eval.json"]
+    assert result["files"] == {"json": str(tmp_path / "is_eval.json")}
+    saved = json.loads((tmp_path / "is_eval.json").read_text())
+    assert saved["rows"] == result["rows"]
+    assert saved["config"] == result["config"] and saved["config"]["num_tokens"] == int(np.sum(is_problem["token_counts"]))
+
+    rows = result["rows"]
+    n = int(np.asarray(is_problem["token_counts"]).sum())
+    for latent in LEVELS:
+        exact_rows = [r for r in rows if r["latent"] == latent and r["proposal"] == "exact"]
+        assert len(exact_rows) == 1
+        log_p = float(forward_log_likelihood(is_problem["hmm"], is_problem["tokens"], is_problem["token_counts"],
+                                                 _restarts(is_problem, latent)).sum())
+        assert exact_rows[0]["log_likelihood"] == pytest.approx(log_p, abs=1e-4)
+        assert exact_rows[0]["ppl"] == pytest.approx(math.exp(-log_p / n), rel=1e-6)
+        # Rows for the valid levels only (as coarse as the latent unit or coarser), every proposal, every K.
+        levels = {r["level"] for r in rows if r["latent"] == latent and r["proposal"] != "exact"}
+        assert levels == set(LEVELS[LEVELS.index(latent):])
+        for r in rows:
+            if r["latent"] == latent and r["proposal"] == "posterior":
+                assert r["ppl"] == pytest.approx(exact_rows[0]["ppl"], rel=1e-4)
+    assert {r["K"] for r in rows if r["K"] is not None} == {1, 16, 256}
+    assert {r["proposal"] for r in rows} == {"exact", "prior", "tempered(tau=2)", "posterior"}
+    by = {(r["latent"], r["level"], r["proposal"], r["K"]): r for r in rows}
+    # The prior is a poor proposal for 4-8 token documents: clearly above the exact perplexity at K = 1.
+    r = by[("document", "document", "prior", 1)]
+    assert r["ppl"] > r["exact_ppl"] + 3 * r["ppl_se"]
+    # Same samples, finer valid level: per-sentence estimates average before multiplying, a tighter bound.
+    sent, doc = by[("sentence", "sentence", "prior", 16)], by[("sentence", "document", "prior", 16)]
+    assert sent["ppl"] < doc["ppl"]
+
+
+@pytest.mark.e2e
+def test_is_eval_end_to_end(tmp_path):
+    out = tmp_path / "is"
+    result = templm("is-eval", f"--out={out}", "--seed=1", "--ks=1,4", "--temperatures=0.5", "--repeats=2",
+                    "--num_docs=3", "--doc_length=8")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| posterior |" in result.stdout
+    data = json.loads((out / "is_eval.json").read_text())
+    assert data["config"]["ks"] == [1, 4] and data["config"]["seed"] == 1
+    rows = data["rows"]
+    assert {r["K"] for r in rows if r["proposal"] != "exact"} == {1, 4}
+    assert {r["proposal"] for r in rows} == {"exact", "prior", "tempered(tau=0.5)", "posterior"}
+    for r in rows:
+        if r["proposal"] == "posterior" and r["level"] == r["latent"]:
+            assert r["ppl"] == pytest.approx(r["exact_ppl"], rel=1e-4)  # the exact posterior is exact
+    assert (out / "is_eval.png").read_bytes()[:4] == b"\x89PNG" and (out / "is_eval.md").stat().st_size > 0
+    # The verb prints the report it wrote; progress goes to standard error, one line per latent unit and proposal.
+    assert result.stdout == (out / "is_eval.md").read_text() + "\n"
+    assert "is-eval: [9/9] latent=document proposal=posterior done" in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["is_eval.json", "is_eval.md", "is_eval.png"]
+
+
+@pytest.mark.e2e
+def test_is_eval_bad_input_is_a_message_and_a_non_zero_exit(tmp_path):
+    bad_ks = templm("is-eval", f"--out={tmp_path / 'y'}", "--ks=1,two")
+    assert bad_ks.returncode == 1 and "--ks" in bad_ks.stderr

@@ -1,0 +1,233 @@
+"""`templm reproduce` (templm/experiments/reproduce.py, its report from templm/reports/reproduction.py) end to end
+through the CLI, on the `tiny_test` preset (the `smoke` preset, which `make demo` runs,
+is the same pipeline with a bigger world and more steps): every stage runs, report.md has its sections, the figures
+and results.json are there with their keys, and a stage re-run with the same seed repeats exactly (the task data
+example for example, the trained parameters bit for bit, the evaluation's numbers)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from templm.errors import EXIT_PREEMPTED
+from templm.experiments.reproduce import PRESETS, ExtraStage, Reproduction
+from templm.metrics.findings import FINDINGS
+from templm.reports import reproduction as report
+from templm_testing import run_templm as templm
+
+pytestmark = pytest.mark.e2e
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PRESET = PRESETS["tiny_test"]
+STAGES = ["data", "train uniform and temporal", "train yearly experts", "evaluate", "future probes", "adaptation",
+          "extra: streaming"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reproduce") / "run"
+    result = templm("reproduce", "--preset=tiny_test", f"--out={out}", "--seed=0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"templm reproduce: tiny_test preset, seed 0: {out}/report.md" in result.stdout
+    for name, _, _ in FINDINGS:
+        assert f"  {name}: " in result.stdout
+    for name in ("gap", "growth", "dynamic"):
+        assert f"  streaming_{name}: " in result.stdout
+    assert "reproduce [1/7] data: starting" in result.stderr and "ETA" in result.stderr  # progress
+    assert "  trained uniform: 6 steps" in result.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def results(run_dir):
+    with open(run_dir / "results.json", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def test_report_and_figures(run_dir):
+    assert {"report.md", "results.json", "run.json", "figures", "data", "models"} <= set(os.listdir(run_dir))
+    text = (run_dir / "report.md").read_text()
+    for heading in ("## The run", "## Expected findings", "## TempLAMA F1 and CustomNews perplexity",
+                    "## Yearly experts by year gap", "## F1 by how long the answer stays valid",
+                    "## Degradation into the future", "## Calibration on future relations",
+                    "## Adaptation to a new year (2017)", "## Timing"):
+        assert heading in text
+    assert "preset `tiny_test`, seed 0" in text and "seen (training) 2016, future 2017" in text
+    for name in report.FIGURES:
+        data = (run_dir / "figures" / f"{name}.png").read_bytes()
+        assert data[:4] == b"\x89PNG", name
+    assert not [f for f in os.listdir(run_dir) if f.endswith(".tmp")]
+
+
+def test_the_streaming_half_runs_inside_reproduce(run_dir, results):
+    """The Transformer-XL stage: TIME-STRATIFIED and CONTROL models trained on their own world, static and dynamic
+    evaluation of the test stream, its section and figures in the report, its timings under "timing"."""
+    stream = results["extra"]["streaming"]
+    assert stream["preset"] == "tiny_test"
+    ppl = stream["overall_word_ppl"]
+    assert {"time_stratified/static", "control/static", "time_stratified/dynamic"} <= set(ppl)
+    assert all(v is not None and v > 1 for v in ppl.values())
+    assert stream["relative"]["static"]["mean"] == pytest.approx(
+        ppl["time_stratified/static"] / ppl["control/static"] - 1, abs=0.5)  # a mean of monthly ratios, not overall
+    gain = stream["dynamic_gain"]["dynamic"]
+    assert gain == pytest.approx(ppl["time_stratified/dynamic"] / ppl["time_stratified/static"] - 1, rel=1e-9)
+    assert len(stream["months"]) == 12
+    text = (run_dir / "report.md").read_text()
+    assert "## Streaming perplexity and dynamic evaluation (Transformer-XL)" in text
+    assert "figures/stream_relative_perplexity.png" in text and "## streaming" not in text
+    assert set(stream["findings"]) == {"gap", "growth", "dynamic"}
+    assert stream["findings"]["dynamic"]["holds"] == (gain < 0 and stream["relative"]["dynamic"]["mean"]
+                                                      < stream["relative"]["static"]["mean"])
+    assert (run_dir / "figures" / "stream_relative_perplexity.png").read_bytes()[:4] == b"\x89PNG"
+    assert set(results["timing"]["extra"]["streaming"]) == {"data", "train_time_stratified", "train_control",
+                                                            "evaluate"}
+    assert os.path.isdir(run_dir / "stream_experiment" / "time_stratified")
+
+
+def test_results_json_holds_every_stage(results):
+    assert set(results) == {"adaptation", "calibration", "config", "degradation", "duration", "extra", "findings",
+                            "model_config", "models", "preset", "regimes", "seed", "summary", "timing", "world",
+                            "yearly"}
+    assert results["preset"] == "tiny_test" and results["seed"] == 0
+    assert results["world"]["seen_years"] == [2016] and results["world"]["future_years"] == [2017]
+    for regime in ("uniform", "yearly", "temporal"):
+        templama, customnews = results["regimes"][regime]["templama"], results["regimes"][regime]["customnews"]
+        for key in ("seen_f1", "future_f1", "f1_2016", "f1_2017", "count_2017"):
+            assert key in templama, (regime, key)
+        assert customnews["ppl_2016"] > 1 and customnews["ppl_2017"] > 1
+        assert set(results["duration"][regime]) == {"1", "2", "3-4", "5+"}
+    assert results["regimes"]["yearly"]["routes"] == {"2016": 2016, "2017": 2016}
+    params = results["models"]["uniform"]["params"]
+    assert params > 0
+    steps = {name: m["steps"] for name, m in results["models"].items()}
+    assert steps == {"uniform": PRESET.steps, "temporal": PRESET.steps, "yearly_2016": PRESET.yearly_steps,
+                     "adapt_alpha0.5": PRESET.adapt_steps, "retrain": PRESET.retrain_steps}
+    assert results["summary"]["yearly"]["params"] == params  # one expert
+    assert set(results["yearly"]["by_gap"]) == {"0", "1"}
+    for regime in ("uniform", "temporal"):
+        assert results["degradation"][regime]["gaps"] == list(range(1, PRESET.max_gap + 1))
+        assert results["calibration"][regime]["years"] == [2017, 2018]
+        assert set(results["calibration"][regime]["entropy"]) == {"frequent", "rare", "never"}
+    summary = results["adaptation"]["summary"]
+    assert set(summary["alphas"]) == {"0.5"} and summary["retrained"]["steps"] == PRESET.retrain_steps
+    assert summary["alphas"]["0.5"]["total_steps"] == PRESET.steps + PRESET.adapt_steps
+    assert [name for name, _ in results["timing"]["stages"]] == STAGES  # in run order
+    assert set(results["findings"]) == {name for name, _, _ in FINDINGS}
+
+    def keys(tree, path=()):  # wall-clock numbers live under "timing" only
+        if isinstance(tree, dict):
+            for k, v in tree.items():
+                yield path + (k,)
+                yield from keys(v, path + (k,))
+    assert not [p for p in keys({k: v for k, v in results.items() if k != "timing"})
+                if "wall" in p[-1] or p[-1] in ("total_s", "seconds")]
+
+
+def _contents(path):
+    """A file's bytes; for record files the parsed examples (protobuf map fields serialise in any order)."""
+    if path.endswith(".tfrecord"):
+        import tensorflow as tf
+
+        return [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(path)]
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_a_stage_repeats_exactly_with_the_same_seed(run_dir, results, tmp_path):
+    """The data stage and the Uniform model's training, re-run here, give the CLI run's data (the same files, the
+    same examples) and parameters; the re-trained model's TempLAMA numbers are the ones in results.json."""
+    import tasks
+    from templm.evaluation.task_eval import evaluate_model
+    from templm.training.checkpoints import load_params
+    from templm.evaluation.inference import ModelFns
+
+    again = Reproduction(PRESET, str(tmp_path), seed=0)
+    try:
+        again.prepare_data()
+        compared = 0
+        for folder, _, files in os.walk(run_dir / "data"):
+            for name in files:
+                path = os.path.join(folder, name)
+                relative = os.path.relpath(path, run_dir / "data")
+                if relative == os.path.join("splits", "stats.json"):
+                    continue  # names the folder it was written in
+                other = os.path.join(again.data_dir, relative)
+                assert _contents(path) == _contents(other), relative
+                compared += 1
+        assert compared > 20
+        again.configure(again.seen_view)
+        params = again.train("uniform", "uniform", "uniform_mixture", PRESET.steps)
+        stored, _ = load_params(str(run_dir / "models" / "uniform" / "checkpoints"))
+        for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(stored)):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+        again.configure(again.data_dir)
+        fns = ModelFns(again.model, params, batch_size=PRESET.eval_batch_size,
+                       max_decode_length=PRESET.targets_length)
+        metrics = evaluate_model(fns, "templama_uniform", again.lengths).metrics
+        assert metrics == pytest.approx(results["regimes"]["uniform"]["templama"], abs=1e-9)
+
+        # The hook for extra stages (the Transformer-XL streaming half): what a stage sees and where its output goes.
+        seen = {}
+
+        def probe(context):
+            seen.update(preset=context.preset.name, seed=context.seed, years=context.manifest["years"],
+                        figures=os.path.isdir(context.figures_dir), models=sorted(context.results["models"]))
+            return {"markdown": "Streaming numbers.", "value": 3, "timings_sec": {"train": 1.5}}
+
+        again.run_extra_stage(ExtraStage("probe", probe))
+        assert seen == {"preset": "tiny_test", "seed": 0, "years": [2016, 2017], "figures": True,
+                        "models": ["uniform"]}
+        assert again.results["extra"] == {"probe": {"markdown": "Streaming numbers.", "value": 3}}
+        assert again.extra_times == {"probe": {"train": 1.5}}  # wall-clock numbers go to the timing section
+    finally:
+        tasks.configure()
+
+
+def test_training_view_holds_only_its_years(run_dir):
+    view = json.loads((run_dir / "data_views" / "seen" / "manifest.json").read_text())
+    assert view["years"] == [2016] and view["future_years"] == []
+    files = sorted(os.listdir(run_dir / "data_views" / "seen" / "customnews"))
+    assert files and all(name.endswith("-2016.tfrecord") for name in files)
+    assert os.path.islink(run_dir / "data_views" / "seen" / "spm")
+
+
+def test_cli_flags_and_the_demo_target():
+    help_text = templm("reproduce", "--help")
+    assert help_text.returncode == 0
+    for flag in ("--preset", "--out", "--seed", "smoke: every stage"):
+        assert flag in help_text.stdout
+    bad = templm("reproduce", "--preset=huge", "--out=/tmp/never-written")
+    assert bad.returncode != 0 and "huge" in bad.stderr
+    assert not os.path.exists("/tmp/never-written")
+    with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
+        assert "templm reproduce --preset smoke --out $(DEMO_DIR)" in f.read()
+
+
+def test_sigterm_stops_the_whole_command_and_a_rerun_resumes_to_the_same_numbers(run_dir, results, tmp_path):
+    """SIGTERM during the run exits with the preemption status and writes no result; the same command run again
+    resumes the models and ends with the numbers of the run that never stopped."""
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "templm.cli", "reproduce", "--preset=tiny_test", f"--out={out}", "--seed=0"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    seen = []
+    for line in proc.stderr:  # stop it once the first models are trained
+        seen.append(line)
+        if "trained temporal:" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    out_text, err = proc.communicate(timeout=900)
+    assert proc.returncode == EXIT_PREEMPTED, "".join(seen) + err
+    assert "stopped by SIGTERM" in err and "run the same command again to resume" in err
+    assert out_text == "" and not (out / "results.json").exists() and not (out / "report.md").exists()
+    assert (out / "models" / "temporal" / "checkpoints").is_dir()
+
+    again = templm("reproduce", "--preset=tiny_test", f"--out={out}", "--seed=0")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming the run" in again.stderr
+    resumed = json.loads((out / "results.json").read_text().replace(str(out), str(run_dir)))  # the same paths
+    assert {k: v for k, v in resumed.items() if k != "timing"} == {k: v for k, v in results.items() if k != "timing"}

@@ -1,0 +1,176 @@
+"""The streaming experiment: TIME-STRATIFIED and CONTROL tiny Transformer-XL runs trained through the txl gin
+configs, then `templm stream` end to end writes results.json (the experiment), report.md and figures (the report)
+with every test month; bad input (a missing split file, split ids the corpus lacks) is named and exits non-zero;
+models with different vocabularies are refused."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import gin
+import jax
+import pytest
+
+from templm.cli import parse_gin
+from templm.data.splits import read_split_file
+from templm.errors import ConfigError, DataError
+from templm.experiments.streaming import prepare_preset_data, stream_evaluation
+from templm.io import jsonable
+from templm.training import lm_trainer, partitioning
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The tiny_test world has 256 pieces; one layer and a short run keep the fixture to seconds.
+TRAIN_BINDINGS = ["VOCAB_SIZE = 256", "TRAIN_STEPS = 12", "BATCH_SIZE = 8", "SAVE_PERIOD = 0",
+                  "templm.TransformerXLConfig.n_layer = 1", "templm.train_lm.warmup_steps = 2",
+                  "templm.train_lm.log_period = 4"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The tiny_test data and two runs trained by `train_lm` bound by txl/{time_stratified,control}.gin + tiny.gin."""
+    root = tmp_path_factory.mktemp("stream")
+    data = prepare_preset_data(str(root / "data"), "tiny_test", seed=5)
+    mesh = partitioning.make_mesh(mesh_shape=(1, 1), devices=jax.devices()[:1])
+    dirs = {}
+    for name in ("time_stratified", "control"):
+        dirs[name] = str(root / name)
+        bindings = TRAIN_BINDINGS + [f"MODEL_DIR = '{dirs[name]}'", f"CORPUS = '{data['corpus']}'",
+                                     f"SPLIT_DIR = '{data['split_dir']}'", f"SPM_MODEL = '{data['spm_model']}'"]
+        try:
+            parse_gin([f"txl/{name}.gin", "txl/tiny.gin"], bindings)
+            result = lm_trainer.train_lm(mesh=mesh)
+        finally:
+            gin.clear_config()
+        assert result["step"] == 12
+    return {**data, **dirs, "root": root}
+
+
+def _stream(*args, out=None, **popen):
+    return subprocess.Popen([sys.executable, "-m", "templm.cli", "stream", "--gin_file=txl/dynamic_eval.gin",
+                             *([f"--gin.OUT_DIR='{out}'"] if out else []), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, **popen)
+
+
+def test_gin_configs_pick_the_splits_and_the_paper_model(runs):
+    _, _, ts = lm_trainer.load_lm(runs["time_stratified"])
+    _, _, ctl = lm_trainer.load_lm(runs["control"])
+    assert ts["split_file"].endswith("time_stratified_train.gz") and ctl["split_file"].endswith("control_train.gz")
+    assert ts["model_config"]["d_model"] == 64 and ts["model_config"]["eval_mem_len"] == 128
+    assert ts["spm_sha256"] == ctl["spm_sha256"] and ts["data_order"] == "shuffle"
+    try:
+        parse_gin(["txl/control.gin"], ["MODEL_DIR = '/m'", "CORPUS = '/c'", "SPLIT_DIR = '/s'", "SPM_MODEL = '/v'"])
+        config = gin.query_parameter("templm.train_lm.config").scoped_selector
+        assert config == "MODEL_CONFIG/gin.macro"
+        assert gin.query_parameter("templm.TransformerXLConfig.n_layer") == 18
+        assert gin.query_parameter("templm.TransformerXLConfig.d_model") == 1024
+        assert gin.query_parameter("templm.TransformerXLConfig.tgt_len") == 1024
+        assert (gin.query_parameter("templm.TransformerXLConfig.mem_len"),
+                gin.query_parameter("templm.TransformerXLConfig.eval_mem_len")) == (384, 1600)
+        assert gin.query_parameter("%SPLIT") == "control_train"
+    finally:
+        gin.clear_config()
+
+
+@pytest.mark.e2e
+def test_stream_verb_writes_the_report_for_every_test_month(runs, tmp_path):
+    # One variant (each costs a compilation): the RMS rule on the biases, so the verb also collects training
+    # gradient statistics; SGD and the other subsets share the code path (tests/evaluation/test_dynamic_eval.py
+    # covers them).
+    dynamic = "[{'name': 'dynamic_rms_biases', 'rule': 'rms', 'which': 'biases', 'lr': 1e-4, 'eps': 1e-3}]"
+    proc = _stream(f"--gin.TIME_STRATIFIED_DIR='{runs['time_stratified']}'", f"--gin.CONTROL_DIR='{runs['control']}'",
+                   f"--gin.templm.stream_evaluation.dynamic={dynamic}", "--gin.templm.stream_evaluation.ms_segments=4",
+                   "--gin.templm.stream_evaluation.min_test_count=3", "--gin.templm.stream_evaluation.n_topics=3",
+                   out=tmp_path / "out")
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert sorted(os.listdir(tmp_path / "out")) == ["emerging_words.png", "relative_perplexity.png", "report.md",
+                                                    "results.json"]
+    with open(tmp_path / "out" / "results.json") as f:
+        results = json.load(f)
+    with open(os.path.join(runs["split_dir"], "stats.json")) as f:
+        test_months = sorted(m for m, n in json.load(f)["test_per_month"].items() if n > 0)
+    assert len(test_months) == 12 and results["months"] == test_months
+    n_docs = len(read_split_file(os.path.join(runs["split_dir"], "test.gz")))
+    assert results["settings"]["n_documents"] == n_docs and results["settings"]["batch_size"] == 1
+    assert set(results["runs"]) == {"time_stratified", "control"}
+    assert set(results["runs"]["time_stratified"]) == {"static", "dynamic_rms_biases"}
+    assert set(results["runs"]["control"]) == {"static"}
+    for modes in results["runs"].values():
+        for r in modes.values():
+            assert sorted(r["by_month"]) == test_months
+            assert sum(m["n_tokens"] for m in r["by_month"].values()) == r["overall"]["n_tokens"]
+            assert r["overall"]["word_ppl"] > 1.0
+    assert set(results["relative"]) == {"static", "dynamic_rms_biases"}
+    assert sorted(results["relative"]["static"]["per_month"]) == test_months
+    assert results["emerging"]["words"] and "occurrences" in results and "topics" in results
+    with open(tmp_path / "out" / "report.md") as f:
+        report = f.read()
+    for month in test_months:
+        assert f"| {month} |" in report
+    assert "relative dynamic_rms_biases" in report and "## Emerging words" in report
+    assert json.loads(out)["files"]["report.md"] == str(tmp_path / "out" / "report.md")
+
+
+@pytest.mark.e2e
+def test_bad_input_is_named_and_exits_non_zero(runs, tmp_path):
+    missing = tmp_path / "no_such_test.gz"
+    foreign = tmp_path / "foreign_test.gz"
+    with gzip.open(foreign, "wt") as f:
+        f.write("20180501\tworld-2018-05-01-999999\n")
+    ts, ctl = f"--gin.TIME_STRATIFIED_DIR='{runs['time_stratified']}'", f"--gin.CONTROL_DIR='{runs['control']}'"
+    procs = {
+        "missing": _stream(ts, ctl, f"--gin.templm.stream_evaluation.test_split_file='{missing}'",
+                           out=tmp_path / "a"),
+        "foreign": _stream(ts, ctl, f"--gin.templm.stream_evaluation.test_split_file='{foreign}'",
+                           out=tmp_path / "b"),
+        "train_lm": subprocess.Popen(
+            [sys.executable, "-m", "templm.cli", "train-lm", "--gin_file=txl/time_stratified.gin",
+             "--gin_file=txl/tiny.gin", f"--gin.MODEL_DIR='{tmp_path / 'm'}'", f"--gin.CORPUS='{runs['corpus']}'",
+             f"--gin.SPLIT_DIR='{tmp_path / 'nowhere'}'", f"--gin.SPM_MODEL='{runs['spm_model']}'"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO),
+    }
+    errors = {}
+    for name, proc in procs.items():
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 1, (name, err[-3000:])
+        errors[name] = err
+    assert f"{missing}: no such split file" in errors["missing"]
+    assert f"{foreign}: 1 of the 1 document ids" in errors["foreign"] and "not in the corpus" in errors["foreign"]
+    assert f"{tmp_path / 'nowhere' / 'time_stratified_train.gz'}: no such split file" in errors["train_lm"]
+    for name in ("a", "b", "m"):
+        assert not os.path.exists(tmp_path / name)  # nothing half-written
+
+
+def test_models_with_different_vocabularies_or_no_out_dir_are_refused(runs, tmp_path):
+    other_spm = tmp_path / "other.model"
+    with open(runs["spm_model"], "rb") as src, open(other_spm, "wb") as dst:
+        dst.write(src.read() + b"\n")  # another file: another SHA-256
+    with pytest.raises(DataError, match=f"{runs['time_stratified']}: .* one test stream must serve every model"):
+        stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"], spm_model=str(other_spm))
+    try:
+        parse_gin(["txl/dynamic_eval.gin"], [f"TIME_STRATIFIED_DIR = '{runs['time_stratified']}'",
+                                             "CONTROL_DIR = None"])
+        with pytest.raises(ConfigError, match="set the gin macro OUT_DIR"):
+            stream_evaluation()
+    finally:
+        gin.clear_config()
+    with pytest.raises(DataError, match="not a trained Transformer-XL run"):
+        stream_evaluation(str(tmp_path / "out"), str(tmp_path), runs["control"])
+    with pytest.raises(ValueError, match=r"dynamic\[0\].*unknown \['learning_rate'\]"):
+        stream_evaluation(str(tmp_path / "out"), runs["time_stratified"],
+                          dynamic=[{"name": "d", "rule": "sgd", "learning_rate": 0.1}])
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_stream_evaluation_writes_results_json_only(runs, tmp_path):
+    """The experiment writes its numbers, nothing for people: report.md and figures are the report's (the verb's)."""
+    results = stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"], dynamic=[],
+                                min_test_count=3, topics=False, pos=False)
+    assert os.listdir(tmp_path / "out") == ["results.json"]
+    assert results["files"] == {"results.json": str(tmp_path / "out" / "results.json")}
+    with open(tmp_path / "out" / "results.json") as f:
+        written = json.load(f)
+    assert written == jsonable({k: v for k, v in results.items() if k != "files"})
+    assert set(written["runs"]) == {"time_stratified", "control"} and set(written["relative"]) == {"static"}

@@ -1,0 +1,179 @@
+"""Streaming analyses as numbers: per-month and relative perplexity, emerging words, occurrences in and out of
+context, topic perplexity, all results of a stream in one dict, the headline summary and the expected findings."""
+
+import collections
+import datetime
+import math
+
+import numpy as np
+
+from templm.data.records import Document
+from templm.data.token_stream import EOS_WORD, TokenStream, build_stream, word_counts
+from templm.metrics.stream import (context_start, emerging_words, month_perplexities, occurrence_table,
+                                   relative_increase, stream_findings, stream_results, summarize, topic_perplexity,
+                                   word_log_probs)
+
+DAY = datetime.date
+
+
+def hand_stream(words_per_doc, months):
+    """A TokenStream with one piece per word (piece id = 10 + position), each doc followed by its EOS word."""
+    tokens, token_doc, token_word, word_text, word_doc, word_eos = [1], [], [], [], [], []
+    for d, words in enumerate(words_per_doc):
+        for w in words + [EOS_WORD]:
+            tokens.append(1 if w == EOS_WORD else 10 + len(tokens))
+            token_doc.append(d)
+            token_word.append(len(word_text))
+            word_text.append(w)
+            word_doc.append(d)
+            word_eos.append(w == EOS_WORD)
+    return TokenStream(tokens=tokens, token_doc=token_doc, token_word=token_word, word_text=word_text,
+                       word_doc=word_doc, word_is_eos=word_eos, doc_ids=[f"d{i}" for i in range(len(months))],
+                       doc_months=months)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Aggregation.
+
+
+def test_per_month_aggregation_on_hand_made_log_probs():
+    stream = hand_stream([["a", "b"], ["c"], ["d", "e", "f"]], ["2020-02", "2020-01", "2020-02"])
+    lp = np.array([-1.0, -2.0, -0.5,   -3.0, -1.0,   -0.2, -0.4, -0.6, -0.8])
+    # two-piece word in doc 1: merge "c" and its EOS into one word to check sums across pieces
+    stream.token_word[3] = stream.token_word[4] = 3
+    agg = month_perplexities(stream, lp)
+    jan, feb = agg["by_month"]["2020-01"], agg["by_month"]["2020-02"]
+    assert list(agg["by_month"]) == ["2020-01", "2020-02"]
+    assert jan["n_tokens"] == 2 and math.isclose(jan["subword_ppl"], math.exp(4.0 / 2))
+    assert jan["n_words"] == 2 and math.isclose(jan["word_ppl"], math.exp(4.0 / 2))  # (c+EOS: -4, empty word: 0)
+    assert feb["n_tokens"] == 7 and math.isclose(feb["subword_ppl"], math.exp(5.5 / 7))
+    assert feb["n_words"] == 7 and math.isclose(feb["word_ppl"], math.exp(5.5 / 7))
+    assert math.isclose(agg["overall"]["subword_ppl"], math.exp(9.5 / 9))
+
+
+def test_relative_increase_and_slope():
+    ctl = {"2020-01": 100.0, "2020-02": 100.0, "2020-03": 200.0, "2019-12": 50.0}
+    ts = {"2020-01": 110.0, "2020-02": 120.0, "2020-03": 260.0}
+    per_month, slope, intercept = relative_increase(ts, ctl)
+    assert list(per_month) == ["2020-01", "2020-02", "2020-03"]
+    np.testing.assert_allclose(list(per_month.values()), [0.1, 0.2, 0.3])
+    assert math.isclose(slope, 0.1) and math.isclose(intercept, 0.1, abs_tol=1e-12)
+    # A gap counts as months: x = 0 and 3; across a year boundary.
+    per_month, slope, intercept = relative_increase({"2019-11": 1.0, "2020-02": 1.6}, {"2019-11": 1.0, "2020-02": 1.0})
+    assert math.isclose(slope, 0.2) and math.isclose(intercept, 0.0, abs_tol=1e-12)
+    # Scattered points: numpy's least squares by hand.
+    x, y = np.array([0, 1, 2, 3.0]), np.array([0.0, 0.3, 0.1, 0.5])
+    per_month, slope, intercept = relative_increase({f"2021-0{i + 1}": 100 * (1 + v) for i, v in enumerate(y)},
+                                                    {f"2021-0{i + 1}": 100.0 for i in range(4)})
+    want_slope = ((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum()
+    assert math.isclose(slope, want_slope) and math.isclose(intercept, y.mean() - want_slope * x.mean())
+    _, slope, intercept = relative_increase({"2021-01": 2.0}, {"2021-01": 1.0})
+    assert math.isnan(slope) and intercept == 1.0
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Analyses.
+
+
+def test_emerging_words_on_a_synthetic_count_table():
+    train = collections.Counter({"the": 10000, "covid": 0, "brexit": 10, "vote": 300, "rare": 1, "tweet": 40})
+    train["filler"] = 100000 - sum(train.values())  # train total 100,000
+    test = collections.Counter({"the": 1000, "covid": 60, "brexit": 80, "vote": 120, "rare": 49, "tweet": 50,
+                                "zoom": 50})
+    test["filler"] = 10000 - sum(test.values())  # test total 10,000
+    # relative frequencies (train, test): brexit 1e-4 vs 8e-3 (80x: in); vote 3e-3 vs 1.2e-2 (4x: out at ratio 5,
+    # in at 3); tweet 4e-4 vs 5e-3 (12.5x: in); rare below 50 test occurrences; covid/zoom unseen in training.
+    assert emerging_words(train, test) == ["brexit", "covid", "tweet", "zoom"]
+    assert emerging_words(train, test, ratio=3.0) == ["vote", "brexit", "covid", "tweet", "zoom"]
+    assert emerging_words(train, test, min_test_count=60, ratio=20.0) == ["brexit", "covid"]
+
+
+def test_occurrence_table_on_a_tiny_hand_made_stream():
+    # One piece per word: word k of the stream is target k. Segments of 4, memory 2, one stream.
+    doc0 = ["a", "b", "a", "c", "d", "e", "f", "g", "a", "a"]  # targets 0..9, EOS at 10
+    doc1 = ["a", "b"]                                            # targets 11, 12 (a new document: firsts again)
+    stream = hand_stream([doc0, doc1], ["2020-01", "2020-01"])
+    lp = -np.arange(1, stream.n_targets + 1, dtype=np.float64)
+    # target 2 ("a", t=2): sees targets from max(0, 2-2-2)-1 = -1: the "a" at 0 is in context.
+    # target 8 ("a", t=0): sees from max(0, 8-0-2)-1 = 5: the "a" at 2 is out.
+    # target 9 ("a", t=1): sees from max(0, 9-1-2)-1 = 5: the "a" at 8 is in.
+    assert list(context_start(np.array([2, 8, 9]), seg_len=4, mem_len=2, part_len=16)) == [-1, 5, 5]
+    table = occurrence_table(stream, word_log_probs(stream, lp), seg_len=4, mem_len=2)
+    firsts = [0, 1, 3, 4, 5, 6, 7, 11, 12]
+    assert table["first"]["n"] == len(firsts)
+    assert math.isclose(table["first"]["ppl"], math.exp(sum(k + 1 for k in firsts) / len(firsts)))
+    assert table["later_in_context"]["n"] == 2 and math.isclose(table["later_in_context"]["ppl"], math.exp(13 / 2))
+    assert table["later_out_of_context"]["n"] == 1 and math.isclose(table["later_out_of_context"]["ppl"],
+                                                                    math.exp(9.0))
+    only = occurrence_table(stream, word_log_probs(stream, lp), seg_len=4, mem_len=2, only={"b"})
+    assert only["first"]["n"] == 2 and only["later_in_context"]["n"] == 0
+    # A bigger memory brings the far occurrence into context.
+    wide = occurrence_table(stream, word_log_probs(stream, lp), seg_len=4, mem_len=8)
+    assert wide["later_in_context"]["n"] == 3 and wide["later_out_of_context"]["n"] == 0
+    # Two parallel streams: a part starts with an empty memory.
+    assert list(context_start(np.array([16, 17]), seg_len=4, mem_len=8, part_len=16)) == [15, 15]
+
+
+def test_topic_perplexity_groups_documents():
+    # The topics of tests/data/test_stream_annotations.py: even documents one topic, odd ones the other.
+    doc_topic = np.array([1, 0, 1, 0, 1, 0])
+    stream = hand_stream([["x", "y"]] * 6, ["2020-01"] * 6)
+    lp = -np.repeat(np.arange(1.0, 7.0), 3)  # every target of doc d has log-prob -(d + 1)
+    per_topic = topic_perplexity(stream, lp, doc_topic)
+    assert sum(v["n_docs"] for v in per_topic.values()) == 6
+    assert math.isclose(per_topic[int(doc_topic[0])]["subword_ppl"], math.exp((1 + 3 + 5) / 3))
+    assert math.isclose(per_topic[int(doc_topic[1])]["word_ppl"], math.exp((2 + 4 + 6) / 3))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# All results, the summary and the findings.
+
+
+def test_stream_results(stream_spm):
+    sp, lexicon = stream_spm
+    rng = np.random.default_rng(0)
+    test_docs = [Document(f"d{i}", DAY(2020, 1 + i % 3, 1 + i),
+                          " ".join(["zorblat"] * 3 + [lexicon[j] for j in rng.integers(0, 60, 10)]) + ".")
+                 for i in range(9)]
+    stream = build_stream(test_docs, sp)
+    assert stream.months == ["2020-01", "2020-02", "2020-03"]
+    assert [d.date for d in stream.documents] == sorted(d.date for d in test_docs)
+    base = -rng.uniform(0.5, 3.0, stream.n_targets)
+    months = np.asarray(stream.doc_months)[stream.token_doc]
+    drift = np.select([months == "2020-01", months == "2020-02"], [0.0, 0.1], 0.2)
+    runs = {"time_stratified": {"static": base - drift, "dynamic": base - drift / 2},
+            "control": {"static": base}}
+    train_counts = word_counts(" ".join(lexicon[j] for j in rng.integers(0, 60, 400)) for _ in range(5))
+    results = stream_results(stream, runs, seg_len=16, mem_len=16, train_counts=train_counts, min_test_count=20,
+                             n_topics=2, settings={"model": "tiny"})
+    assert [w["word"] for w in results["emerging"]["words"]] == ["zorblat"]
+    rel = results["relative"]
+    assert rel["static"]["slope"] > rel["dynamic"]["slope"] > 0
+    assert abs(rel["static"]["per_month"]["2020-01"]) < 1e-9
+    assert results["settings"]["model"] == "tiny" and results["settings"]["n_tokens"] == stream.n_targets
+    assert set(results["occurrences"]) == {"static", "dynamic"} and results["topics"]["n_topics"] == 2
+
+    summary = summarize(results)
+    assert summary["months"] == ["2020-01", "2020-02", "2020-03"]
+    assert set(summary["overall_word_ppl"]) == {"time_stratified/static", "time_stratified/dynamic",
+                                                "control/static"}
+    assert math.isclose(summary["relative"]["static"]["slope_per_month"], rel["static"]["slope"])
+    assert math.isclose(summary["relative"]["static"]["last_month"], rel["static"]["per_month"]["2020-03"])
+    ts = results["runs"]["time_stratified"]
+    assert math.isclose(summary["dynamic_gain"]["dynamic"],
+                        ts["dynamic"]["overall"]["word_ppl"] / ts["static"]["overall"]["word_ppl"] - 1)
+    assert summary["dynamic_gain"]["dynamic"] < 0  # half the drift: a lower perplexity
+
+
+def test_stream_findings():
+    """The streaming half's findings from a hand-made summary: each verdict follows its number's sign."""
+    summary = {"overall_word_ppl": {"time_stratified/static": 12.0, "time_stratified/dynamic": 9.0,
+                                    "control/static": 8.0},
+               "relative": {"static": {"mean": 0.5, "slope_per_month": -0.01, "first_month": 0.6, "last_month": 0.4},
+                            "dynamic": {"mean": 0.1, "slope_per_month": 0.0, "first_month": 0.2, "last_month": 0.0}},
+               "dynamic_gain": {"dynamic": -0.25}, "months": ["2018-01", "2018-02"]}
+    found = stream_findings(summary)
+    assert {k: v["holds"] for k, v in found.items()} == {"gap": True, "growth": False, "dynamic": True}
+    assert found["growth"]["evidence"] == "slope -1.00% per month"
+    summary["dynamic_gain"] = {}
+    assert stream_findings(summary)["dynamic"]["holds"] is None

@@ -1,0 +1,67 @@
+"""Tests of templm.reports.importance_sampling: is_eval.md and is_eval.png from a results dict of the shape
+`run_is_eval` returns (built here by hand, so the expected table lines are known), written atomically."""
+
+from templm.metrics.importance_sampling import LEVELS
+from templm.reports.importance_sampling import is_markdown, proposal_labels, write_is_report
+
+PROPOSALS = {"prior": 1.5, "tempered(tau=2)": 1.2, "posterior": 1.0}  # ppl at K = 1 as a multiple of the exact one
+KS = (1, 16, 256)
+
+
+def _results():
+    rows = []
+    for i, latent in enumerate(LEVELS):
+        exact = 10.0 + i
+        rows.append({"latent": latent, "level": "-", "proposal": "exact", "temperature": None, "K": None,
+                     "ppl": exact, "ppl_se": None, "ppl_mc_se": None, "ppl_unit_se": None, "log_likelihood": -20.0,
+                     "exact_ppl": exact, "exact_log_likelihood": -20.0, "mean_ess_fraction": None, "runs": None})
+        for label, factor in PROPOSALS.items():
+            for level in LEVELS[i:]:
+                for k in KS:
+                    # The posterior one ulp-ish below the exact value: float noise, shown as a 0.00 % gap.
+                    ppl = exact * (1.0 - 1e-9) if label == "posterior" else exact * (1.0 + (factor - 1.0) / k)
+                    rows.append({"latent": latent, "level": level, "proposal": label,
+                                 "temperature": 2.0 if label.startswith("tempered") else None, "K": k, "ppl": ppl,
+                                 "ppl_se": 0.01 / k, "ppl_mc_se": None if k == 1 else 0.02,
+                                 "ppl_unit_se": 0.3, "log_likelihood": -21.0, "exact_ppl": exact,
+                                 "exact_log_likelihood": -20.0, "mean_ess_fraction": 0.5, "runs": 4096 // k})
+    config = {"seed": 0, "ks": list(KS), "temperatures": [2.0], "repeats": 16, "num_states": 4, "vocab_size": 6,
+              "num_docs": 4, "doc_length": 8, "mean_sentence_length": 6.0, "peakedness": 1.5, "num_tokens": 26,
+              "samples_per_proposal": 4096, "seconds": 1.0}
+    return {"config": config, "rows": rows, "files": {"json": "is_eval.json"}}
+
+
+def test_write_is_report_writes_the_table_and_the_figure(tmp_path):
+    results = _results()
+    paths = write_is_report(results, str(tmp_path))
+    assert paths == {"md": str(tmp_path / "is_eval.md"), "png": str(tmp_path / "is_eval.png")}
+    for name in ("is_eval.md", "is_eval.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert (tmp_path / "is_eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["is_eval.md", "is_eval.png"]  # no temp files
+    md = (tmp_path / "is_eval.md").read_text()
+    assert md == is_markdown(results["rows"], results["config"])
+    assert "| latent | level | proposal | K |" in md and "| document | - | exact |" in md
+
+
+def test_markdown_lines():
+    results = _results()
+    md = is_markdown(results["rows"], results["config"])
+    lines = md.splitlines()
+    assert lines[0] == "# Importance-sampled perplexity"
+    assert "HMM with 4 states, vocabulary 6; 4 documents, 26 tokens; seed 0." in lines[2]
+    assert lines[4] == "| latent | level | proposal | K | ppl | se | mc se | unit se | exact | gap % | runs |"
+    assert lines[5] == "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    assert lines[6] == "| token | - | exact |  | 10.000 |  |  |  | 10.000 |  |  |"
+    # K = 1: no Monte Carlo s.e. (one sample), a 50 % gap for the prior.
+    assert "| token | token | prior | 1 | 15.000 | 0.010 |  | 0.300 | 10.000 | 50.00 | 4096 |" in lines
+    assert "| sentence | document | tempered(tau=2) | 256 | 11.009 | 0.000 | 0.020 | 0.300 | 11.000 | 0.08 | 16 |" \
+        in lines
+    # Float noise below the exact value is a 0.00 gap, never -0.00.
+    assert "| document | document | posterior | 256 | 12.000 | 0.000 | 0.020 | 0.300 | 12.000 | 0.00 | 16 |" in lines
+    assert "-0.00" not in md
+    assert len(lines) == 6 + len(results["rows"]) and md.endswith(" |\n")
+
+
+def test_proposal_labels_in_order_of_appearance():
+    assert proposal_labels(_results()["rows"]) == ["prior", "tempered(tau=2)", "posterior"]

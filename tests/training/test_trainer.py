@@ -1,0 +1,252 @@
+"""The sharded gin trainer (templm/training/trainer.py, through the shared loop): loss falls; one device, a 4x2 mesh
+and two processes agree; shardings follow the rules; kill -9 and resume is bitwise exact; SIGTERM saves, exits with
+the preemption status and a rerun resumes; a NaN stops with the last good checkpoint intact."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import tasks
+from templm.cli import parse_gin
+from templm.data.task_data import TaskDataConfig
+from templm.data.world import WorldConfig
+from templm.errors import EXIT_PREEMPTED, TrainingError
+import templm.evaluation.checkpoint_eval  # noqa: F401  (registers the configurables base.gin binds)
+from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel
+from templm.training import partitioning, trainer
+from templm.training.checkpoints import load_params
+
+LENGTHS = {"inputs": 32, "targets": 8}
+CLI_CONFIG = ["--gin_file=gin_configs/temporal.gin", "--gin_file=gin_configs/runs/cpu_demo.gin",
+              "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", "--gin.BATCH_SIZE=16",
+              "--gin.EVAL_PERIOD=0", "--gin.templm.train.log_period=1"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(task_data_for):
+    return task_data_for("trainer", TaskDataConfig(world=WorldConfig(seed=2, start_year=2013, end_year=2016,
+                                                                     subjects_per_relation=6, docs_per_month=10),
+                                                   vocab_size=300, future_years=1))
+
+
+def _model():
+    return EncoderDecoderModel(T5_1_1_CONFIGS["tiny"])
+
+
+def _train(model_dir, steps, mesh_shape=(4, 2), optimizer=None, **kwargs):
+    devices = jax.devices()[:int(np.prod(mesh_shape))]
+    mesh = partitioning.make_mesh(mesh_shape=mesh_shape, devices=devices)
+    return trainer.train(model_dir=str(model_dir), mixture_or_task_name="temporal_mixture",
+                         task_feature_lengths=LENGTHS, train_steps=steps, batch_size=16, model=_model(),
+                         optimizer=optimizer or optax.adafactor(0.01), mesh=mesh, log_period=1,
+                         **kwargs)
+
+
+def _losses(model_dir):
+    with open(os.path.join(model_dir, "metrics.jsonl")) as f:
+        return [row["loss"] for row in map(json.loads, f) if row["split"] == "train"]
+
+
+def _cli(*args, env=None, **popen):
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", "templm.cli", "train", *CLI_CONFIG, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))), **popen)
+
+
+@pytest.fixture(scope="module")
+def trained(data_dir, tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("trained")
+    return model_dir, _train(model_dir, 40, save_period=20)
+
+
+def test_loss_falls_and_metrics_are_written(trained):
+    tmp_path, result = trained
+    losses = _losses(tmp_path)
+    assert len(losses) == 40
+    assert np.mean(losses[-5:]) < 0.6 * losses[0]
+    assert result["step"] == 40 and result["train"]["loss"] == pytest.approx(losses[-1])
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path))  # TensorBoard
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["20", "40"]
+
+
+def test_one_device_and_a_4x2_mesh_agree_and_shardings_follow_the_rules(data_dir, tmp_path):
+    single = _train(tmp_path / "one", 5, mesh_shape=(1, 1))
+    sharded = _train(tmp_path / "mesh", 5, mesh_shape=(4, 2))
+    np.testing.assert_allclose(_losses(tmp_path / "one"), _losses(tmp_path / "mesh"), rtol=2e-5)
+    params = sharded["params"]
+    assert params["token_embedder"]["embedding"].sharding.spec == P("model", None)  # (vocab, embed)
+    layer = params["encoder"]["layers_0"]
+    assert layer["mlp"]["wi_0"]["kernel"].sharding.spec == P(None, "model")  # (embed, mlp)
+    assert layer["attention"]["query"]["kernel"].sharding.spec == P(None, "model")  # (embed, joined_kv)
+    assert layer["attention"]["out"]["kernel"].sharding.spec == P("model", None)  # (joined_kv, embed)
+    assert params["decoder"]["logits_dense"]["kernel"].sharding.spec == P(None, "model")  # (embed, vocab)
+    # Each device holds half of a model-sharded matrix.
+    shard = params["token_embedder"]["embedding"].addressable_shards[0]
+    assert shard.data.shape[0] * 2 == params["token_embedder"]["embedding"].shape[0]
+    assert single["params"]["token_embedder"]["embedding"].sharding.spec in (P("model", None), P())
+
+
+def test_microbatches_give_the_same_updates(data_dir, tmp_path):
+    _train(tmp_path / "whole", 4)
+    _train(tmp_path / "micro", 4, microbatches=2)
+    np.testing.assert_allclose(_losses(tmp_path / "whole"), _losses(tmp_path / "micro"), rtol=2e-5)
+
+
+def test_nan_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
+    # Updates become 1e38 times larger from the fourth step on: parameters overflow after step 4.
+    blow_up = optax.chain(optax.sgd(0.01), optax.scale_by_schedule(lambda step: jnp.where(step >= 3, 1e38, 1.0)))
+    with pytest.raises(TrainingError, match="last good checkpoint is step 3"):
+        _train(tmp_path, 10, optimizer=blow_up, save_period=1)
+    assert sorted(int(s) for s in os.listdir(tmp_path / "checkpoints")) == [1, 2, 3]
+    params, meta = load_params(str(tmp_path / "checkpoints"))
+    assert meta["step"] == 3
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
+
+
+def _wait_for(path, proc, timeout=240):
+    start = time.time()
+    while not os.path.exists(path):
+        if proc.poll() is not None:
+            raise AssertionError(f"training ended before {path} appeared: {proc.stderr.read()[-3000:]}")
+        if time.time() - start > timeout:
+            proc.kill()
+            raise AssertionError(f"{path} did not appear in {timeout} s")
+        time.sleep(0.05)
+
+
+@pytest.mark.e2e
+def test_kill_minus_9_then_resume_is_bitwise_exact(data_dir, tmp_path):
+    env = {"TEMPLM_DATA_DIR": data_dir}
+    reference = _cli(f"--gin.MODEL_DIR='{tmp_path / 'ref'}'", "--gin.TRAIN_STEPS=24", "--gin.SAVE_PERIOD=24",
+                     env=env)
+    killed = _cli(f"--gin.MODEL_DIR='{tmp_path / 'run'}'", "--gin.TRAIN_STEPS=100000", "--gin.SAVE_PERIOD=3",
+                  env=env)
+    _wait_for(tmp_path / "run" / "checkpoints" / "6", killed)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    last = max(int(s) for s in os.listdir(tmp_path / "run" / "checkpoints") if s.isdigit())
+    assert 6 <= last < 24
+    resumed = _cli(f"--gin.MODEL_DIR='{tmp_path / 'run'}'", "--gin.TRAIN_STEPS=24", "--gin.SAVE_PERIOD=3",
+                   env=env)
+    for proc in (reference, resumed):
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+    assert json.loads(out.strip().splitlines()[-1])["start_step"] == last
+    ref_params, _ = load_params(str(tmp_path / "ref" / "checkpoints"))
+    run_params, meta = load_params(str(tmp_path / "run" / "checkpoints"))
+    assert meta["step"] == 24
+    same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), ref_params, run_params)
+    assert all(jax.tree.leaves(same))
+
+
+@pytest.mark.e2e
+def test_sigterm_saves_exits_as_preempted_and_a_rerun_resumes(data_dir, tmp_path):
+    env = {"TEMPLM_DATA_DIR": data_dir}
+    proc = _cli(f"--gin.MODEL_DIR='{tmp_path}'", "--gin.TRAIN_STEPS=100000", "--gin.SAVE_PERIOD=1000", env=env)
+    _wait_for(tmp_path / "metrics.jsonl", proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == EXIT_PREEMPTED, err[-3000:]
+    assert out == ""  # no result from unfinished work
+    params, meta = load_params(str(tmp_path / "checkpoints"))
+    stopped = meta["step"]
+    assert stopped == meta["data_position"] > 0
+    assert f"stopped by SIGTERM at step {stopped}" in err and "run the same command again" in err
+    rerun = _cli(f"--gin.MODEL_DIR='{tmp_path}'", f"--gin.TRAIN_STEPS={stopped + 2}", "--gin.SAVE_PERIOD=1000",
+                 env=env)
+    out, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["start_step"] == stopped and summary["step"] == stopped + 2
+
+
+@pytest.mark.e2e
+def test_two_processes_of_four_devices_match_one_process(data_dir, tmp_path):
+    gin_mesh = "--gin.templm.make_mesh.mesh_shape=(4, 2)"
+    env = {"TEMPLM_DATA_DIR": data_dir, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    port = 20000 + os.getpid() % 20000
+    procs = [_cli(f"--gin.MODEL_DIR='{tmp_path / 'multi'}'", "--gin.TRAIN_STEPS=5", gin_mesh,
+                  f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}", env=env)
+             for i in range(2)]
+    single = _cli(f"--gin.MODEL_DIR='{tmp_path / 'single'}'", "--gin.TRAIN_STEPS=5", "--gin.templm.make_mesh."
+                  "mesh_shape=(1, 1)", env={"TEMPLM_DATA_DIR": data_dir,
+                                           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+    for proc in procs + [single]:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+    np.testing.assert_allclose(_losses(tmp_path / "multi"), _losses(tmp_path / "single"), rtol=2e-5)
+
+
+@pytest.mark.e2e
+def test_misspelled_binding_and_missing_macro_are_named():
+    wrong = subprocess.run([sys.executable, "-m", "templm.cli", "train", "--gin_file=gin_configs/temporal.gin",
+                            "--gin.templm.train.trian_steps=3", "--gin.MODEL_DIR='/tmp/x'"],
+                           capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+                           timeout=300)
+    assert wrong.returncode == 1 and "trian_steps" in wrong.stderr
+    missing = subprocess.run([sys.executable, "-m", "templm.cli", "train", "--gin_file=gin_configs/temporal.gin"],
+                             capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+                             timeout=300)
+    assert missing.returncode == 1 and "MODEL_DIR" in missing.stderr
+
+
+def test_gin_configs_bind_the_t5x_macros(data_dir):
+    try:
+        parse_gin(["gin_configs/yearly.gin"], ["MODEL_DIR = '/tmp/m'", "YEAR = 2015"])
+        assert gin.query_parameter("templm.train.batch_size").scoped_selector == "BATCH_SIZE/gin.macro"
+        assert gin.query_parameter("%BATCH_SIZE") == 2048 and gin.query_parameter("%TRAIN_STEPS") == 300000
+        assert gin.query_parameter("%DROPOUT_RATE") == 0.1
+        assert gin.query_parameter("templm.T5Config.emb_dim") == 512
+        assert tasks.yearly_mixture(year=2015) == "yearly_2015_mixture"
+        with pytest.raises(ValueError, match="no yearly mixture for 2030"):
+            tasks.yearly_mixture(year=2030)
+    finally:
+        gin.clear_config()
+
+
+@pytest.mark.e2e
+def test_eval_and_infer_verbs_on_the_trained_checkpoint(trained, data_dir, tmp_path):
+    model_dir, _ = trained
+    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    env = {**os.environ, "TEMPLM_DATA_DIR": data_dir}
+    common = [*CLI_CONFIG, f"--gin.MODEL_DIR='{model_dir}'"]
+    result = subprocess.run([sys.executable, "-m", "templm.cli", "eval", *common, "--split=validation",
+                             "--eval_task=templama_temporal", f"--out={tmp_path}"], capture_output=True, text=True,
+                            cwd=root, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "eval_validation.json").read_text())
+    metrics = report["metrics"]["templama_temporal"]
+    assert report["step"] == 40 and metrics["count"] > 0 and 0 <= metrics["f1"] <= 100
+    assert metrics["seen_count"] + metrics["future_count"] == metrics["count"]
+    assert "| templama_temporal |" in (tmp_path / "eval_validation.md").read_text()
+
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text('{"query": "Ann Lee plays for _X_.", "date": "2014"}\n{"inputs": "year: 2015 <extra_id_0> '
+                       'is the head coach of Kora United."}\n')
+    out = tmp_path / "predictions.jsonl"
+    result = subprocess.run([sys.executable, "-m", "templm.cli", "infer", *common, f"--input={queries}",
+                             f"--output={out}"], capture_output=True, text=True, cwd=root, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["model_inputs"] for r in rows] == ["year: 2014 Ann Lee plays for <extra_id_0>.",
+                                                 "year: 2015 <extra_id_0> is the head coach of Kora United."]
+    assert all(isinstance(r["prediction"], str) and "<extra_id" not in r["prediction"] for r in rows)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"query": "no date here _X_"}\n')
+    result = subprocess.run([sys.executable, "-m", "templm.cli", "infer", *common, f"--input={bad}",
+                             f"--output={tmp_path / 'x.jsonl'}"], capture_output=True, text=True, cwd=root,
+                            env=env, timeout=600)
+    assert result.returncode == 1 and f"{bad}:1" in result.stderr
+    assert not (tmp_path / "x.jsonl").exists()
