@@ -595,24 +595,28 @@ def _verbosity(args: Sequence[str]) -> Tuple[int, List[str]]:
     return level, out
 
 
-def _quiet_libraries(tensorflow: bool) -> None:
-    """Library logs off: TensorFlow's native start-up lines (oneDNN, CUDA probes), Python warnings of libraries, and
-    (in `main`, once absl has parsed its flags) every Python log line below FATAL (gin, for one, logs an ERROR for
-    each search path an `include` is not found in).
-
-    TensorFlow's native libraries write their start-up lines straight to the process's standard error as they load,
-    before any log setting applies; a verb that uses TensorFlow loads it here with that descriptor pointed at
-    /dev/null for the length of the import."""
+def _quiet_libraries() -> None:
+    """Library logs off: TensorFlow's native log lines, Python warnings of libraries, and (in `main`, once absl has
+    parsed its flags) every Python log line below FATAL (gin, for one, logs an ERROR for each search path an
+    `include` is not found in)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     warnings.filterwarnings("ignore")
     warnings.filterwarnings("default", module="templm")
-    if not tensorflow:
-        return
+
+
+def _load_tensorflow(quiet: bool) -> None:
+    """Loads TensorFlow for a verb that uses it (for tf.data and record files only) and hides the GPUs from it, as
+    T5X does, so that it never takes accelerator memory from JAX. TensorFlow's native libraries write start-up and
+    CUDA-probe lines straight to the process's standard error, before any log setting applies; when `quiet`, that
+    descriptor points at /dev/null while it loads and looks for devices."""
     sys.stderr.flush()
     saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(null, 2)
-        import tensorflow  # noqa: F401
+        if quiet:
+            os.dup2(null, 2)
+        import tensorflow as tf
+
+        tf.config.set_visible_devices([], "GPU")
     finally:
         os.dup2(saved, 2)
         os.close(saved)
@@ -651,7 +655,9 @@ def run(argv: Optional[Sequence[str]] = None) -> None:
     verbosity, rest = _verbosity(rest)
     v = VERBS[name]
     if verbosity < 1:
-        _quiet_libraries(v.tensorflow)
+        _quiet_libraries()
+    if v.tensorflow:
+        _load_tensorflow(quiet=verbosity < 1)
     v.define()
     if v.takes_gin:
         define_gin_flags()

@@ -1,10 +1,13 @@
-"""The `templm` command line end to end: verbs, help, gin flags, and bad input answered with file:line and exit 1."""
+"""The `templm` command line end to end: verbs (and their earlier spellings), help, gin flags, quiet output unless
+--verbosity asks, and bad input answered with file:line and exit 1."""
 
 import filecmp
 import json
 import os
 
 import pytest
+
+pytestmark = pytest.mark.e2e
 
 from templm.cli import rewrite_gin_args
 from templm.errors import ConfigError
@@ -24,6 +27,26 @@ def test_help_lists_verbs_and_flags():
         assert flag in world.stdout
     unknown = templm("frobnicate")
     assert unknown.returncode == 2 and "unknown verb 'frobnicate'" in unknown.stderr
+    assert "train-lm" in top.stdout and "train_lm" not in top.stdout
+    alias = templm("train_lm", "--help")  # the earlier spelling still works
+    assert alias.returncode == 0 and alias.stdout.startswith("usage: templm train-lm")
+
+
+def test_library_logs_only_with_verbosity(tmp_path):
+    """A verb that loads TensorFlow and trains a vocabulary: by default standard error holds templm's own lines only;
+    --verbosity=1 brings back the libraries' log lines (absl-formatted, e.g. "I1130 12:00:00.000 file.py:12] ...")."""
+    flags = ["data", "tasks", "--vocab_size=300", "--future_years=1", "--gin.WorldConfig.start_year=2016",
+             "--gin.WorldConfig.end_year=2017", "--gin.WorldConfig.subjects_per_relation=4",
+             "--gin.WorldConfig.docs_per_month=2"]
+    quiet = templm(*flags, f"--out={tmp_path / 'quiet'}")
+    assert quiet.returncode == 0, quiet.stderr
+    library = [line for line in quiet.stderr.splitlines() if line[:1] in "IWEF" and line[1:5].isdigit()
+               or "absl::InitializeLog" in line]
+    assert library == [], quiet.stderr
+    loud = templm(*flags, f"--out={tmp_path / 'loud'}", "--verbosity=1")
+    assert loud.returncode == 0, loud.stderr
+    assert any(line[:1] == "I" and line[1:5].isdigit() for line in loud.stderr.splitlines()), loud.stderr
+    assert json.loads(quiet.stdout)["examples"] == json.loads(loud.stdout)["examples"]
 
 
 def test_data_world_writes_the_world_and_prints_a_summary(tmp_path):
