@@ -62,3 +62,32 @@ def is_problem():
     from templm.experiments.importance_sampling import make_is_eval_problem
 
     return make_is_eval_problem(0, num_states=4, vocab_size=6, num_docs=4, doc_length=8)
+
+
+@pytest.fixture(scope="module")
+def drifting_stream(stream_spm):
+    """Nine documents over three months in a stream of the tiny tokenizer, with made-up token log-probabilities:
+    TIME-STRATIFIED drifting away from CONTROL month by month, dynamic evaluation halving the drift, and their
+    stream_results: {"documents", "stream", "results"} (tests/metrics/test_stream.py, tests/reports/test_stream.py)."""
+    import datetime
+
+    import numpy as np
+
+    from templm.data.records import Document
+    from templm.data.token_stream import build_stream, word_counts
+    from templm.metrics.stream import stream_results
+
+    sp, lexicon = stream_spm
+    rng = np.random.default_rng(0)
+    documents = [Document(f"d{i}", datetime.date(2020, 1 + i % 3, 1 + i),
+                          " ".join(["zorblat"] * 3 + [lexicon[j] for j in rng.integers(0, 60, 10)]) + ".")
+                 for i in range(9)]
+    stream = build_stream(documents, sp)
+    base = -rng.uniform(0.5, 3.0, stream.n_targets)
+    months = np.asarray(stream.doc_months)[stream.token_doc]
+    drift = np.select([months == "2020-01", months == "2020-02"], [0.0, 0.1], 0.2)
+    runs = {"time_stratified": {"static": base - drift, "dynamic": base - drift / 2}, "control": {"static": base}}
+    train_counts = word_counts(" ".join(lexicon[j] for j in rng.integers(0, 60, 400)) for _ in range(5))
+    results = stream_results(stream, runs, seg_len=16, mem_len=16, train_counts=train_counts, min_test_count=20,
+                             n_topics=2, settings={"model": "tiny"})
+    return {"documents": documents, "stream": stream, "results": results}

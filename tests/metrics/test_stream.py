@@ -2,18 +2,14 @@
 context, topic perplexity, all results of a stream in one dict, the headline summary and the expected findings."""
 
 import collections
-import datetime
 import math
 
 import numpy as np
 
-from templm.data.records import Document
-from templm.data.token_stream import EOS_WORD, TokenStream, build_stream, word_counts
+from templm.data.token_stream import EOS_WORD, TokenStream
 from templm.metrics.stream import (context_start, emerging_words, month_perplexities, occurrence_table,
-                                   relative_increase, stream_findings, stream_results, summarize, topic_perplexity,
-                                   word_log_probs)
+                                   relative_increase, stream_findings, summarize, topic_perplexity, word_log_probs)
 
-DAY = datetime.date
 
 
 def hand_stream(words_per_doc, months):
@@ -129,23 +125,10 @@ def test_topic_perplexity_groups_documents():
 # All results, the summary and the findings.
 
 
-def test_stream_results(stream_spm):
-    sp, lexicon = stream_spm
-    rng = np.random.default_rng(0)
-    test_docs = [Document(f"d{i}", DAY(2020, 1 + i % 3, 1 + i),
-                          " ".join(["zorblat"] * 3 + [lexicon[j] for j in rng.integers(0, 60, 10)]) + ".")
-                 for i in range(9)]
-    stream = build_stream(test_docs, sp)
+def test_stream_results(drifting_stream):
+    stream, test_docs, results = drifting_stream["stream"], drifting_stream["documents"], drifting_stream["results"]
     assert stream.months == ["2020-01", "2020-02", "2020-03"]
     assert [d.date for d in stream.documents] == sorted(d.date for d in test_docs)
-    base = -rng.uniform(0.5, 3.0, stream.n_targets)
-    months = np.asarray(stream.doc_months)[stream.token_doc]
-    drift = np.select([months == "2020-01", months == "2020-02"], [0.0, 0.1], 0.2)
-    runs = {"time_stratified": {"static": base - drift, "dynamic": base - drift / 2},
-            "control": {"static": base}}
-    train_counts = word_counts(" ".join(lexicon[j] for j in rng.integers(0, 60, 400)) for _ in range(5))
-    results = stream_results(stream, runs, seg_len=16, mem_len=16, train_counts=train_counts, min_test_count=20,
-                             n_topics=2, settings={"model": "tiny"})
     assert [w["word"] for w in results["emerging"]["words"]] == ["zorblat"]
     rel = results["relative"]
     assert rel["static"]["slope"] > rel["dynamic"]["slope"] > 0

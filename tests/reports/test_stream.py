@@ -1,41 +1,23 @@
 """The streaming report: report.md and the figures of one run beside its results.json (all or nothing), and the
 reproduction report's streaming section with its verdicts and the figures drawn from the run's results.json."""
 
-import datetime
 import json
 import math
 import os
 
-import numpy as np
 import pytest
 
-from templm.data.records import Document
-from templm.data.token_stream import build_stream, word_counts
 from templm.io import write_json
-from templm.metrics.stream import stream_results, summarize
+from templm.metrics.stream import summarize
 from templm.reports.stream import streaming_section, write_stream_report
 
-DAY = datetime.date
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def results(stream_spm):
+def results(drifting_stream):
     """stream_results of nine documents over three months, TIME-STRATIFIED drifting away from CONTROL."""
-    sp, lexicon = stream_spm
-    rng = np.random.default_rng(0)
-    test_docs = [Document(f"d{i}", DAY(2020, 1 + i % 3, 1 + i),
-                          " ".join(["zorblat"] * 3 + [lexicon[j] for j in rng.integers(0, 60, 10)]) + ".")
-                 for i in range(9)]
-    stream = build_stream(test_docs, sp)
-    base = -rng.uniform(0.5, 3.0, stream.n_targets)
-    months = np.asarray(stream.doc_months)[stream.token_doc]
-    drift = np.select([months == "2020-01", months == "2020-02"], [0.0, 0.1], 0.2)
-    runs = {"time_stratified": {"static": base - drift, "dynamic": base - drift / 2},
-            "control": {"static": base}}
-    train_counts = word_counts(" ".join(lexicon[j] for j in rng.integers(0, 60, 400)) for _ in range(5))
-    return stream_results(stream, runs, seg_len=16, mem_len=16, train_counts=train_counts, min_test_count=20,
-                          n_topics=2, settings={"model": "tiny"})
+    return drifting_stream["results"]
 
 
 def test_report_files(results, tmp_path):
