@@ -23,6 +23,7 @@ INSTALL_REQUIRES = [
     "safetensors==0.8.0",
     "sacremoses==0.2.0",
     "scikit-learn==1.9.1",
+    "scipy==1.17.1",  # the statistical tests behind every finding (templm/metrics/statistics.py)
     "matplotlib==3.11.2",
 ]
 

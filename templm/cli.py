@@ -472,23 +472,53 @@ def _define_reproduce():
     flags.DEFINE_string("out", None, "Output folder: report.md, figures/, results.json, data/, models/.",
                         required=True)
     flags.DEFINE_integer("seed", 0, "Seed of the world, the splits, the initialisation and the data order.")
+    flags.DEFINE_list("seeds", None, "Several seeds (e.g. 0,1,2): the study once per seed into OUT/seed_<S>, then "
+                      "every finding tested over the seeds and every number as mean and 95% interval in OUT.")
+    flags.DEFINE_integer("num_seeds", None, "The same as --seeds 0,1,...,N-1.")
     flags.DEFINE_boolean("streaming", True, "Also run the Transformer-XL half (TIME-STRATIFIED vs CONTROL streaming "
                          "perplexity, dynamic evaluation) after the T5 stages.")
 
 
-def _main_reproduce():
-    from templm.experiments.reproduce import reproduce
-    from templm.reports.reproduction import write_report
-    from templm.reports.tables import VERDICTS
+def _reproduce_seeds() -> Optional[List[int]]:
+    """The seeds of --seeds / --num_seeds, or None for a single-seed run (--seed)."""
+    if FLAGS.seeds is not None and FLAGS.num_seeds is not None:
+        raise ConfigError("give --seeds or --num_seeds, not both")
+    if FLAGS.num_seeds is not None:
+        if FLAGS.num_seeds < 1:
+            raise ConfigError(f"--num_seeds must be at least 1, got {FLAGS.num_seeds}")
+        return list(range(FLAGS.num_seeds))
+    if FLAGS.seeds is None:
+        return None
+    try:
+        seeds = [int(s) for s in FLAGS.seeds]
+    except ValueError:
+        raise ConfigError(f"--seeds: expected a comma-separated list of integers, got {','.join(FLAGS.seeds)!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seeds: expected distinct seeds, got {','.join(FLAGS.seeds)!r}")
+    return seeds
 
-    results = reproduce(FLAGS.preset, FLAGS.out, FLAGS.seed, extra_stages=None if FLAGS.streaming else [])
-    paths = write_report(results, FLAGS.out)
-    print(f"templm reproduce: {FLAGS.preset} preset, seed {FLAGS.seed}: {paths['report']}")
-    findings = dict(results["findings"])
-    for stage, extra in (results.get("extra") or {}).items():
-        findings.update({f"{stage}_{name}": item for name, item in (extra.get("findings") or {}).items()})
-    for name, item in findings.items():
-        print(f"  {name}: {VERDICTS[item['holds']]} ({item['evidence']})")
+
+def _main_reproduce():
+    from templm.experiments.reproduce import reproduce, reproduce_seeds
+    from templm.reports.reproduction import write_report, write_seeds_report
+
+    extra = None if FLAGS.streaming else []
+    seeds = _reproduce_seeds()
+    if seeds is None:
+        results = reproduce(FLAGS.preset, FLAGS.out, FLAGS.seed, extra_stages=extra)
+        paths = write_report(results, FLAGS.out)
+        print(f"templm reproduce: {FLAGS.preset} preset, seed {FLAGS.seed}: {paths['report']}")
+        findings, extra_findings = results["findings"], {
+            stage: value.get("findings") or {} for stage, value in (results.get("extra") or {}).items()}
+    else:
+        results = reproduce_seeds(FLAGS.preset, FLAGS.out, seeds, extra_stages=extra)
+        paths = write_seeds_report(results, FLAGS.out)
+        print(f"templm reproduce: {FLAGS.preset} preset, seeds {','.join(map(str, seeds))}: {paths['report']}")
+        findings, extra_findings = results["findings"], results["extra_findings"]
+    rows = list(findings.items()) + [(f"{stage}_{name}", item) for stage, items in extra_findings.items()
+                                     for name, item in items.items()]
+    for name, item in rows:
+        print(f"  {name}: {item['verdict']} ({item['evidence']})")
 
 
 def _define_train_lm():

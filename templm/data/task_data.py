@@ -54,6 +54,7 @@ class TaskDataConfig:
     templama_dir: Optional[str] = None  # {train,val,test}.jsonl in the release format; default: the world's
     world: WorldConfig = WorldConfig()
     vocab_size: int = 768  # the world's vocabulary is small; use 32000 for a real news corpus
+    exact_vocab_size: bool = True  # False: vocab_size is an upper bound (train_spm's exact_size)
     max_spm_sentences: int = 1_000_000
     detector: str = "builtin"  # or the name of an installed spaCy pipeline
     one_span_per_sentence: bool = False
@@ -174,7 +175,8 @@ def _prepare(config: TaskDataConfig, root: str) -> dict:
     # The Temporal prefix ("year: 2014 ") must be in the vocabulary even where the corpus never writes a colon.
     prefixes = [Document(f"prefix-{y}", datetime.date(y, 1, 1), f"year: {y}") for y in years]
     train_spm(itertools.chain(prefixes, _training_documents(corpus, fmt, split_of)), spm_prefix,
-              vocab_size=config.vocab_size, max_sentences=config.max_spm_sentences, seed=config.seed)
+              vocab_size=config.vocab_size, max_sentences=config.max_spm_sentences, seed=config.seed,
+              exact_size=config.exact_vocab_size)
 
     all_years = sorted(set(years) | query_years)
     n_future = min(config.future_years, max(0, len(all_years) - 1))

@@ -70,7 +70,7 @@ def sample_sentences(documents: Iterable[Document], max_sentences: int, seed: in
 
 def train_spm(documents: Iterable[Document], model_prefix: str, vocab_size: int = 32000,
               max_sentences: int = 1_000_000, seed: int = 0, model_type: str = "unigram",
-              character_coverage: float = 1.0) -> str:
+              character_coverage: float = 1.0, exact_size: bool = True) -> str:
     """Trains a SentencePiece model on (a sample of) `documents`; returns the path of `model_prefix + ".model"`.
 
     Writes `<model_prefix>.model` and `<model_prefix>.vocab`, each renamed into place from a temporary file once
@@ -79,8 +79,13 @@ def train_spm(documents: Iterable[Document], model_prefix: str, vocab_size: int 
     one thread with a fixed seed, and the temporary paths it records are cleared from the model. The model's
     `trainer_spec.input_sentence_size` holds the number of lines it was trained on.
 
+    With `exact_size=False`, `vocab_size` is an upper bound: a text too small to support that many pieces gets as
+    many as it supports (SentencePiece's soft limit; where the text supports `vocab_size`, the model is the same
+    either way). Use it where the text is drawn at random (the embedded world of any seed) and the vocabulary only
+    has to fit.
+
     Raises DataError (naming the corpus file when `documents` is a reader) when there is no text, and ValueError when
-    `vocab_size` is too large (or too small) for the text.
+    `vocab_size` is too large (with exact_size) or too small for the text.
     """
     if model_type not in MODEL_TYPES:
         raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
@@ -113,7 +118,7 @@ def train_spm(documents: Iterable[Document], model_prefix: str, vocab_size: int 
                 input=text_path, model_prefix=tmp_prefix, vocab_size=vocab_size, model_type=model_type,
                 character_coverage=character_coverage, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
                 input_sentence_size=n_sentences, shuffle_input_sentence=False,
-                num_threads=1, minloglevel=1)
+                num_threads=1, minloglevel=1, hard_vocab_limit=exact_size)
         except RuntimeError as e:
             raise _training_error(str(e), vocab_size, n_sentences, source) from None
         # The trainer records its (temporary) input and output paths: clear them so the bytes depend on the data only.

@@ -106,7 +106,8 @@ def future_degradation(scorer: TextScorer, params, regime: str, queries: Sequenc
 
     `queries` are the test queries (`records.Query`) of every year: the answer group (one answer over the whole
     span, or several) of a subject and relation is taken from all of them. Returns the number of queries of the
-    reference year, how many were answered correctly, and per group the count and the mean change per gap.
+    reference year, how many were answered correctly, per group the count and the mean change per gap, and per
+    answered query ("items") its group and its change averaged over the gaps (what the finding's test compares).
     """
     gaps = list(range(1, max_gap + 1))
     groups = time_analysis.answer_groups(queries)
@@ -127,6 +128,8 @@ def future_degradation(scorer: TextScorer, params, regime: str, queries: Sequenc
     deltas = time_analysis.loglik_change(scores[0], scores[1:].T)
     group_of = [groups[(q.subject_id, q.relation)] for q in kept]
     result["groups"] = time_analysis.mean_change_by_gap(deltas, group_of, gaps)
+    result["items"] = {"id": [q.id for q in kept], "group": group_of,
+                       "mean_change": deltas.mean(axis=1).tolist() if len(kept) else []}
     return result
 
 
@@ -158,7 +161,8 @@ def future_calibration(scorer: TextScorer, params, regime: str, calibration: Seq
     """Entropy over each calibration query's candidates in each of `years`, averaged per change class and year.
 
     Returns `entropy` (nats) and `normalized_entropy` (divided by log of the number of candidates, so that classes
-    with candidate sets of different sizes compare) as {class: {year: mean}}, and the number of queries per class.
+    with candidate sets of different sizes compare) as {class: {year: mean}}, the number of queries per class, and
+    per query and year ("items") its class, year and both entropies.
     """
     inputs, targets, spans = [], [], []
     for q in calibration:
@@ -179,4 +183,5 @@ def future_calibration(scorer: TextScorer, params, regime: str, calibration: Seq
     return {"regime": regime, "years": [int(y) for y in years],
             "entropy": time_analysis.mean_by_class_and_year(raw, classes, span_years),
             "normalized_entropy": time_analysis.mean_by_class_and_year(normalized, classes, span_years),
-            "count": counts}
+            "count": counts,
+            "items": {"class": classes, "year": span_years, "entropy": raw, "normalized_entropy": normalized}}

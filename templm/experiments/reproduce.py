@@ -60,8 +60,10 @@ from templm.evaluation.routing import YearRouter, evaluate_router
 from templm.evaluation.task_eval import evaluate_model, with_params
 from templm.experiments import adaptation, streaming
 from templm.io import format_duration, jsonable, write_json
-from templm.metrics import time_analysis
-from templm.metrics.findings import findings
+from templm.metrics import qa, time_analysis
+from templm.metrics.findings import CLAIMS, DIRECTIONS, combine_findings, findings
+from templm.metrics.statistics import mean_interval
+from templm.metrics.stream import STREAM_DIRECTIONS
 from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, count_parameters
 from templm.training import partitioning, trainer
 from templm.training.optimizers import make_optimizer
@@ -313,8 +315,8 @@ class Reproduction:
         config = TaskDataConfig(world=WorldConfig(seed=self.seed, start_year=p.start_year, end_year=p.end_year,
                                                   subjects_per_relation=p.subjects_per_relation,
                                                   docs_per_month=p.docs_per_month),
-                                vocab_size=p.vocab_size, future_years=p.future_years, seed=self.seed,
-                                heldout_fraction=p.heldout_fraction)
+                                vocab_size=p.vocab_size, exact_vocab_size=False, future_years=p.future_years,
+                                seed=self.seed, heldout_fraction=p.heldout_fraction)
         manifest = prepare_task_data(config, self.data_dir)
         with open(os.path.join(self.data_dir, "world", "stats.json"), encoding="utf-8") as f:
             stats = json.load(f)
@@ -381,13 +383,16 @@ def _stage_evaluate(run: Reproduction) -> None:
     run.results["regimes"]["yearly"]["routes"] = {str(y): router.route(y) for y in run.manifest["years"]}
     evaluations["yearly"] = templama
 
-    experts = {}
+    experts, expert_evaluations = {}, {}
     for year in run.seen:
-        metrics = evaluate_model(with_params(fns, run.params[f"yearly_{year}"]), "templama_uniform",
-                                 run.lengths).metrics
-        experts[year] = {k: v for k, v in metrics.items() if k.split("_")[0] in ("f1", "em", "count")}
+        evaluation = evaluate_model(with_params(fns, run.params[f"yearly_{year}"]), "templama_uniform", run.lengths)
+        experts[year] = {k: v for k, v in evaluation.metrics.items() if k.split("_")[0] in ("f1", "em", "count")}
+        expert_evaluations[str(year)] = evaluation
     by_gap = time_analysis.f1_by_year_gap(experts)
-    run.results["yearly"] = {"experts": experts, "by_gap": by_gap, "falloff": time_analysis.falloff(by_gap)}
+    run.results["yearly"] = {"experts": experts, "by_gap": by_gap, "falloff": time_analysis.falloff(by_gap),
+                             "per_query": per_query_f1(expert_evaluations)}
+    run.results["per_query"] = per_query_f1(evaluations)
+    run.temporal_evaluation = evaluations["temporal"]
 
     queries = list(TemplamaReader(os.path.join(run.data_dir, "world", "templama", "test.jsonl")))
     run.test_queries = queries
@@ -400,6 +405,19 @@ def _stage_evaluate(run: Reproduction) -> None:
         run.results["duration"][regime] = time_analysis.f1_by_duration(predictions, evaluation.answers(),
                                                                        durations)
     run.fns = fns
+
+
+def per_query_f1(evaluations: Mapping[str, Any]) -> Dict[str, Any]:
+    """Per-query token F1 (x100, as the metrics' `f1`) of several models' evaluations of one test set, aligned:
+    {"id": [...], "year": [...], "f1": {model: [...]}} over the queries every evaluation holds, sorted by id. The
+    findings' paired tests compare models query by query."""
+    scored = {name: {ex["id"]: (ex.get("year"), 100.0 * qa.token_f1(ex["prediction"], ex["answers"]))
+                     for ex in evaluation.examples}
+              for name, evaluation in evaluations.items()}
+    ids = sorted(set.intersection(*(set(s) for s in scored.values()))) if scored else []
+    first = next(iter(scored.values()), {})
+    return {"id": ids, "year": [first[i][0] for i in ids],
+            "f1": {name: [s[i][1] for i in ids] for name, s in scored.items()}}
 
 
 def _stage_future(run: Reproduction) -> None:
@@ -423,9 +441,18 @@ def _stage_adaptation(run: Reproduction) -> None:
     base_metrics = run.results["regimes"]["temporal"]["templama"]
     base = adaptation.new_and_old_f1(base_metrics, run.new_year, run.seen)
     kwargs = run.train_kwargs()
+    evaluated: Dict[int, Any] = {}  # id(params) -> its evaluation, so the per-query scores below reuse it
 
     def evaluate(params):  # the final scores, with the functions the evaluation stage compiled
-        return evaluate_model(with_params(run.fns, params), "templama_temporal", run.lengths).metrics
+        if id(params) not in evaluated:
+            evaluated[id(params)] = evaluate_model(with_params(run.fns, params), "templama_temporal", run.lengths)
+        return evaluated[id(params)].metrics
+
+    def evaluation_of(params):
+        evaluate(params)
+        return evaluated.pop(id(params))
+
+    per_query = {"base": run.temporal_evaluation}
 
     def period(steps, points):  # evaluations during training only where a curve is asked for
         return max(1, steps // points) if points > 1 else None
@@ -437,7 +464,7 @@ def _stage_adaptation(run: Reproduction) -> None:
     for alpha, r in runs.items():
         name = f"adapt_alpha{alpha}"
         run.model_times[name] = r.pop("wall_s")
-        r.pop("params")
+        per_query[alpha] = evaluation_of(r.pop("params"))
         run.record_model(name, "temporal", r["mixture"], r["steps"], r["train_loss"], "temporal")
     # The retrained model sees the seen years and the new one; its TempLAMA years are the same examples either way.
     run.configure(run.retrain_view)
@@ -449,12 +476,12 @@ def _stage_adaptation(run: Reproduction) -> None:
     finally:
         run.configure(run.data_dir)
     run.model_times["retrain"] = retrained.pop("wall_s")
-    retrained.pop("params")
+    per_query["retrained"] = evaluation_of(retrained.pop("params"))
     run.record_model("retrain", "temporal", f"temporal_mixture ({_years(run.seen + [run.new_year])})",
                      retrained["steps"], retrained["train_loss"], "scratch")
     run.results["adaptation"] = {
         "new_year": run.new_year, "old_years": run.seen, "runs": runs, "retrained": retrained,
-        "summary": adaptation.summarize(base, runs, retrained, p.steps)}
+        "summary": adaptation.summarize(base, runs, retrained, p.steps), "per_query": per_query_f1(per_query)}
 
 
 def _years(years: Sequence[int]) -> str:
@@ -540,10 +567,88 @@ def reproduce(preset: Union[str, Preset], out_dir: str, seed: int = 0,
                              "extra": run.extra_times,
                              "total_s": time.time() - t0, "machine": _machine()}
     results = jsonable(run.results)
-    results["findings"] = {item["name"]: {"holds": item["holds"], "evidence": item["evidence"]}
+    results["findings"] = {item["name"]: {k: v for k, v in item.items() if k != "name"}
                            for item in findings(results)}
     write_json(os.path.join(out_dir, "results.json"), results, sort_keys=True)
     return results
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Several seeds.
+
+# Keys of a run's results that hold per-item numbers (queries, documents), not summary numbers to average over seeds.
+PER_ITEM_KEYS = frozenset({"per_query", "items", "documents"})
+
+
+def seed_dir(out_dir: str, seed: int) -> str:
+    return os.path.join(out_dir, f"seed_{seed}")
+
+
+def reproduce_seeds(preset: Union[str, Preset], out_dir: str, seeds: Sequence[int],
+                    extra_stages: Optional[Sequence[ExtraStage]] = None) -> Dict[str, Any]:
+    """The whole study once per seed, each into out_dir/seed_<S> (its own results.json, resumable as one run), then
+    the seeds combined into out_dir/results.json (`combine_seeds`): every finding tested over the per-seed effects,
+    every summary number as its mean and 95 % interval over the seeds, and every seed's results whole. The seeds run
+    one after another in this process, so each compiled function is compiled once."""
+    seeds = [int(s) for s in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct and at least one, got {seeds}")
+    out_dir = os.path.abspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    t0 = time.time()
+    per_seed = {}
+    for i, seed in enumerate(seeds):
+        console.say(f"reproduce: seed {seed} ({i + 1} of {len(seeds)}) into {seed_dir(out_dir, seed)}")
+        per_seed[str(seed)] = reproduce(preset, seed_dir(out_dir, seed), seed, extra_stages)
+    results = combine_seeds(per_seed)
+    results["timing"] = {"total_s": time.time() - t0, "machine": _machine(),
+                         "per_seed_s": {s: r["timing"]["total_s"] for s, r in per_seed.items()}}
+    write_json(os.path.join(out_dir, "results.json"), results, sort_keys=True)
+    return results
+
+
+def combine_seeds(per_seed: Mapping[str, Mapping[str, Any]]) -> Dict[str, Any]:
+    """{"preset", "seeds", "findings", "extra_findings", "aggregate", "per_seed"} from the results of each seed
+    ({seed: results}, in run order): findings combined over the seeds (templm.metrics.findings.combine_findings),
+    the extra stages' findings likewise, and `aggregate_numbers` of the summary numbers."""
+    seeds = list(per_seed)
+    runs = [per_seed[s] for s in seeds]
+    combined = combine_findings([[{"name": n, **f} for n, f in r["findings"].items()] for r in runs], DIRECTIONS,
+                                CLAIMS)
+    extra_findings = {}
+    for stage in (runs[0].get("extra") or {}):
+        lists = [[{"name": n, **f} for n, f in ((r.get("extra") or {}).get(stage, {}).get("findings") or {}).items()]
+                 for r in runs]
+        if all(lists):
+            extra_findings[stage] = {f["name"]: {k: v for k, v in f.items() if k != "name"}
+                                     for f in combine_findings(lists, STREAM_DIRECTIONS, {})}
+    return {"preset": runs[0].get("preset"), "seeds": [int(s) for s in seeds],
+            "findings": {f["name"]: {k: v for k, v in f.items() if k != "name"} for f in combined},
+            "extra_findings": extra_findings,
+            "aggregate": aggregate_numbers(runs, skip=PER_ITEM_KEYS | {"timing", "findings", "config"}),
+            "per_seed": dict(per_seed)}
+
+
+def aggregate_numbers(trees: Sequence[Any], skip: frozenset = frozenset()) -> Any:
+    """The numbers of several results dicts of the same shape, each leaf that is a number in every one replaced by
+    {"mean", "low", "high", "n"} (the t-interval of the mean over the dicts; low and high None for one dict or equal
+    values). Keys in `skip`, lists and other leaves are left out. None where nothing is left."""
+    if all(isinstance(t, Mapping) for t in trees):
+        out = {}
+        for key in trees[0]:
+            if key in skip or not all(key in t for t in trees):
+                continue
+            value = aggregate_numbers([t[key] for t in trees], skip)
+            if value is not None:
+                out[key] = value
+        return out or None
+    if all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in trees):
+        values = [float(t) for t in trees]
+        if len(set(values)) == 1:
+            return {"mean": values[0], "low": None, "high": None, "n": len(values)}
+        mean, low, high = mean_interval(values)
+        return {"mean": mean, "low": low, "high": high, "n": len(values)}
+    return None
 
 
 def _restore_tasks(data_dir: Optional[str]) -> None:

@@ -231,6 +231,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
                                                 "split_file": meta["split_file"]}
                                          for name, (_, _, meta) in loaded.items()}}
     results["dynamic"] = {"variants": variants, "on_control": dynamic_on_control, "ms_segments": ms_segments}
+    results["findings"] = stream_findings(results)
     results["timings_sec"] = {**timings, "total": time.time() - started}
     os.makedirs(out_dir, exist_ok=True)
     results["files"] = {"results.json": write_json(os.path.join(out_dir, "results.json"), results)}
@@ -294,10 +295,11 @@ PRESETS: Dict[str, StreamPreset] = {
 def prepare_stream_data(out_dir: str, *, corpus: Optional[str] = None, world: Any = None,
                         cutoff: datetime.date = datetime.date(2017, 12, 31), test_months: int = 24,
                         test_docs_per_month: int = 4, vocab_size: int = 512, seed: int = 0,
-                        max_spm_sentences: int = 200_000) -> Dict[str, Any]:
+                        max_spm_sentences: int = 200_000, exact_vocab_size: bool = True) -> Dict[str, Any]:
     """The data stage: the corpus (`corpus`, or the embedded world drawn with WorldConfig `world` into
     out_dir/world), TIME-STRATIFIED / CONTROL splits in out_dir/splits, and one SentencePiece model out_dir/spm.model
-    trained on the union of both training splits. Returns {"corpus", "split_dir", "spm_model", "splits": stats}."""
+    trained on the union of both training splits (`vocab_size` pieces; at most that many without
+    `exact_vocab_size`). Returns {"corpus", "split_dir", "spm_model", "splits": stats}."""
     out_dir = os.path.abspath(os.fspath(out_dir))
     os.makedirs(out_dir, exist_ok=True)
     if corpus is None:
@@ -311,18 +313,20 @@ def prepare_stream_data(out_dir: str, *, corpus: Optional[str] = None, world: An
                  for _, doc_id in read_split_file(os.path.join(split_dir, f"{name}.gz"))}
     docs = (d for d in read_documents(corpus) if d.id in train_ids)
     spm_model = train_spm(docs, os.path.join(out_dir, "spm"), vocab_size=vocab_size,
-                          max_sentences=max_spm_sentences, seed=seed)
+                          max_sentences=max_spm_sentences, seed=seed, exact_size=exact_vocab_size)
     return {"corpus": corpus, "split_dir": split_dir, "spm_model": spm_model, "splits": stats}
 
 
 def prepare_preset_data(out_dir: str, preset: str = "tiny_test", seed: int = 0,
                         corpus: Optional[str] = None) -> Dict[str, Any]:
-    """`prepare_stream_data` with a preset's world, cut-off, test period and vocabulary size (tests share it)."""
+    """`prepare_stream_data` with a preset's world, cut-off, test period and vocabulary size (at most: the world of
+    any seed must fit it); tests share it."""
     p = PRESETS[preset]
     world = WorldConfig(seed=seed, start_year=p.start_year, end_year=p.end_year,
                         subjects_per_relation=p.subjects_per_relation, docs_per_month=p.docs_per_month)
     return prepare_stream_data(out_dir, corpus=corpus, world=world, cutoff=p.cutoff, test_months=p.test_months,
-                               test_docs_per_month=p.test_docs_per_month, vocab_size=p.vocab_size, seed=seed)
+                               test_docs_per_month=p.test_docs_per_month, vocab_size=p.vocab_size, seed=seed,
+                               exact_vocab_size=False)
 
 
 def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus: Optional[str] = None,
@@ -380,7 +384,8 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
                                 train_count_documents=p.train_count_documents, ms_segments=p.ms_segments, seed=seed)
     timings["evaluate"] = time.time() - t0
     summary = summarize(results)
-    summary.update(out_dir=out_dir, results=results["files"]["results.json"], preset=preset, timings_sec=timings)
+    summary.update(out_dir=out_dir, results=results["files"]["results.json"], preset=preset, timings_sec=timings,
+                   findings=results["findings"])
     write_json(os.path.join(out_dir, "summary.json"), summary)
     return summary
 
@@ -399,12 +404,11 @@ def reproduce_stage(context: Any) -> Dict[str, Any]:
     context: reproduce's StageContext (uses .preset.name, .seed, .out_dir). The reproduce presets' worlds end before
     the 24 test months after a 2017-12-31 cut-off, so this stage draws its own world (same seed, 2010-2020) under
     out_dir/stream_experiment with the preset of the same name ("smoke" for an unknown one).
-    Returns the `run_stream_experiment` summary plus "findings" (metrics.stream.stream_findings); the report's
-    section and figures come from templm.reports.stream.streaming_section(summary, figures_dir).
+    Returns the `run_stream_experiment` summary (with its "findings"); the report's section and figures come from
+    templm.reports.stream.streaming_section(summary, figures_dir).
     """
     name = getattr(context.preset, "name", "smoke")
     preset = name if name in PRESETS else "smoke"
     summary = run_stream_experiment(os.path.join(context.out_dir, "stream_experiment"), preset=preset,
                                     seed=int(context.seed))
-    summary["findings"] = stream_findings(summary)
     return summary

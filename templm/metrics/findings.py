@@ -1,103 +1,237 @@
-"""The findings the time-aware T5 reproduction expects (Dhingra et al.), each judged from the numbers of a results
-dict: True (it appears in these numbers), False (it does not) or None (they cannot judge it), with the evidence.
-The report (templm.reports.reproduction) words the verdicts."""
+"""The findings the time-aware T5 reproduction expects (Dhingra et al.), each a statistical test on the per-item
+numbers of one run's results (templm.metrics.statistics), and their combination over several seeds.
+
+A finding is a dict: "name", "claim", and the test result: "test", "effect", "interval" ([low, high], 95 %),
+"p_value", "n", "verdict" ("appears": the test supports the claim at the level alpha; "opposite": it supports the
+reverse; "inconclusive": neither), plus "evidence" (one line with the numbers) and test-specific details. Over several
+seeds, "per_seed" holds each seed's result and the verdict comes from a test on the per-seed effects.
+
+    temporal_beats_uniform     paired bootstrap / sign-flip test over the same seen-year test queries of the
+                               per-query F1, Temporal minus Uniform (claim: > 0)
+    yearly_falloff             least-squares slope of a yearly expert's per-query F1 against |test year - expert
+                               year|, with a cluster bootstrap over queries (claim: < 0); the past and future sides
+                               (the paper's asymmetry) as details
+    multi_answer_falls_faster  Welch's t-test of the per-query log-likelihood change into the future (mean over the
+                               gaps), multi-answer minus single-answer queries (claim: < 0)
+    entropy_order              Spearman rank correlation of the normalized entropy over the candidates with the
+                               relation's rate of change (never < rare < frequent) (claim: > 0); each class's mean
+                               with its interval and its slope over the future years as details
+    adaptation                 for every alpha, paired tests over the same test queries: new-year F1 gain over the
+                               un-adapted model (> 0) and old-years F1 above OLD_F1_KEPT of the un-adapted model's
+                               (adapted - 0.8 x base > 0); it appears only when every alpha passes both (an
+                               intersection-union test: its p-value is the largest of the parts)
+"""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
 
 from templm.io import jsonable, lookup
+from templm.metrics import statistics
 
 CHANGE_CLASSES = ("frequent", "rare", "never")
 OLD_F1_KEPT = 0.8  # "keeps most of its old-year F1": at least this share of the un-adapted model's
 
 
-def _num(value: Optional[float], digits: int = 2) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
+def _fmt(x: Optional[float], digits: int = 2, sign: bool = True) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
 
 
-def _finding_temporal_beats_uniform(results) -> Tuple[Optional[bool], str]:
-    t = lookup(results, "regimes", "temporal", "templama", "seen_f1")
-    u = lookup(results, "regimes", "uniform", "templama", "seen_f1")
-    if t is None or u is None:
-        return None, "no seen-year TempLAMA F1 for both Temporal and Uniform"
-    return t > u, f"seen-year TempLAMA F1: Temporal {t:.2f}, Uniform {u:.2f}"
+def _missing(test: str, reason: str) -> Dict[str, Any]:
+    return {"test": test, "effect": None, "interval": [None, None], "p_value": None, "n": 0,
+            "verdict": "inconclusive", "reason": reason, "evidence": reason}
 
 
-def _finding_yearly_falloff(results) -> Tuple[Optional[bool], str]:
-    f = lookup(results, "yearly", "falloff", default={}) or {}
-    zero, other, slope = f.get("f1_gap0"), f.get("f1_other_gaps"), f.get("slope_per_year")
-    if zero is None or other is None or slope is None:
-        return None, "fewer than two year gaps measured"
-    return zero > other and slope < 0, (f"F1 at gap 0 {zero:.2f}, at other gaps {other:.2f}; slope "
-                                        f"{slope:+.2f} F1 per year of distance")
+# --------------------------------------------------------------------------------------------------------------------
+# One seed.
 
 
-def _mean_delta(group: Mapping[str, Any]) -> Optional[float]:
-    means = list((group or {}).get("mean", {}).values())
-    return sum(means) / len(means) if means else None
+def _temporal_beats_uniform(results, alpha) -> Dict[str, Any]:
+    pq = results.get("per_query") or {}
+    f1 = pq.get("f1") or {}
+    if "temporal" not in f1 or "uniform" not in f1:
+        return _missing("paired bootstrap of the per-query F1 difference", "no per-query F1 of both models")
+    seen = set(lookup(results, "world", "seen_years", default=[]) or [])
+    keep = np.array([y in seen for y in pq["year"]], bool)
+    t, u = np.asarray(f1["temporal"], float)[keep], np.asarray(f1["uniform"], float)[keep]
+    if len(t) < 2:
+        return _missing("paired bootstrap of the per-query F1 difference", "fewer than two seen-year test queries")
+    out = statistics.paired_difference(t, u, direction=+1, alpha=alpha)
+    out["evidence"] = (f"seen-year TempLAMA F1 Temporal {t.mean():.2f} vs Uniform {u.mean():.2f}: difference "
+                       f"{statistics.describe(out, 'F1')}")
+    return out
 
 
-def _finding_multi_answer_falls_faster(results) -> Tuple[Optional[bool], str]:
-    groups = lookup(results, "degradation", "temporal", "groups", default={}) or {}
-    single, multiple = _mean_delta(groups.get("single")), _mean_delta(groups.get("multiple"))
-    ns, nm = lookup(groups, "single", "count", default=0), lookup(groups, "multiple", "count", default=0)
-    if single is None or multiple is None:
-        return None, (f"Temporal model answered {ns} single-answer and {nm} multi-answer queries correctly at the "
-                      "last seen year: both groups are needed")
-    return multiple < single, (f"Temporal model, mean change over the gaps: multi-answer {multiple:+.3f} nats "
-                               f"(n={nm}), single-answer {single:+.3f} nats (n={ns})")
+def _yearly_falloff(results, alpha) -> Dict[str, Any]:
+    pq = lookup(results, "yearly", "per_query", default=None)
+    name = "least-squares slope of per-query F1 on |year gap|, cluster bootstrap over queries"
+    if not pq or len(pq.get("f1") or {}) < 1:
+        return _missing(name, "no per-query F1 of the yearly experts")
+    years = np.asarray(pq["year"], float)
+    x, y, clusters, signed = [], [], [], []
+    for expert, scores in pq["f1"].items():
+        gap = years - float(expert)
+        x.append(np.abs(gap))
+        signed.append(gap)
+        y.append(np.asarray(scores, float))
+        clusters.append(np.arange(len(years)))
+    x, y, clusters, signed = (np.concatenate(v) for v in (x, y, clusters, signed))
+    if len(np.unique(x)) < 2:
+        return _missing(name, "a single year gap: at least two experts or two test years are needed")
+    out = statistics.clustered_slope(x, y, clusters, direction=-1, alpha=alpha)
+    out["test"] = name
+    sides = {}
+    for side, keep in (("past", signed <= 0), ("future", signed >= 0)):  # gap 0 belongs to both sides
+        if len(np.unique(x[keep])) >= 2:
+            sides[side] = statistics.clustered_slope(x[keep], y[keep], clusters[keep], direction=-1, alpha=alpha)
+    out["sides"] = {k: {key: v[key] for key in ("effect", "interval", "p_value", "n", "verdict")}
+                    for k, v in sides.items()}
+    side_text = "; ".join(f"{k} {statistics.describe(v, 'F1/year')}" for k, v in sides.items())
+    out["evidence"] = f"slope {statistics.describe(out, 'F1 per year of distance')}" + (f" ({side_text})" if side_text else "")
+    return out
 
 
-def _class_means(results, regime: str, key: str = "normalized_entropy") -> Dict[str, float]:
-    table = lookup(results, "calibration", regime, key, default={}) or {}
-    return {c: sum(v.values()) / len(v) for c, v in table.items() if v}
+def _multi_answer_falls_faster(results, alpha) -> Dict[str, Any]:
+    items = lookup(results, "degradation", "temporal", "items", default=None)
+    name = "Welch's t-test of the mean log-likelihood change, multi- minus single-answer queries"
+    if not items:
+        return _missing(name, "no per-query log-likelihood changes of the Temporal model")
+    groups = np.asarray(items["group"], object)
+    change = np.asarray(items["mean_change"], float)
+    multi, single = change[groups == "multiple"], change[groups == "single"]
+    out = statistics.welch(multi, single, direction=-1, alpha=alpha)
+    out["test"] = name
+    out["evidence"] = (f"Temporal model, mean change over the gaps: multi-answer "
+                       f"{_fmt(float(multi.mean()) if len(multi) else None, 3)} nats (n={len(multi)}), single-answer "
+                       f"{_fmt(float(single.mean()) if len(single) else None, 3)} nats (n={len(single)}); difference "
+                       f"{statistics.describe(out, 'nats', 3)}")
+    return out
 
 
-def _finding_entropy_order(results) -> Tuple[Optional[bool], str]:
-    means = _class_means(results, "temporal")
-    if not all(c in means for c in CHANGE_CLASSES):
-        return None, "the Temporal model's calibration entropies lack a change class"
-    f, r, n = (means[c] for c in CHANGE_CLASSES)
-    return f > r > n, (f"Temporal model, normalized entropy over future years: frequent {f:.3f}, rare {r:.3f}, "
-                       f"never {n:.3f}")
+def _entropy_order(results, alpha) -> Dict[str, Any]:
+    items = lookup(results, "calibration", "temporal", "items", default=None)
+    name = "Spearman rank correlation of normalized entropy with the rate of change (never < rare < frequent)"
+    if not items:
+        return _missing(name, "no per-query entropies of the Temporal model")
+    classes = np.asarray(items["class"], object)
+    values = np.asarray(items["normalized_entropy"], float)
+    years = np.asarray(items["year"], float)
+    by_class = {c: values[classes == c].tolist() for c in CHANGE_CLASSES}
+    out = statistics.rank_trend(by_class, order=tuple(reversed(CHANGE_CLASSES)), direction=+1, alpha=alpha)
+    out["test"] = name
+    growth = {}
+    for c in CHANGE_CLASSES:
+        keep = classes == c
+        if keep.sum() >= 3 and len(np.unique(years[keep])) >= 2:
+            g = statistics.slope(years[keep], values[keep], direction=+1, alpha=alpha)
+            growth[c] = {key: g[key] for key in ("effect", "interval", "p_value", "n", "verdict")}
+    out["growth_per_year"] = growth
+    means = out.get("group_means") or {}
+    out["evidence"] = ("Temporal model, normalized entropy over future years: "
+                       + ", ".join(f"{c} {_fmt(means.get(c), 3, sign=False)}" for c in CHANGE_CLASSES)
+                       + f"; rank correlation {statistics.describe(out, '', 3)}")
+    return out
 
 
-def _finding_adaptation(results) -> Tuple[Optional[bool], str]:
-    summary = lookup(results, "adaptation", "summary", default={}) or {}
-    base, alphas = summary.get("base"), summary.get("alphas") or {}
-    if not base or not alphas or base.get("new_f1") is None:
-        return None, "no adaptation runs"
-    good, parts = [], []
-    for alpha, row in sorted(alphas.items(), key=lambda kv: float(kv[0])):
-        gain = row.get("new_gain")
-        kept = row.get("old_kept")
-        kept_ok = (kept >= OLD_F1_KEPT) if kept is not None else (row.get("old_f1") or 0) >= (base.get("old_f1") or 0)
-        if gain is not None and gain > 0 and kept_ok:
-            good.append(alpha)
-        parts.append(f"alpha {alpha}: new-year {_num(gain, 2) if gain is None else f'{gain:+.2f}'} F1, old years "
-                     f"{'n/a' if kept is None else f'{100 * kept:.0f}%'} kept")
-    return bool(good), (f"base new-year F1 {_num(base['new_f1'])}, old-years F1 {_num(base.get('old_f1'))}; "
-                        + "; ".join(parts) + (f" (holds for alpha {', '.join(good)})" if good else ""))
+def _adaptation(results, alpha) -> Dict[str, Any]:
+    pq = lookup(results, "adaptation", "per_query", default=None)
+    name = (f"paired tests per alpha: new-year F1 gain > 0 and old-years F1 > {OLD_F1_KEPT:g} x un-adapted "
+            "(intersection-union)")
+    new_year = lookup(results, "adaptation", "new_year")
+    old_years = set(lookup(results, "adaptation", "old_years", default=[]) or [])
+    if not pq or "base" not in pq["f1"] or new_year is None:
+        return _missing(name, "no adaptation runs with per-query F1")
+    years = np.asarray(pq["year"], object)
+    new, old = years == new_year, np.array([y in old_years for y in years], bool)
+    base = np.asarray(pq["f1"]["base"], float)
+    alphas = sorted((a for a in pq["f1"] if a not in ("base", "retrained")), key=float)
+    if not alphas or new.sum() < 2 or old.sum() < 2:
+        return _missing(name, "no alpha runs, or fewer than two new-year or old-year queries")
+    parts: Dict[str, Any] = {}
+    for a in alphas:
+        adapted = np.asarray(pq["f1"][a], float)
+        gain = statistics.paired_difference(adapted[new], base[new], direction=+1, alpha=alpha)
+        kept = statistics.paired_difference(adapted[old], OLD_F1_KEPT * base[old], direction=+1, alpha=alpha)
+        parts[a] = {"gain": gain, "kept": kept,
+                    "old_kept": float(adapted[old].mean() / base[old].mean()) if base[old].mean() > 0 else None}
+    verdicts = [(v["gain"]["verdict"], v["kept"]["verdict"]) for v in parts.values()]
+    if all(g == "appears" and k == "appears" for g, k in verdicts):
+        verdict = "appears"
+    elif all("opposite" in (g, k) for g, k in verdicts):
+        verdict = "opposite"
+    else:
+        verdict = "inconclusive"
+    weakest = min(alphas, key=lambda a: parts[a]["gain"]["effect"] if parts[a]["gain"]["effect"] is not None
+                  else float("inf"))
+    p_values = [t["p_value"] for v in parts.values() for t in (v["gain"], v["kept"])]
+    out = {"test": name, "effect": parts[weakest]["gain"]["effect"], "interval": parts[weakest]["gain"]["interval"],
+           "p_value": None if any(p is None for p in p_values) else max(p_values), "n": int(new.sum()),
+           "n_old": int(old.sum()), "confidence": parts[weakest]["gain"].get("confidence", 0.95),
+           "verdict": verdict, "weakest_alpha": weakest,
+           "alphas": {a: {"gain": {k: v["gain"][k] for k in ("effect", "interval", "p_value", "verdict")},
+                          "kept": {k: v["kept"][k] for k in ("effect", "interval", "p_value", "verdict")},
+                          "old_kept": v["old_kept"]} for a, v in parts.items()}}
+    def kept_text(share):
+        return "n/a" if share is None else f"{100 * share:.0f}%"
+
+    out["evidence"] = (f"new-year ({new_year}) F1 un-adapted {base[new].mean():.2f}; " + "; ".join(
+        f"alpha {a}: gain {statistics.describe(v['gain'], 'F1')}, old years {kept_text(v['old_kept'])} kept "
+        f"({v['kept']['verdict']})" for a, v in parts.items()))
+    return out
 
 
-FINDINGS: Tuple[Tuple[str, str, Callable], ...] = (
-    ("temporal_beats_uniform", "Temporal beats Uniform on seen-year TempLAMA F1", _finding_temporal_beats_uniform),
-    ("yearly_falloff", "Yearly experts fall off with the year gap", _finding_yearly_falloff),
+FINDINGS: Tuple[Tuple[str, str, int, Callable], ...] = (
+    ("temporal_beats_uniform", "Temporal beats Uniform on seen-year TempLAMA F1", +1, _temporal_beats_uniform),
+    ("yearly_falloff", "Yearly experts fall off with the year gap", -1, _yearly_falloff),
     ("multi_answer_falls_faster", "The log-likelihood of multi-answer facts falls faster into the future than that "
-     "of single-answer facts", _finding_multi_answer_falls_faster),
-    ("entropy_order", "Entropy over candidates orders frequent > rare > never changing relations",
-     _finding_entropy_order),
+     "of single-answer facts", -1, _multi_answer_falls_faster),
+    ("entropy_order", "Entropy over candidates orders frequent > rare > never changing relations", +1,
+     _entropy_order),
     ("adaptation", f"Alpha-mixture adaptation gains on the new year while keeping most (>= {OLD_F1_KEPT:.0%}) of "
-     "the old-years F1", _finding_adaptation),
+     "the old-years F1", +1, _adaptation),
 )
 
 
-def findings(results: Mapping[str, Any]) -> List[Dict[str, Any]]:
-    """[{name, statement, holds, evidence}] for each expected finding, judged from `results`."""
+def findings(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -> List[Dict[str, Any]]:
+    """[{name, claim, verdict, test, effect, interval, p_value, n, evidence, ...}] for each expected finding, tested on
+    the per-item numbers of one run's results."""
     results = jsonable(results)
     out = []
-    for name, statement, judge in FINDINGS:
-        holds, evidence = judge(results)
-        out.append({"name": name, "statement": statement, "holds": holds, "evidence": evidence})
+    for name, claim, _, judge in FINDINGS:
+        out.append({"name": name, "claim": claim, **jsonable(judge(results, alpha))})
     return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Several seeds.
+
+
+def combine(per_seed: Sequence[Mapping[str, Any]], direction: int, alpha: float = statistics.ALPHA
+            ) -> Dict[str, Any]:
+    """One finding over several seeds (per_seed: its result on each seed, in seed order): the verdict from a
+    one-sample t-test of the per-seed effects (statistics.combine_seeds), each seed's result under "per_seed"."""
+    out = statistics.combine_seeds([dict(r) for r in per_seed], direction=direction, alpha=alpha)
+    if len(per_seed) > 1:
+        out["evidence"] = (f"mean of {len(per_seed)} seeds' effects {statistics.describe(out)}; per seed: "
+                           + ", ".join(f"{_fmt(r.get('effect'))} ({r.get('verdict')})" for r in per_seed))
+    return jsonable(out)
+
+
+def combine_findings(per_seed: Sequence[Sequence[Mapping[str, Any]]], directions: Mapping[str, int],
+                     claims: Mapping[str, str], alpha: float = statistics.ALPHA) -> List[Dict[str, Any]]:
+    """Each finding (by name, in the order of the first seed) combined over the seeds' finding lists."""
+    names = [f["name"] for f in per_seed[0]]
+    out = []
+    for name in names:
+        results = [next(f for f in seed if f["name"] == name) for seed in per_seed]
+        out.append({"name": name, "claim": claims.get(name, results[0].get("claim", name)),
+                    **combine(results, directions[name], alpha)})
+    return out
+
+
+DIRECTIONS = {name: direction for name, _, direction, _ in FINDINGS}
+CLAIMS = {name: claim for name, claim, _, _ in FINDINGS}

@@ -19,11 +19,12 @@ import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from templm.io import atomic_write, jsonable, lookup
-from templm.metrics.findings import CHANGE_CLASSES, findings
+from templm.metrics.findings import CHANGE_CLASSES, CLAIMS, findings
+from templm.metrics.statistics import ALPHA, mean_interval
 from templm.metrics.time_analysis import DURATION_BUCKETS
 from templm.reports import stream
 from templm.reports.figures import pyplot, save_figure
-from templm.reports.tables import VERDICTS, fmt_number, markdown_table
+from templm.reports.tables import Estimate, finding_line, fmt_number, markdown_table
 
 REGIME_ORDER = ("uniform", "yearly", "temporal")
 FIGURES = ("yearly_gap", "answer_duration", "future_loglik", "future_entropy", "adaptation")
@@ -217,13 +218,24 @@ def _section_adaptation(results) -> str:
                       "![Adaptation curves](figures/adaptation.png)"])
 
 
-def _section_findings(items: Sequence[Mapping[str, Any]]) -> str:
-    lines = ["## Expected findings: do they appear in these numbers?", ""]
-    for item in items:
-        lines.append(f"- {item['statement']}: **{VERDICTS[item['holds']]}**. {item['evidence']}.")
+def _section_findings(items: Sequence[Mapping[str, Any]], alpha: float) -> str:
+    lines = ["## Expected findings: what the tests say", "",
+             f"Each finding is a statistical test at the level {alpha:g} (two-sided; effect, 95 % interval, p and n "
+             "below): **appears** where the test supports the claim, **opposite** where it supports the reverse, "
+             "**inconclusive** where it supports neither.", ""]
+    lines += [finding_line(item) for item in items]
     lines += ["", "The numbers are the numbers: a finding that does not appear here is reported as such, not tuned "
               "away. Toy models on a small world are noisy; the `small` preset is the one sized to show them."]
     return "\n".join(lines)
+
+
+def reproduction_findings(results: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """The findings results.json holds ({name: finding}), in FINDINGS order with their claims; tested afresh from the
+    numbers when it holds none."""
+    stored = results.get("findings")
+    if not isinstance(stored, Mapping) or not stored:
+        return findings(results)
+    return [{"name": name, "claim": CLAIMS[name], **stored[name]} for name in CLAIMS if name in stored]
 
 
 def _section_extra(results, fig_dir: Optional[str]) -> str:
@@ -266,9 +278,10 @@ def _section_timing(results) -> str:
 def markdown(results: Mapping[str, Any], fig_dir: Optional[str] = None) -> str:
     """The whole report.md text for `results`; the extra stages' figures are drawn into `fig_dir` when given."""
     results = jsonable(results)
-    items = findings(results)
+    items = reproduction_findings(results)
     sections = [f"# templm reproduction: time-aware language models ({results.get('preset')} preset)",
-                _section_run(results), _section_findings(items), _section_main_table(results),
+                _section_run(results), _section_findings(items, results.get("alpha", ALPHA)),
+                _section_main_table(results),
                 _section_yearly(results), _section_duration(results), _section_degradation(results),
                 _section_calibration(results), _section_adaptation(results)]
     extra = _section_extra(results, fig_dir)
@@ -286,6 +299,24 @@ def _empty(ax, text: str = "no data") -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
 
 
+def _errors(values: Sequence[Any]) -> Optional[List[List[float]]]:
+    """[[below], [above]] error-bar lengths when some values are Estimates with intervals, else None."""
+    if not any(isinstance(v, Estimate) and v.has_interval for v in values):
+        return None
+    below = [float(v) - v.low if isinstance(v, Estimate) and v.has_interval else 0.0 for v in values]
+    above = [v.high - float(v) if isinstance(v, Estimate) and v.has_interval else 0.0 for v in values]
+    return [below, above]
+
+
+def _line(ax, xs: Sequence[Any], ys: Sequence[Any], fmt: str, **kwargs) -> None:
+    """A line, with error bars where the values carry intervals (several seeds)."""
+    errors = _errors(ys)
+    if errors is None:
+        ax.plot(xs, [float(y) for y in ys], fmt, **kwargs)
+    else:
+        ax.errorbar(xs, [float(y) for y in ys], yerr=errors, fmt=fmt, capsize=3, **kwargs)
+
+
 def _integer_x(ax) -> None:
     from matplotlib.ticker import MaxNLocator
 
@@ -297,12 +328,28 @@ def _figure_yearly_gap(results, ax) -> None:
     if not by_gap:
         return _empty(ax)
     gaps = sorted(by_gap, key=int)
-    ax.plot([int(g) for g in gaps], [by_gap[g]["f1"] for g in gaps], "o-")
+    values = [by_gap[g]["f1"] for g in gaps]
+    per_gap = _per_gap_intervals(results)
+    if per_gap and not _errors(values):  # one seed: the interval of the mean per-query F1 at each gap
+        values = [Estimate(v, *per_gap.get(int(g), (None, None))) for g, v in zip(gaps, values)]
+    _line(ax, [int(g) for g in gaps], values, "o-")
     ax.axvline(0, color="grey", lw=0.5)
     _integer_x(ax)
     ax.set_xlabel("test year - expert year")
     ax.set_ylabel("TempLAMA F1")
     ax.set_title("Yearly experts by year gap")
+
+
+def _per_gap_intervals(results) -> Dict[int, Any]:
+    """{gap: (low, high)}: the 95 % t-interval of the mean per-query F1 of the yearly experts at each year gap."""
+    pq = lookup(results, "yearly", "per_query", default=None)
+    if not pq or not pq.get("f1"):
+        return {}
+    by_gap: Dict[int, List[float]] = {}
+    for expert, scores in pq["f1"].items():
+        for year, f1 in zip(pq["year"], scores):
+            by_gap.setdefault(int(year) - int(expert), []).append(f1)
+    return {gap: mean_interval(values)[1:] for gap, values in by_gap.items() if len(values) > 1}
 
 
 def _figure_duration(results, ax) -> None:
@@ -313,7 +360,8 @@ def _figure_duration(results, ax) -> None:
     for i, regime in enumerate(regimes):
         d = results["duration"][regime]
         values = [lookup(d, b, "f1", default=0.0) or 0.0 for b in DURATION_BUCKETS]
-        ax.bar([j + i * width for j in range(len(DURATION_BUCKETS))], values, width, label=regime.capitalize())
+        ax.bar([j + i * width for j in range(len(DURATION_BUCKETS))], [float(v) for v in values], width,
+               yerr=_errors(values), capsize=3, label=regime.capitalize())
     ax.set_xticks([j + width * (len(regimes) - 1) / 2 for j in range(len(DURATION_BUCKETS))])
     ax.set_xticklabels([f"{b} yr" for b in DURATION_BUCKETS])
     ax.set_xlabel("years the answer stays valid")
@@ -332,8 +380,8 @@ def _figure_loglik(results, ax) -> None:
             mean = lookup(d, "groups", group, "mean", default={}) or {}
             if mean:
                 gaps = sorted(mean, key=int)
-                ax.plot([int(g) for g in gaps], [mean[g] for g in gaps], style, marker=marker,
-                        label=f"{regime.capitalize()}, {group} answer")
+                _line(ax, [int(g) for g in gaps], [mean[g] for g in gaps], style, marker=marker,
+                      label=f"{regime.capitalize()}, {group} answer")
                 drawn = True
     if not drawn:
         return _empty(ax, "no correctly answered queries")
@@ -354,8 +402,8 @@ def _figure_entropy(results, ax) -> None:
             values = table.get(cls) or {}
             if values:
                 years = sorted(values, key=int)
-                ax.plot([int(y) for y in years], [values[y] for y in years], style, marker="o",
-                        color=colors[cls], label=f"{regime.capitalize()}, {cls}")
+                _line(ax, [int(y) for y in years], [values[y] for y in years], style, marker="o",
+                      color=colors[cls], label=f"{regime.capitalize()}, {cls}")
                 drawn = True
     if not drawn:
         return _empty(ax)
@@ -379,10 +427,10 @@ def _figure_adaptation(results, axes) -> None:
             points = [(0, base.get(key))] + [(p["step"], p.get(key)) for p in run.get("curve", [])]
             points = [(s, v) for s, v in points if v is not None]
             if points:
-                ax.plot(*zip(*points), "o-", label=f"fine-tune, alpha {alpha}")
+                _line(ax, *zip(*points), "o-", label=f"fine-tune, alpha {alpha}")
         curve = [(p["step"], p.get(key)) for p in retrain.get("curve", []) if p.get(key) is not None]
         if curve:
-            ax.plot(*zip(*curve), "k^--", label="retrained from scratch")
+            _line(ax, *zip(*curve), "k^--", label="retrained from scratch")
         ax.set_xlabel("training steps (fine-tuning steps for the adapted models)")
         ax.set_ylabel("TempLAMA F1")
         ax.set_title(title)
@@ -415,4 +463,62 @@ def write_report(results: Mapping[str, Any], out_dir: str) -> Dict[str, Any]:
     fig_dir = os.path.join(out_dir, "figures")
     paths: Dict[str, Any] = {"figures": write_figures(results, fig_dir)}
     paths["report"] = atomic_write(os.path.join(out_dir, "report.md"), markdown(results, fig_dir))
+    return paths
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Several seeds.
+
+
+def seeds_view(results: Mapping[str, Any]) -> Dict[str, Any]:
+    """A results dict shaped like one seed's, for the report sections and figures: the first seed's results with
+    every number that differs between the seeds replaced by an Estimate (its mean and 95 % interval over the seeds,
+    from results["aggregate"]), the findings tested over the seeds, and the run's timing."""
+    seeds = [str(s) for s in results["seeds"]]
+
+    def merge(value: Any, aggregate: Any) -> Any:
+        if isinstance(value, Mapping):
+            aggregate = aggregate if isinstance(aggregate, Mapping) else {}
+            return {k: merge(v, aggregate.get(k)) for k, v in value.items()}
+        if (isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(aggregate, Mapping)
+                and aggregate.get("low") is not None):
+            return Estimate(aggregate["mean"], aggregate["low"], aggregate["high"])
+        return value
+
+    view = merge(jsonable(results["per_seed"][seeds[0]]), results.get("aggregate") or {})
+    view["findings"] = results["findings"]
+    for stage, stage_findings in (results.get("extra_findings") or {}).items():
+        if stage in (view.get("extra") or {}):
+            view["extra"][stage]["findings"] = stage_findings
+    timing = results.get("timing") or {}
+    view["timing"] = {"stages": [[f"seed {s}", t] for s, t in (timing.get("per_seed_s") or {}).items()],
+                      "total_s": timing.get("total_s"), "machine": timing.get("machine")}
+    view["seed"] = ", ".join(seeds)
+    return view
+
+
+def _section_seeds(results: Mapping[str, Any]) -> str:
+    seeds = [str(s) for s in results["seeds"]]
+    return "\n".join([
+        f"## {len(seeds)} seeds", "",
+        f"The study ran once for each seed ({', '.join(seeds)}): each seed draws its own world, splits, "
+        "initialisation and data order. Every number below is the mean over the seeds, with its 95 % interval "
+        "(t-interval over the seeds) in brackets where the seeds differ; the figures show the intervals as error "
+        "bars. Each finding is tested on each seed and then over the seeds (a one-sample t-test of the per-seed "
+        "effects). Each seed's own report, with its per-seed tests: "
+        + ", ".join(f"[seed {s}](seed_{s}/report.md)" for s in seeds) + "."])
+
+
+def write_seeds_report(results: Mapping[str, Any], out_dir: str) -> Dict[str, Any]:
+    """The report of a run over several seeds: each seed's own report in out_dir/seed_<S>, and out_dir/report.md
+    with figures/*.png from `seeds_view` (means with their intervals over the seeds). Returns the paths."""
+    per_seed = {s: write_report(results["per_seed"][str(s)], os.path.join(out_dir, f"seed_{s}"))
+                for s in results["seeds"]}
+    view = seeds_view(results)
+    fig_dir = os.path.join(out_dir, "figures")
+    paths: Dict[str, Any] = {"figures": write_figures(view, fig_dir), "per_seed": per_seed}
+    title, _, rest = markdown(view).partition("\n\n")
+    title = title.replace(" preset)", f" preset, {len(results['seeds'])} seeds)")
+    paths["report"] = atomic_write(os.path.join(out_dir, "report.md"),
+                                   "\n\n".join([title, _section_seeds(results), rest]))
     return paths

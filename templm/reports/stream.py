@@ -24,15 +24,8 @@ import numpy as np
 from templm import console
 from templm.data.token_stream import month_number
 from templm.io import atomic_write, jsonable
-from templm.metrics.stream import OCCURRENCE_CATEGORIES, stream_findings
-from templm.reports.tables import VERDICTS, fmt_number, fmt_percent, markdown_table
-
-# The streaming half's expected findings (keys of templm.metrics.stream.stream_findings) and their statements.
-STREAM_FINDINGS = (
-    ("gap", "TIME-STRATIFIED perplexity is above CONTROL's over the test months (mean monthly relative increase > 0)"),
-    ("growth", "the gap grows month by month (the fitted slope of the relative increase > 0)"),
-    ("dynamic", "dynamic evaluation (SGD, all parameters) lowers TIME-STRATIFIED perplexity and narrows the gap"),
-)
+from templm.metrics.stream import OCCURRENCE_CATEGORIES, STREAM_FINDINGS
+from templm.reports.tables import finding_line, fmt_number, fmt_percent, markdown_table
 
 # The figures of one run: file name in a stream report, file name among the reproduction's figures, title.
 _FIGURES = (("relative_perplexity.png", "stream_relative_perplexity.png", "Relative perplexity by month"),
@@ -242,12 +235,12 @@ def streaming_section(summary: Mapping[str, Any], figures_dir: str) -> str:
     stream_relative_perplexity.png and stream_emerging_words.png from the stream results.json the summary names
     (summary["results"]) and linked as `<figures_dir's name>/<file>` (report.md sits beside figures_dir)."""
     figures = _draw_summary_figures(summary, figures_dir)
-    findings = stream_findings(summary)
+    findings = summary.get("findings") or {}
     lines = ["## Streaming perplexity and dynamic evaluation (Transformer-XL)", "",
              "Transformer-XL trained on TIME-STRATIFIED (up to the cut-off) and CONTROL (same size, overlapping the "
              "test period) splits, evaluated on one stream of the test months in date order.", ""]
-    lines += [f"- {text[0].upper() + text[1:]}: **{VERDICTS[findings[key]['holds']]}**. {findings[key]['evidence']}."
-              for key, text in STREAM_FINDINGS]
+    lines += [finding_line({"claim": claim, **findings.get(key, {"evidence": "not tested in this run"})})
+              for key, claim, _ in STREAM_FINDINGS]
     lines += ["", markdown_table(["run / mode", "word ppl"],
                                  [[k, _fmt(v)] for k, v in summary["overall_word_ppl"].items()])]
     lines += ["", markdown_table(

@@ -3,14 +3,29 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
-# How a report words a finding's verdict (a finding's "holds": True, False, or None when the numbers are missing).
-VERDICTS = {True: "appears", False: "does not appear", None: "cannot be judged"}
+
+class Estimate(float):
+    """A number known with an interval (the mean of several seeds' values and its 95 % interval): it computes as
+    the mean, and the formatters below print it as "mean [low, high]"."""
+
+    def __new__(cls, mean: float, low: Optional[float], high: Optional[float]):
+        value = super().__new__(cls, mean)
+        value.low, value.high = low, high
+        return value
+
+    @property
+    def has_interval(self) -> bool:
+        return self.low is not None and self.high is not None
 
 
 def fmt_number(x: Optional[Any], digits: int = 3, missing: str = "") -> str:
-    """`x` with `digits` decimals; `missing` for None and NaN, "inf" / "-inf" for an infinity."""
+    """`x` with `digits` decimals; `missing` for None and NaN, "inf" / "-inf" for an infinity; an Estimate with
+    its interval, "12.30 [10.10, 14.50]"."""
+    if isinstance(x, Estimate) and x.has_interval:
+        return (f"{fmt_number(float(x), digits, missing)} [{fmt_number(x.low, digits, missing)}, "
+                f"{fmt_number(x.high, digits, missing)}]")
     if x is None:
         return missing
     x = float(x)
@@ -25,6 +40,9 @@ def fmt_percent(x: Optional[Any], digits: int = 2, missing: str = "-") -> str:
     """A fraction as a signed percentage, 0.0123 -> "+1.23%"; `missing` for None, NaN and infinities."""
     if x is None or not math.isfinite(float(x)):
         return missing
+    if isinstance(x, Estimate) and x.has_interval:
+        return (f"{100 * float(x):+.{digits}f}% [{fmt_percent(x.low, digits, missing)}, "
+                f"{fmt_percent(x.high, digits, missing)}]")
     return f"{100 * float(x):+.{digits}f}%"
 
 
@@ -43,3 +61,14 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: 
             raise ValueError(f"a row of {len(row)} cells in a table of {len(header)} columns: {row!r}")
         lines.append("| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |")
     return "\n".join(lines)
+
+
+def finding_line(finding: Mapping[str, Any]) -> str:
+    """A finding as one Markdown list item: its claim, the verdict in bold, the test, and the evidence with the effect,
+    its interval, p and n ("appears": the test supports the claim at its level; "opposite": it supports the reverse;
+    "inconclusive": neither)."""
+    claim = str(finding.get("claim") or finding.get("name", ""))
+    claim = claim[:1].upper() + claim[1:]
+    test = f" ({finding['test']})" if finding.get("test") else ""
+    evidence = str(finding.get("evidence") or "").rstrip(".")
+    return f"- {claim}: **{finding.get('verdict', 'inconclusive')}**{test}. {evidence}."

@@ -17,6 +17,7 @@ import pytest
 from templm.errors import EXIT_PREEMPTED
 from templm.experiments.reproduce import PRESETS, ExtraStage, Reproduction
 from templm.metrics.findings import FINDINGS
+from templm.metrics.statistics import verdict
 from templm.reports import reproduction as report
 from templm_testing import run_templm as templm
 
@@ -34,7 +35,7 @@ def run_dir(tmp_path_factory):
     result = templm("reproduce", "--preset=tiny_test", f"--out={out}", "--seed=0")
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"templm reproduce: tiny_test preset, seed 0: {out}/report.md" in result.stdout
-    for name, _, _ in FINDINGS:
+    for name, _, _, _ in FINDINGS:
         assert f"  {name}: " in result.stdout
     for name in ("gap", "growth", "dynamic"):
         assert f"  streaming_{name}: " in result.stdout
@@ -81,8 +82,9 @@ def test_the_streaming_half_runs_inside_reproduce(run_dir, results):
     assert "## Streaming perplexity and dynamic evaluation (Transformer-XL)" in text
     assert "figures/stream_relative_perplexity.png" in text and "## streaming" not in text
     assert set(stream["findings"]) == {"gap", "growth", "dynamic"}
-    assert stream["findings"]["dynamic"]["holds"] == (gain < 0 and stream["relative"]["dynamic"]["mean"]
-                                                      < stream["relative"]["static"]["mean"])
+    dynamic = stream["findings"]["dynamic"]
+    assert dynamic["verdict"] == verdict(dynamic["effect"], dynamic["p_value"], -1)
+    assert (dynamic["effect"] < 0) == (gain < 0)  # per document and overall, the same direction here
     assert (run_dir / "figures" / "stream_relative_perplexity.png").read_bytes()[:4] == b"\x89PNG"
     assert set(results["timing"]["extra"]["streaming"]) == {"data", "train_time_stratified", "train_control",
                                                             "evaluate"}
@@ -91,8 +93,8 @@ def test_the_streaming_half_runs_inside_reproduce(run_dir, results):
 
 def test_results_json_holds_every_stage(results):
     assert set(results) == {"adaptation", "calibration", "config", "degradation", "duration", "extra", "findings",
-                            "model_config", "models", "preset", "regimes", "seed", "summary", "timing", "world",
-                            "yearly"}
+                            "model_config", "models", "per_query", "preset", "regimes", "seed", "summary", "timing",
+                            "world", "yearly"}
     assert results["preset"] == "tiny_test" and results["seed"] == 0
     assert results["world"]["seen_years"] == [2016] and results["world"]["future_years"] == [2017]
     for regime in ("uniform", "yearly", "temporal"):
@@ -117,7 +119,13 @@ def test_results_json_holds_every_stage(results):
     assert set(summary["alphas"]) == {"0.5"} and summary["retrained"]["steps"] == PRESET.retrain_steps
     assert summary["alphas"]["0.5"]["total_steps"] == PRESET.steps + PRESET.adapt_steps
     assert [name for name, _ in results["timing"]["stages"]] == STAGES  # in run order
-    assert set(results["findings"]) == {name for name, _, _ in FINDINGS}
+    assert set(results["findings"]) == {name for name, _, _, _ in FINDINGS}
+    assert all(f["verdict"] in ("appears", "opposite", "inconclusive") for f in results["findings"].values())
+    ids = results["per_query"]["id"]
+    assert ids and set(results["per_query"]["f1"]) == {"uniform", "temporal", "yearly"}
+    assert all(len(v) == len(ids) for v in results["per_query"]["f1"].values())
+    seen = [f for f, y in zip(results["per_query"]["f1"]["temporal"], results["per_query"]["year"]) if y == 2016]
+    assert sum(seen) / len(seen) == pytest.approx(results["regimes"]["temporal"]["templama"]["f1_2016"])
 
     def keys(tree, path=()):  # wall-clock numbers live under "timing" only
         if isinstance(tree, dict):
@@ -231,3 +239,25 @@ def test_sigterm_stops_the_whole_command_and_a_rerun_resumes_to_the_same_numbers
     assert "resuming the run" in again.stderr
     resumed = json.loads((out / "results.json").read_text().replace(str(out), str(run_dir)))  # the same paths
     assert {k: v for k, v in resumed.items() if k != "timing"} == {k: v for k, v in results.items() if k != "timing"}
+
+
+def test_several_seeds_run_each_seed_and_combine_them(tmp_path):
+    out = tmp_path / "seeds"
+    result = templm("reproduce", "--preset=tiny_test", f"--out={out}", "--seeds=3,4", "--nostreaming")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"templm reproduce: tiny_test preset, seeds 3,4: {out}/report.md" in result.stdout
+    combined = json.loads((out / "results.json").read_text())
+    assert combined["seeds"] == [3, 4] and set(combined["per_seed"]) == {"3", "4"}
+    for seed in ("3", "4"):  # each seed's run whole, as its own folder holds it
+        alone = json.loads((out / f"seed_{seed}" / "results.json").read_text())
+        assert combined["per_seed"][seed] == alone and alone["seed"] == int(seed)
+    for name, found in combined["findings"].items():
+        assert len(found["per_seed"]) == 2 and found["verdict"] in ("appears", "opposite", "inconclusive"), name
+    loss = combined["aggregate"]["models"]["uniform"]["train_loss"]
+    losses = [combined["per_seed"][s]["models"]["uniform"]["train_loss"] for s in ("3", "4")]
+    assert loss["mean"] == pytest.approx(sum(losses) / 2) and loss["n"] == 2 and loss["low"] < loss["mean"]
+    text = (out / "report.md").read_text()
+    assert "## 2 seeds" in text and (out / "seed_3" / "report.md").exists() and (out / "figures").is_dir()
+    bad = templm("reproduce", "--preset=tiny_test", f"--out={tmp_path / 'x'}", "--seeds=1,1")
+    assert bad.returncode == 1 and "distinct" in bad.stderr
+

@@ -148,15 +148,15 @@ def test_stream_results(drifting_stream):
     assert summary["dynamic_gain"]["dynamic"] < 0  # half the drift: a lower perplexity
 
 
-def test_stream_findings():
-    """The streaming half's findings from a hand-made summary: each verdict follows its number's sign."""
-    summary = {"overall_word_ppl": {"time_stratified/static": 12.0, "time_stratified/dynamic": 9.0,
-                                    "control/static": 8.0},
-               "relative": {"static": {"mean": 0.5, "slope_per_month": -0.01, "first_month": 0.6, "last_month": 0.4},
-                            "dynamic": {"mean": 0.1, "slope_per_month": 0.0, "first_month": 0.2, "last_month": 0.0}},
-               "dynamic_gain": {"dynamic": -0.25}, "months": ["2018-01", "2018-02"]}
-    found = stream_findings(summary)
-    assert {k: v["holds"] for k, v in found.items()} == {"gap": True, "growth": False, "dynamic": True}
-    assert found["growth"]["evidence"] == "slope -1.00% per month"
-    summary["dynamic_gain"] = {}
-    assert stream_findings(summary)["dynamic"]["holds"] is None
+def test_per_document_word_nll_adds_up_to_the_overall_perplexity(drifting_stream):
+    """The per-document numbers the findings' paired tests use are the overall word perplexity, split by document."""
+    results = drifting_stream["results"]
+    docs = results["documents"]
+    assert len(docs["month"]) == len(docs["words"]) == 9 and sum(docs["words"]) == drifting_stream["stream"].n_words
+    for key, nll in docs["word_nll"].items():
+        name, mode = key.split("/")
+        overall = results["runs"][name][mode]["overall"]["word_ppl"]
+        assert math.isclose(math.exp(sum(nll) / sum(docs["words"])), overall, rel_tol=1e-9)
+    found = stream_findings(results)
+    assert set(found) == {"gap", "growth", "dynamic"} and found["gap"]["n"] == 9 and found["growth"]["n"] == 3
+    assert found["gap"]["effect"] > 0 and found["dynamic"]["effect"] < 0  # the drift, and half of it undone

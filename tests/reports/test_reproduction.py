@@ -9,8 +9,10 @@ import os
 
 import pytest
 
-from templm.metrics.findings import FINDINGS, findings
+from templm.experiments.reproduce import combine_seeds
+from templm.metrics.findings import CLAIMS, FINDINGS, findings
 from templm.reports import reproduction as report
+from templm.reports.tables import Estimate, finding_line
 
 FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "reproduce_results.json")
 SECTIONS = ["# templm reproduction", "## The run", "## Expected findings", "## TempLAMA F1 and CustomNews perplexity",
@@ -33,7 +35,7 @@ def written(results, tmp_path_factory):
 
 
 def verdicts(results):
-    return {item["name"]: item["holds"] for item in findings(results)}
+    return {item["name"]: item["verdict"] for item in findings(results)}
 
 
 def test_report_files_and_figures(results, written):
@@ -70,35 +72,54 @@ def test_report_sections_and_numbers(results, written):
 
 
 def test_findings_from_the_stored_numbers(results, written):
-    assert verdicts(results) == {"temporal_beats_uniform": False, "yearly_falloff": True,
-                                 "multi_answer_falls_faster": False, "entropy_order": False, "adaptation": True}
+    """results.json holds each finding's test; the report prints them, and testing the stored per-item numbers
+    again gives the same verdicts."""
+    stored = results["findings"]
+    assert set(stored) == {name for name, _, _, _ in FINDINGS}
+    assert {name: f["verdict"] for name, f in stored.items()} == verdicts(results)
     text = (written[0] / "report.md").read_text()
-    t = results["regimes"]["temporal"]["templama"]["seen_f1"]
-    u = results["regimes"]["uniform"]["templama"]["seen_f1"]
-    assert (f"- Temporal beats Uniform on seen-year TempLAMA F1: **does not appear**. seen-year TempLAMA F1: "
-            f"Temporal {t:.2f}, Uniform {u:.2f}.") in text
-    assert "- Yearly experts fall off with the year gap: **appears**." in text
+    for name, found in stored.items():
+        assert {"verdict", "test", "effect", "interval", "p_value", "n", "evidence"} <= set(found)
+        assert finding_line({"claim": CLAIMS[name], **found}) in text
 
 
 def test_findings_follow_the_numbers(results):
     r = copy.deepcopy(results)
-    r["regimes"]["temporal"]["templama"]["seen_f1"] = r["regimes"]["uniform"]["templama"]["seen_f1"] + 1
-    r["calibration"]["temporal"]["normalized_entropy"] = {"frequent": {"2019": 0.9}, "rare": {"2019": 0.5},
-                                                          "never": {"2019": 0.1}}
-    groups = r["degradation"]["temporal"]["groups"]
-    groups["single"]["mean"], groups["multiple"]["mean"] = groups["multiple"]["mean"], groups["single"]["mean"]
-    r["yearly"]["falloff"] = {"f1_gap0": 40.0, "f1_other_gaps": 50.0, "slope_per_year": 10.0}
-    for row in r["adaptation"]["summary"]["alphas"].values():
-        row["old_kept"] = 0.5
-    assert verdicts(r) == {"temporal_beats_uniform": True, "yearly_falloff": False,
-                           "multi_answer_falls_faster": True, "entropy_order": True, "adaptation": False}
-    r["degradation"]["temporal"]["groups"]["multiple"] = {"count": 0, "mean": {}}
-    del r["calibration"]
+    del r["findings"]  # tested afresh from the per-query numbers
+    f1 = r["per_query"]["f1"]
+    f1["temporal"] = [x + 30.0 for x in f1["uniform"]]
+    assert verdicts(r)["temporal_beats_uniform"] == "appears"
+    f1["temporal"], f1["uniform"] = f1["uniform"], f1["temporal"]
+    assert verdicts(r)["temporal_beats_uniform"] == "opposite"
+    del r["degradation"]["temporal"]["items"], r["calibration"]
     items = {i["name"]: i for i in findings(r)}
-    assert items["multi_answer_falls_faster"]["holds"] is None
-    assert "0 multi-answer" in items["multi_answer_falls_faster"]["evidence"]
-    assert items["entropy_order"]["holds"] is None
-    assert "**cannot be judged**" in report.markdown(r)
+    assert items["multi_answer_falls_faster"]["verdict"] == "inconclusive"
+    assert "no per-query log-likelihood changes" in items["multi_answer_falls_faster"]["evidence"]
+    assert items["entropy_order"]["verdict"] == "inconclusive"
+    assert "**inconclusive**" in report.markdown(r)
+
+
+def test_a_report_over_seeds_shows_means_intervals_and_each_seed(results, tmp_path):
+    other = copy.deepcopy(results)
+    other["seed"] = 1
+    other["regimes"]["temporal"]["templama"]["seen_f1"] += 4.0
+    for found in other["findings"].values():
+        if found.get("effect") is not None:
+            found["effect"] += 1.0
+    combined = combine_seeds({"0": results, "1": other})
+    combined["timing"] = {"total_s": 100.0, "machine": "test", "per_seed_s": {"0": 50.0, "1": 50.0}}
+    paths = report.write_seeds_report(combined, str(tmp_path))
+    text = open(paths["report"]).read()
+    assert "(smoke preset, 2 seeds)" in text and "## 2 seeds" in text and "[seed 1](seed_1/report.md)" in text
+    t = results["regimes"]["temporal"]["templama"]["seen_f1"]
+    assert "| Temporal |" in text and f"{t + 2.0:.2f} [" in text  # the mean over the seeds, with its interval
+    assert "one-sample t-test over the per-seed effects (2 seeds)" in text
+    for seed in ("0", "1"):
+        assert (tmp_path / f"seed_{seed}" / "report.md").exists()
+    assert sorted(os.listdir(tmp_path / "figures")) == sorted(f"{name}.png" for name in report.FIGURES)
+    view = report.seeds_view(combined)
+    assert isinstance(view["regimes"]["temporal"]["templama"]["seen_f1"], Estimate)
+    assert view["regimes"]["uniform"]["templama"]["seen_f1"] == results["regimes"]["uniform"]["templama"]["seen_f1"]
 
 
 def test_extra_stages_get_their_own_sections(results):
@@ -119,5 +140,5 @@ def test_an_empty_results_dict_still_gives_a_report(tmp_path):
     text = open(paths["report"]).read()
     for heading in SECTIONS:
         assert heading in text
-    assert text.count("**cannot be judged**") == len(FINDINGS)
+    assert sum(line.startswith("- ") and "**inconclusive**" in line for line in text.splitlines()) == len(FINDINGS)
     assert len(paths["figures"]) == len(report.FIGURES)

@@ -55,10 +55,13 @@ def test_streaming_section_verdicts_and_table_lines(tmp_path):
                                     "control/static": 8.0},
                "relative": {"static": {"mean": 0.5, "slope_per_month": -0.01, "first_month": 0.6, "last_month": 0.4},
                             "dynamic": {"mean": 0.1, "slope_per_month": 0.0, "first_month": 0.2, "last_month": 0.0}},
-               "dynamic_gain": {"dynamic": -0.25}, "months": ["2018-01", "2018-02"]}
+               "dynamic_gain": {"dynamic": -0.25}, "months": ["2018-01", "2018-02"],
+               "findings": {"growth": {"verdict": "inconclusive", "test": "a slope t-test",
+                                       "evidence": "slope -0.0100 per month [-0.05, +0.03], p=0.6, n=24"}}}
     text = streaming_section(summary, str(tmp_path / "figures"))
-    assert ("- The gap grows month by month (the fitted slope of the relative increase > 0): **does not appear**."
-            in text)
+    assert ("- The gap grows month by month (the slope of the monthly relative increase, the paper's t-test): "
+            "**inconclusive** (a slope t-test). slope -0.0100 per month [-0.05, +0.03], p=0.6, n=24." in text)
+    assert "- TIME-STRATIFIED perplexity is above CONTROL's on the test documents: **inconclusive**. not tested" in text
     assert "| time_stratified/dynamic | 9.00 |" in text
     assert "| static | +50.0% | -1.0% | +60.0% | +40.0% |" in text
     assert "Dynamic evaluation against static TIME-STRATIFIED (word perplexity): dynamic -25.0%." in text

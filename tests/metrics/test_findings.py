@@ -1,0 +1,216 @@
+"""Every finding's test on constructed inputs (templm/metrics/findings.py and the streaming findings of
+templm/metrics/stream.py): a clear effect gives "appears", its mirror "opposite", and a difference inside the noise
+"inconclusive"; over several seeds the verdict comes from the per-seed effects."""
+
+import json
+
+import numpy as np
+import pytest
+
+from templm.metrics.findings import CLAIMS, DIRECTIONS, FINDINGS, combine, combine_findings, findings
+from templm.metrics.stream import STREAM_FINDINGS, stream_findings
+
+SEEN, NEW = [2014, 2015, 2016], 2017
+
+
+def by_name(results):
+    return {f["name"]: f for f in findings(results)}
+
+
+def noise(n, scale, seed=0):
+    return np.random.default_rng(seed).normal(0.0, scale, n)
+
+
+def exact_mean(values, mean):
+    values = np.asarray(values, float)
+    return values - values.mean() + mean
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Temporal beats Uniform: a paired test over the same seen-year queries.
+
+
+def per_query(uniform, temporal, years):
+    return {"world": {"seen_years": SEEN}, "per_query": {"id": [f"q{i}" for i in range(len(years))],
+                                                         "year": years, "f1": {"uniform": list(uniform),
+                                                                               "temporal": list(temporal)}}}
+
+
+def test_temporal_beats_uniform_three_ways():
+    n = 50
+    years = [SEEN[i % 3] for i in range(n)]
+    uniform = np.clip(50 + noise(n, 20, 1), 0, 100)
+    clear = uniform + 10 + noise(n, 3, 2)
+    assert by_name(per_query(uniform, clear, years))["temporal_beats_uniform"]["verdict"] == "appears"
+    assert by_name(per_query(clear, uniform, years))["temporal_beats_uniform"]["verdict"] == "opposite"
+    # The issue's case: 50.01 vs 50.00 over 50 queries, a difference inside the noise.
+    flat_u = exact_mean(uniform, 50.00)
+    flat_t = exact_mean(flat_u + noise(n, 10, 3), 50.01)
+    found = by_name(per_query(flat_u, flat_t, years))["temporal_beats_uniform"]
+    assert found["verdict"] == "inconclusive" and found["n"] == 50
+    assert found["effect"] == pytest.approx(0.01) and found["interval"][0] < 0 < found["interval"][1]
+    assert "Temporal 50.01 vs Uniform 50.00" in found["evidence"]
+    # Only the seen years count: future-year queries are left out.
+    future = by_name(per_query(list(uniform) + [0.0] * 10, list(clear) + [100.0] * 10, years + [NEW] * 10))
+    assert future["temporal_beats_uniform"]["n"] == n
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Yearly experts fall off with the year gap: a slope over queries scored by every expert.
+
+
+def yearly(f1_of_gap, seed=0):
+    years = [2012 + i % 7 for i in range(70)]  # 2012..2018, ten queries a year
+    experts = (2013, 2015, 2017)
+    f1 = {str(e): list(np.clip([f1_of_gap(abs(y - e)) for y in years] + noise(len(years), 5, seed + e), 0, 100))
+          for e in experts}
+    return {"yearly": {"per_query": {"id": [f"q{i}" for i in range(70)], "year": years, "f1": f1}}}
+
+
+def test_yearly_falloff_three_ways():
+    falls = by_name(yearly(lambda gap: 80 - 12 * gap))["yearly_falloff"]
+    assert falls["verdict"] == "appears" and falls["effect"] < -8 and falls["n"] == 70
+    assert set(falls["sides"]) == {"past", "future"}
+    assert by_name(yearly(lambda gap: 20 + 12 * gap))["yearly_falloff"]["verdict"] == "opposite"
+    assert by_name(yearly(lambda gap: 50.0))["yearly_falloff"]["verdict"] == "inconclusive"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Multi-answer facts fall faster: Welch's test of the per-query change into the future.
+
+
+def degradation(multi_mean, single_mean, n=25):
+    change = list(multi_mean + noise(n, 0.2, 4)) + list(single_mean + noise(n, 0.2, 5))
+    return {"degradation": {"temporal": {"items": {"id": [f"q{i}" for i in range(2 * n)],
+                                                   "group": ["multiple"] * n + ["single"] * n,
+                                                   "mean_change": change}}}}
+
+
+def test_multi_answer_falls_faster_three_ways():
+    found = by_name(degradation(-1.0, -0.1))["multi_answer_falls_faster"]
+    assert found["verdict"] == "appears" and found["n"] == 50 and found["effect"] == pytest.approx(-0.9, abs=0.15)
+    assert by_name(degradation(-0.1, -1.0))["multi_answer_falls_faster"]["verdict"] == "opposite"
+    assert by_name(degradation(-0.5, -0.5))["multi_answer_falls_faster"]["verdict"] == "inconclusive"
+    one = degradation(-1.0, -0.1, n=1)  # the issue's case: n = 1 cannot decide anything
+    assert by_name(one)["multi_answer_falls_faster"]["verdict"] == "inconclusive"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Entropy orders frequent > rare > never: a rank correlation with the rate of change.
+
+
+def calibration(means, n=12):
+    classes, years, values = [], [], []
+    for c, mean in means.items():
+        for i in range(n):
+            classes.append(c)
+            years.append(2019 + i % 3)
+            values.append(float(np.clip(mean + noise(1, 0.05, len(values))[0], 0, 1)))
+    return {"calibration": {"temporal": {"items": {"class": classes, "year": years, "normalized_entropy": values,
+                                                   "entropy": values}}}}
+
+
+def test_entropy_order_three_ways():
+    found = by_name(calibration({"frequent": 0.9, "rare": 0.5, "never": 0.1}))["entropy_order"]
+    assert found["verdict"] == "appears" and found["effect"] > 0.8
+    assert set(found["growth_per_year"]) == {"frequent", "rare", "never"}
+    assert by_name(calibration({"frequent": 0.1, "rare": 0.5, "never": 0.9}))["entropy_order"]["verdict"] == \
+        "opposite"
+    assert by_name(calibration({"frequent": 0.5, "rare": 0.5, "never": 0.5}))["entropy_order"]["verdict"] == \
+        "inconclusive"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Adaptation: every alpha gains on the new year and keeps >= 80 % of the old years' F1.
+
+
+def adaptation(new_shift, old_factor, alphas=("0.3", "0.7")):
+    years = [NEW] * 40 + [SEEN[i % 3] for i in range(60)]
+    base = np.clip(40 + noise(100, 15, 6), 0, 100)
+    new = np.array([y == NEW for y in years])
+    f1 = {"base": list(base)}
+    for k, a in enumerate(alphas):
+        adapted = np.where(new, base + new_shift, base * old_factor) + noise(100, 2, 7 + k)
+        f1[a] = list(np.clip(adapted, 0, 100))
+    return {"adaptation": {"new_year": NEW, "old_years": SEEN,
+                           "per_query": {"id": [f"q{i}" for i in range(100)], "year": years, "f1": f1}}}
+
+
+def test_adaptation_three_ways():
+    found = by_name(adaptation(+15, 1.0))["adaptation"]
+    assert found["verdict"] == "appears" and found["n"] == 40 and found["n_old"] == 60
+    assert set(found["alphas"]) == {"0.3", "0.7"} and all(
+        a["gain"]["verdict"] == "appears" and a["kept"]["verdict"] == "appears" for a in found["alphas"].values())
+    assert by_name(adaptation(-15, 0.3))["adaptation"]["verdict"] == "opposite"
+    assert by_name(adaptation(0.0, 0.8))["adaptation"]["verdict"] == "inconclusive"
+    # One alpha passing is not enough: the claim is about every alpha.
+    mixed = adaptation(+15, 1.0)
+    mixed["adaptation"]["per_query"]["f1"]["0.7"] = list(mixed["adaptation"]["per_query"]["f1"]["base"])
+    assert by_name(mixed)["adaptation"]["verdict"] == "inconclusive"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The streaming findings: paired over documents, a slope over months.
+
+
+def stream_results(gap_nats, growth, dynamic_nats, n_docs=48, months=24):
+    month_of = [f"{2018 + (m + 3) // 12}-{(m + 3) % 12 + 1:02d}" for m in range(months)]
+    docs_month = [month_of[d % months] for d in range(n_docs)]
+    words = np.full(n_docs, 100.0)
+    ctl = 2.0 + noise(n_docs, 0.2, 8)
+    ts = ctl + gap_nats + noise(n_docs, 0.05, 9)
+    dyn = ts + dynamic_nats + noise(n_docs, 0.05, 10)
+    per_month = {m: 0.5 + growth * i + float(noise(1, 0.02, 11 + i)[0]) for i, m in enumerate(month_of)}
+    return {"documents": {"month": docs_month, "words": words.tolist(),
+                          "word_nll": {"time_stratified/static": (ts * words).tolist(),
+                                       "control/static": (ctl * words).tolist(),
+                                       "time_stratified/dynamic": (dyn * words).tolist()}},
+            "relative": {"static": {"per_month": per_month},
+                         "dynamic": {"per_month": {m: v - 0.3 for m, v in per_month.items()}}}}
+
+
+def test_stream_findings_three_ways():
+    found = stream_findings(stream_results(0.5, 0.01, -0.3))
+    assert {k: v["verdict"] for k, v in found.items()} == {"gap": "appears", "growth": "appears",
+                                                          "dynamic": "appears"}
+    assert found["gap"]["effect"] == pytest.approx(0.5, abs=0.05) and found["gap"]["n"] == 48
+    assert found["growth"]["n"] == 24 and found["growth"]["effect"] == pytest.approx(0.01, abs=0.003)
+    assert found["dynamic"]["gap_narrows"]["verdict"] == "appears"
+    assert set(found) == {name for name, _, _ in STREAM_FINDINGS}
+    mirror = stream_findings(stream_results(-0.5, -0.01, +0.3))
+    assert {k: v["verdict"] for k, v in mirror.items()} == {"gap": "opposite", "growth": "opposite",
+                                                           "dynamic": "opposite"}
+    # The smoke report's "+0.01% per month" growth: inside the noise of the monthly values.
+    flat = stream_findings(stream_results(0.0, 0.0001, 0.0))
+    assert {k: v["verdict"] for k, v in flat.items()} == {"gap": "inconclusive", "growth": "inconclusive",
+                                                         "dynamic": "inconclusive"}
+    no_dynamic = stream_results(0.5, 0.01, -0.3)
+    del no_dynamic["documents"]["word_nll"]["time_stratified/dynamic"]
+    assert stream_findings(no_dynamic)["dynamic"]["verdict"] == "inconclusive"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Several seeds, and what results.json holds.
+
+
+def test_seeds_combine_through_their_effects():
+    seeds = [by_name(per_query(u, u + 10 + noise(50, 3, s), [SEEN[i % 3] for i in range(50)]))
+             for s, u in enumerate(np.clip(50 + noise(150, 20, 12), 0, 100).reshape(3, 50))]
+    combined = combine([s["temporal_beats_uniform"] for s in seeds], DIRECTIONS["temporal_beats_uniform"])
+    assert combined["verdict"] == "appears" and combined["n"] == 3 and len(combined["per_seed"]) == 3
+    assert combined["effect"] == pytest.approx(np.mean([s["temporal_beats_uniform"]["effect"] for s in seeds]))
+    lists = [[{"name": n, **f} for n, f in s.items()] for s in seeds]
+    everything = combine_findings(lists, DIRECTIONS, CLAIMS)
+    assert [f["name"] for f in everything] == [name for name, _, _, _ in FINDINGS]
+    one = combine([seeds[0]["temporal_beats_uniform"]], +1)
+    assert one["verdict"] == seeds[0]["temporal_beats_uniform"]["verdict"]
+
+
+def test_each_finding_is_json_with_the_evidence_fields():
+    for found in findings({}):  # nothing to test: every finding says so
+        assert found["verdict"] == "inconclusive" and found["reason"]
+    results = {**per_query([50.0, 60.0, 70.0], [55.0, 66.0, 71.0], SEEN), **degradation(-1.0, -0.1)}
+    for found in findings(results):
+        text = json.dumps(found, allow_nan=False)
+        assert {"name", "claim", "verdict", "test", "effect", "interval", "p_value", "n", "evidence"} <= set(found)
+        assert found["verdict"] in ("appears", "opposite", "inconclusive") and text
