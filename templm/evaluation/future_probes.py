@@ -15,6 +15,7 @@ The year reaches the model as the Temporal prefix ("year: 2019 ...") for the Tem
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -50,6 +51,12 @@ class TextScorer:
         self.batch_size = batch_size
         self._score = jax.jit(model.score_batch)
         self._predict = jax.jit(functools.partial(model.predict_batch, max_decode_length=self.lengths["targets"]))
+
+    def with_vocabulary(self, vocabulary) -> "TextScorer":
+        """A copy that tokenises with another vocabulary and shares the compiled functions (the same model)."""
+        other = copy.copy(self)
+        other.vocabulary = vocabulary
+        return other
 
     def _ids(self, text: str, length: int) -> List[int]:
         return list(self.vocabulary.encode(text))[:length - 1] + [EOS_ID]

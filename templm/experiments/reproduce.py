@@ -265,15 +265,13 @@ class Reproduction:
     def __init__(self, preset: Preset, out_dir: str, seed: int):
         self.preset, self.out_dir, self.seed = preset, out_dir, seed
         config = T5_1_1_CONFIGS["tiny"].replace(dropout_rate=0.0, **dict(preset.model))
-        self.model = EncoderDecoderModel(config)
+        shared = _shared(preset, config)
+        self.model, self.optimizer, self.mesh = shared["model"], shared["optimizer"], shared["mesh"]
+        self.shared = shared
         self.params_count = count_parameters(config)
         model_config = {k: getattr(config, k) for k in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim",
                                                           "num_encoder_layers", "num_decoder_layers")}
         self.lengths = {"inputs": preset.inputs_length, "targets": preset.targets_length}
-        # CPU: one device (fake host devices share the same cores and only add overhead); accelerators: all.
-        devices = jax.devices()
-        self.mesh = partitioning.make_mesh(devices=devices[:1] if devices[0].platform == "cpu" else devices)
-        self.optimizer = make_optimizer(name="adafactor", learning_rate=preset.learning_rate)
         self.data_dir = os.path.join(out_dir, "data")
         self.models_dir = os.path.join(out_dir, "models")
         self.results: Dict[str, Any] = {"preset": preset.name, "seed": seed, "config": dataclasses.asdict(preset),
@@ -344,6 +342,26 @@ class Reproduction:
         return result
 
 
+_SHARED: Dict[Any, Dict[str, Any]] = {}
+
+
+def _shared(preset: Preset, config: Any) -> Dict[str, Any]:
+    """What every run of a preset shares in one process (several seeds run one after another): the model and
+    optimizer objects, the mesh, and the compiled evaluation functions made from them, so each is compiled once."""
+    if preset not in _SHARED:
+        _SHARED.clear()
+        # CPU: one device (fake host devices share the same cores and only add overhead); accelerators: all.
+        devices = jax.devices()
+        model = EncoderDecoderModel(config)
+        _SHARED[preset] = {
+            "model": model, "optimizer": make_optimizer(name="adafactor", learning_rate=preset.learning_rate),
+            "mesh": partitioning.make_mesh(devices=devices[:1] if devices[0].platform == "cpu" else devices),
+            "fns": ModelFns(model, None, batch_size=preset.eval_batch_size, max_decode_length=preset.targets_length),
+            "scorer": TextScorer(model, None, {"inputs": preset.inputs_length, "targets": preset.targets_length},
+                                 preset.eval_batch_size)}
+    return _SHARED[preset]
+
+
 def _stage_train_main(run: Reproduction) -> None:
     run.configure(run.seen_view)
     for regime in ("uniform", "temporal"):
@@ -366,8 +384,7 @@ def _qa_summary(run: Reproduction, regime: str, templama, customnews, params: in
 
 def _stage_evaluate(run: Reproduction) -> None:
     run.configure(run.data_dir)
-    fns = ModelFns(run.model, None, batch_size=run.preset.eval_batch_size,
-                   max_decode_length=run.lengths["targets"])
+    fns = run.shared["fns"]
     evaluations = {}
     for regime in ("uniform", "temporal"):
         model_fns = with_params(fns, run.params[regime])
@@ -422,7 +439,7 @@ def per_query_f1(evaluations: Mapping[str, Any]) -> Dict[str, Any]:
 
 def _stage_future(run: Reproduction) -> None:
     vocabulary = seqio.get_mixture_or_task("templama_temporal").output_features["targets"].vocabulary
-    scorer = TextScorer(run.model, vocabulary, run.lengths, run.preset.eval_batch_size)
+    scorer = run.shared["scorer"].with_vocabulary(vocabulary)
     calibration = read_calibration(os.path.join(run.data_dir, "world", "calibration.jsonl"))
     last_seen = run.seen[-1]
     years = list(range(last_seen + 1, last_seen + 1 + run.preset.calibration_years))

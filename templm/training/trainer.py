@@ -40,6 +40,11 @@ from templm.training.optimizers import make_optimizer
 gin.external_configurable(T5Config, module="templm")
 gin.external_configurable(EncoderDecoderModel, module="templm")
 
+# One compiled update step, kept for the next run of the same model object, optimizer object, microbatches and mesh
+# (e.g. the many trainings of one reproduction): {key: (model, optimizer, step)}, the objects held so their ids stay
+# theirs. Only a caller-owned optimizer is cached: one built here from gin is new on every call.
+_STEP_CACHE: Dict[Any, Any] = {}
+
 # evaluator(model, params, mixture_or_task_name, task_feature_lengths, split, num_examples, batch_size, step)
 #   -> {task: {metric: value}}
 Evaluator = Callable[..., Dict[str, Dict[str, float]]]
@@ -169,8 +174,15 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
 
             # --- The update step: one pure function, jitted once, the state donated. ----------------------------
             batch_sharding = partitioning.data_sharding(mesh)
-            step_fn = train_state.compile_step(make_train_step(model, tx, microbatches), state_shardings,
-                                               batch_sharding, mesh)
+            key = None if optimizer is None else (id(model), id(tx), microbatches, mesh, tuple(rules))
+            if key is not None and key in _STEP_CACHE:
+                step_fn = _STEP_CACHE[key][2]
+            else:
+                step_fn = train_state.compile_step(make_train_step(model, tx, microbatches), state_shardings,
+                                                   batch_sharding, mesh)
+                if key is not None:
+                    _STEP_CACHE.clear()  # keep one: a compiled step holds on to its executable
+                    _STEP_CACHE[key] = (model, tx, step_fn)
 
             # --- Data: this process's rows of each global batch. ------------------------------------------------
             local_batch = batch_size // jax.process_count()
