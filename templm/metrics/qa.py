@@ -81,8 +81,9 @@ def _f1_one(prediction: str, gold: str) -> float:
     pred_tokens = normalize_answer(prediction).split()
     gold_tokens = normalize_answer(gold).split()
     if not pred_tokens or not gold_tokens:
-        # Both empty: a correct "no answer". One empty: nothing can overlap.
-        return float(pred_tokens == gold_tokens)
+        # An empty normalised prediction or answer (both empty too) has no token to overlap: 0, as SQuAD v1.1's
+        # evaluation script and T5's qa_utils score it. Exact match still counts "" against "" as a match.
+        return 0.0
     overlap = sum((collections.Counter(pred_tokens) & collections.Counter(gold_tokens)).values())
     if overlap == 0:
         return 0.0
@@ -101,7 +102,7 @@ def token_f1(prediction: str, answers: Answers) -> float:
     """Best token F1 over the gold answers, in [0, 1].
 
     F1 of one pair is computed from the multiset overlap of the normalised tokens: P = overlap / |prediction|,
-    R = overlap / |gold|, F1 = 2PR / (P + R). Both empty scores 1.0; exactly one empty scores 0.0.
+    R = overlap / |gold|, F1 = 2PR / (P + R). An empty normalised prediction or answer scores 0.0 (SQuAD v1.1).
     """
     prediction = _as_text(prediction)
     return max(_f1_one(prediction, gold) for gold in _answer_list(answers))

@@ -75,14 +75,18 @@ def test_token_f1_max_over_answers():
     assert token_f1("New York City", ["New York", "new york city", "NYC"]) == 1.0
 
 
-def test_empty_strings():
+def test_empty_strings_score_f1_zero_as_squad_does():
+    """SQuAD v1.1's script (and T5's qa_utils): F1 counts overlapping tokens, so an empty normalised prediction or
+    answer scores 0, even against an empty one; exact match compares the normalised strings, so "" matches ""."""
     assert exact_match("", [""]) == 1.0
-    assert token_f1("", [""]) == 1.0
-    assert token_f1("the", ["."]) == 1.0  # both normalise to nothing
+    assert token_f1("", [""]) == 0.0
+    assert token_f1("the", ["."]) == 0.0  # both normalise to nothing
+    assert exact_match("the", ["."]) == 1.0
     assert token_f1("", ["Reds"]) == 0.0
     assert token_f1("Reds", [""]) == 0.0
     assert exact_match("", ["Reds"]) == 0.0
-    assert token_f1("", ["Reds", ""]) == 1.0  # max over answers includes the empty one
+    assert token_f1("", ["Reds", ""]) == 0.0
+    assert token_f1("Reds", ["", "the reds"]) == 1.0  # the max over answers
 
 
 def test_no_gold_answers_is_an_error():
@@ -119,7 +123,7 @@ def test_strip_sentinels(raw, expected):
 PREDICTIONS = ["Reds", "New York City", "Paris", "Barack Obama", ""]
 ANSWERS = [["the Reds"], ["New York"], ["London"], ["Donald Trump", "barack obama."], [""]]
 YEARS = [2014, 2014, 2018, 2019, 2016]
-# per example: EM 1, 0, 0, 1, 1   F1 1, 0.8, 0, 1, 1
+# per example: EM 1, 0, 0, 1, 1   F1 1, 0.8, 0, 1, 0 (an empty answer: EM 1, F1 0, as SQuAD v1.1)
 
 
 def test_qa_scores_overall_only():
@@ -127,15 +131,15 @@ def test_qa_scores_overall_only():
     assert set(out) == {"em", "f1", "count"}
     assert out["count"] == 5
     assert out["em"] == pytest.approx(60.0, **EXACT)   # 3 / 5
-    assert out["f1"] == pytest.approx(76.0, **EXACT)   # 3.8 / 5
+    assert out["f1"] == pytest.approx(56.0, **EXACT)   # 2.8 / 5
 
 
 def test_qa_scores_per_year_and_slice():
     out = qa_scores(PREDICTIONS, ANSWERS, YEARS, seen_years=[2014, 2018], future_years={2019, 2020})
     expected = {
-        "em": 60.0, "f1": 76.0, "count": 5,
+        "em": 60.0, "f1": 56.0, "count": 5,
         "em_2014": 50.0, "f1_2014": 90.0, "count_2014": 2,
-        "em_2016": 100.0, "f1_2016": 100.0, "count_2016": 1,
+        "em_2016": 100.0, "f1_2016": 0.0, "count_2016": 1,
         "em_2018": 0.0, "f1_2018": 0.0, "count_2018": 1,
         "em_2019": 100.0, "f1_2019": 100.0, "count_2019": 1,
         "seen_em": 100 / 3, "seen_f1": 60.0, "seen_count": 3,   # (1+0+0)/3, (1+0.8+0)/3
