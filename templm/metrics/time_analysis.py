@@ -51,17 +51,30 @@ def duration_bucket(years: int) -> str:
 
 
 def answer_durations(queries: Iterable[Any]) -> Dict[str, int]:
-    """For each query id, the number of years in which its subject and relation have exactly its answer set.
-
-    Answer sets are compared as sets of names, so a year with the same answers listed in another order counts.
+    """For each query id, how many years the fact of its (first) answer lasts: the run of consecutive years, through
+    the query's year, in which that answer holds for the subject and relation (Dhingra et al., Figure 2: a query is
+    grouped by the duration of its answer's fact). The spans come from the queries themselves, one per subject,
+    relation and year: answers A 2010-13, {A, B} 2014, B 2015-16, A 2017 give the 2014 query (first answer A) 5
+    years, 2010-2014, and the 2017 one 1 year; a year without the answer (or without a query) ends the run.
     `queries` are `records.Query` objects or dicts with id, subject_id (or subject), relation, year, answers.
     """
     rows = [_query_fields(q) for q in queries]
-    years_with: Dict[Tuple[str, str, frozenset], set] = collections.defaultdict(set)
+    holds: Dict[Tuple[str, str, str], set] = collections.defaultdict(set)
     for _, subject, relation, year, answers in rows:
-        years_with[(subject, relation, frozenset(answers))].add(year)
-    return {qid: len(years_with[(subject, relation, frozenset(answers))])
-            for qid, subject, relation, _, answers in rows}
+        for answer in answers:
+            holds[(subject, relation, answer)].add(year)
+    out = {}
+    for qid, subject, relation, year, answers in rows:
+        if not answers:
+            continue
+        years = holds[(subject, relation, answers[0])]
+        first, last = year, year
+        while first - 1 in years:
+            first -= 1
+        while last + 1 in years:
+            last += 1
+        out[qid] = last - first + 1
+    return out
 
 
 def answer_groups(queries: Iterable[Any]) -> Dict[Tuple[str, str], str]:

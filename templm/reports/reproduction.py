@@ -139,8 +139,9 @@ def _section_duration(results) -> str:
         rows.append([regime.capitalize()] + [f"{_num(lookup(d, b, 'f1'))} ({int(lookup(d, b, 'count', default=0))})"
                                              for b in DURATION_BUCKETS])
     return "\n".join(["## F1 by how long the answer stays valid (the paper's Figure 2)", "",
-                      "Seen-year test queries grouped by the number of years their answer set holds for the subject "
-                      "and relation; F1 (queries).", "",
+                      "Seen-year test queries grouped by how many years the fact of their (first) answer lasts: "
+                      "the run of consecutive years through the query's year in which that answer holds for the "
+                      "subject and relation; F1 (queries).", "",
                       markdown_table(["model"] + [f"{b} year{'s' if b != '1' else ''}" for b in DURATION_BUCKETS], rows),
                       "", "![F1 by answer duration](figures/answer_duration.png)"])
 

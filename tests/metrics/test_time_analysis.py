@@ -24,14 +24,23 @@ def test_duration_buckets():
         ta.duration_bucket(0)
 
 
-def test_answer_durations_count_the_years_with_the_same_answer_set():
+def test_answer_durations_are_the_span_of_the_first_answers_fact():
+    # The example: A 2010-13, {A, B} 2014, B 2015-16, A 2017.
+    example = [q("S", 2010, "A"), q("S", 2011, "A"), q("S", 2012, "A"), q("S", 2013, "A"), q("S", 2014, "A", "B"),
+               q("S", 2015, "B"), q("S", 2016, "B"), q("S", 2017, "A")]
+    d = ta.answer_durations(example)
+    assert d["S_P54_2014"] == 5 and ta.duration_bucket(d["S_P54_2014"]) == "5+"  # A held 2010-2014
+    assert d["S_P54_2017"] == 1  # the 2017 fact lasted one year
+    assert d["S_P54_2015"] == d["S_P54_2016"] == 3 and d["S_P54_2011"] == 5  # B 2014-2016; A 2010-2014
+
     queries = [q("A", 2014, "X"), q("A", 2015, "X"), q("A", 2016, "Y"), q("A", 2017, "X"),
-               q("A", 2018, "X", "Y"), q("A", 2019, "Y", "X"),  # the same set in another order
+               q("A", 2018, "X", "Y"), q("A", 2019, "Y", "X"),  # the first answer decides
                q("B", 2014, "X"), q("A", 2014, "Z", relation="P108")]
     d = ta.answer_durations(queries)
-    assert d["A_P54_2014"] == d["A_P54_2015"] == d["A_P54_2017"] == 3
+    assert d["A_P54_2014"] == d["A_P54_2015"] == 2  # X 2014-2015, then Y
     assert d["A_P54_2016"] == 1
-    assert d["A_P54_2018"] == d["A_P54_2019"] == 2
+    assert d["A_P54_2017"] == d["A_P54_2018"] == 3  # X 2017-2019
+    assert d["A_P54_2019"] == 2  # Y 2018-2019
     assert d["B_P54_2014"] == 1 and d["A_P108_2014"] == 1  # other subject, other relation: counted apart
     # Dicts work as well as Query objects.
     assert ta.answer_durations([{"id": "s", "subject_id": "S", "relation": "P", "year": 2014, "answers": ["u"]}]) == {
