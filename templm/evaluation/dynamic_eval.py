@@ -38,11 +38,12 @@ weighted tokens in all B streams of the batch):
 
     where ss is the mean squared gradient on TRAINING data, collected beforehand by `collect_ms` (ss = the mean of
     g_k ** 2 over the training segments k, g_k the gradient of segment k's mean loss, as Krause et al.), and
-      - ``rate = sqrt(ss)`` (default, the formula of the issue: parameters that move a lot in training decay
-        faster), or
-      - with ``normalise_decay=True``, Krause et al.'s variant ``rate = min(sqrt(ss) / mean(sqrt(ss)), 1 / decay)``:
-        the RMS normalised by its mean over all adapted parameters (so `decay` is the decay rate of an average
-        parameter), clipped so that one step never moves a parameter past theta0.
+      - by default Krause et al.'s ``rate = min(sqrt(ss) / mean(sqrt(ss)), 1 / decay)``: the RMS normalised by its
+        mean over all adapted parameters (so `decay` is the decay rate of an average parameter), clipped so that
+        one step never moves a parameter past theta0: decay * rate <= 1, the decay term is a contraction and a long
+        stream stays bounded;
+      - with ``normalise_decay=False``, the raw ``rate = sqrt(ss)``, which oscillates and then diverges wherever
+        decay * sqrt(ss) > 1 (and > 2) and is kept only to compare with.
 
     ss and theta0 are constants of the scan; neither rule keeps per-step state.
 
@@ -156,9 +157,9 @@ def sgd_update(params: Any, grads: Any, lr: Any) -> Any:
     return jax.tree_util.tree_map(lambda p, g: p - lr * g.astype(p.dtype), params, grads)
 
 
-def rms_decay_rate(ms: Any, decay: Any, normalise_decay: bool = False) -> Any:
-    """Per-parameter decay rate of the RMS rule: sqrt(ms), or (normalise_decay) Krause et al.'s
-    min(sqrt(ms) / mean(sqrt(ms)), 1 / decay) with the mean over every entry of every leaf of ms."""
+def rms_decay_rate(ms: Any, decay: Any, normalise_decay: bool = True) -> Any:
+    """Per-parameter decay rate of the RMS rule: Krause et al.'s min(sqrt(ms) / mean(sqrt(ms)), 1 / decay) with the
+    mean over every entry of every leaf of ms, or (normalise_decay=False) the raw sqrt(ms)."""
     rms = jax.tree_util.tree_map(jnp.sqrt, ms)
     if not normalise_decay:
         return rms
@@ -171,11 +172,11 @@ def rms_decay_rate(ms: Any, decay: Any, normalise_decay: bool = False) -> Any:
 
 
 def rms_update(params: Any, grads: Any, ms: Any, theta0: Any, lr: Any, decay: Any = 0.0, eps: Any = DEFAULT_EPS,
-               normalise_decay: bool = False, rate: Any = None) -> Any:
+               normalise_decay: bool = True, rate: Any = None) -> Any:
     """Krause et al.'s RMS rule: theta <- theta - (lr * g / (sqrt(ms) + eps) + decay * rate * (theta - theta0)).
 
-    rate = sqrt(ms), or the normalised and clipped rate of `rms_decay_rate(..., normalise_decay=True)`; pass it
-    precomputed (`rate`) to avoid recomputing it every step.
+    rate = Krause et al.'s normalised and clipped rate (`rms_decay_rate`), or sqrt(ms) with normalise_decay=False;
+    pass it precomputed (`rate`) to avoid recomputing it every step.
     """
     if rate is None:
         rate = rms_decay_rate(ms, decay, normalise_decay)
@@ -316,7 +317,7 @@ def static_eval_stream(model: TransformerXL, params: Any, segments: Any, mem_len
 
 def dynamic_eval_stream(model: TransformerXL, params: Any, segments: Any, mem_len: Optional[int] = None,
                         rule: str = "sgd", lr: float = 1e-4, which: Union[str, Any] = "all", *, decay: float = 0.0,
-                        eps: float = DEFAULT_EPS, ms: Any = None, normalise_decay: bool = False,
+                        eps: float = DEFAULT_EPS, ms: Any = None, normalise_decay: bool = True,
                         return_params: bool = False) -> Union[Array, Tuple[Array, Any]]:
     """Dynamic evaluation: per-token log-probabilities [N, B, T], each segment scored before the step on it.
 

@@ -64,7 +64,7 @@ def unlayout(layout: StreamLayout, values: Any) -> np.ndarray:
 def evaluate_stream(model: Any, params: Any, tokens: Any, *, batch_size: int = 1, seg_len: Optional[int] = None,
                     mem_len: Optional[int] = None, rule: Optional[str] = None, lr: float = 0.0,
                     which: Any = "all", decay: float = 0.0, eps: Optional[float] = None, ms: Any = None,
-                    normalise_decay: bool = False) -> np.ndarray:
+                    normalise_decay: bool = True) -> np.ndarray:
     """Log-probabilities [n_targets] float32 of a stream (a TokenStream or tokens [L+1]) in stream order.
 
     rule=None: static evaluation; "sgd" / "rms": dynamic evaluation with lr, which, decay, eps, ms, normalise_decay

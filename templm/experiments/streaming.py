@@ -63,6 +63,7 @@ DEFAULT_DYNAMIC = (
     {"name": "dynamic_embeddings", "rule": "sgd", "which": "embeddings", "lr": 0.03},
     {"name": "dynamic_biases", "rule": "sgd", "which": "biases", "lr": 0.3},
     {"name": "dynamic_rms", "rule": "rms", "which": "all", "lr": 1e-4, "eps": 1e-3, "decay": 0.0},
+    {"name": "dynamic_rms_decay", "rule": "rms", "which": "all", "lr": 1e-4, "eps": 1e-3, "decay": 0.02},
 )
 _VARIANT_KEYS = {"name", "rule", "which", "lr", "decay", "eps", "normalise_decay"}
 
@@ -213,7 +214,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
                 model, params, stream, batch_size=batch_size, seg_len=seg_len, mem_len=mem_len, rule=v["rule"],
                 lr=float(v.get("lr", 0.0)), which=v.get("which", "all"), decay=float(v.get("decay", 0.0)),
                 eps=v.get("eps"), ms=ms if v["rule"] == "rms" else None,
-                normalise_decay=bool(v.get("normalise_decay", False)))
+                normalise_decay=bool(v.get("normalise_decay", True)))
             timings[f"{name}/{v['name']}"] = time.time() - t0
             done(name, v["name"])
 

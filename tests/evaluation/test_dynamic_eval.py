@@ -158,19 +158,19 @@ def test_update_rules_by_hand():
     np.testing.assert_allclose(got["a"], [0.98, -1.96], rtol=1e-6)
     np.testing.assert_allclose(got["b"], 0.4, rtol=1e-6)
 
-    # d = lr * g / (sqrt(ss) + eps) + decay * sqrt(ss) * (theta - theta0); theta <- theta - d
+    # The raw rate: d = lr * g / (sqrt(ss) + eps) + decay * sqrt(ss) * (theta - theta0); theta <- theta - d
     d_a = [0.1 * 0.2 / 0.201 + 0.5 * 0.2 * 1.0, 0.1 * -0.4 / 0.401 + 0.5 * 0.4 * -1.0]
     d_b = 0.1 * 1.0 / 1.001 + 0.5 * 1.0 * -0.5
-    got = rms_update(theta, g, ss, theta0, lr, decay, eps)
+    got = rms_update(theta, g, ss, theta0, lr, decay, eps, normalise_decay=False)
     np.testing.assert_allclose(got["a"], [1.0 - d_a[0], -2.0 - d_a[1]], rtol=1e-6)
     np.testing.assert_allclose(got["b"], 0.5 - d_b, rtol=1e-6)
 
-    # Krause's normalised decay: rate = min(sqrt(ss) / mean(sqrt(ss)), 1 / decay); mean of (0.2, 0.4, 1.0) = 1.6 / 3.
+    # Krause's normalised decay, the default: rate = min(sqrt(ss) / mean(sqrt(ss)), 1 / decay); mean 1.6 / 3.
     mean = 1.6 / 3
     rate = [min(0.2 / mean, 2.0), min(0.4 / mean, 2.0), min(1.0 / mean, 2.0)]
     d_a = [0.1 * 0.2 / 0.201 + 0.5 * rate[0] * 1.0, 0.1 * -0.4 / 0.401 + 0.5 * rate[1] * -1.0]
     d_b = 0.1 * 1.0 / 1.001 + 0.5 * rate[2] * -0.5
-    got = rms_update(theta, g, ss, theta0, lr, decay, eps, normalise_decay=True)
+    got = rms_update(theta, g, ss, theta0, lr, decay, eps)
     np.testing.assert_allclose(got["a"], [1.0 - d_a[0], -2.0 - d_a[1]], rtol=1e-6)
     np.testing.assert_allclose(got["b"], 0.5 - d_b, rtol=1e-6)
     # The clip: with decay 1, a rate above 1 is cut to 1, so theta lands exactly on theta0 when lr = 0.
@@ -225,3 +225,26 @@ def test_bad_arguments(params, repeated):
         dynamic_eval_stream(MODEL, params, repeated, MEM, "rms", 0.1)
     with pytest.raises(ValueError, match="segments"):
         static_eval_stream(MODEL, params, repeated[0], MEM)
+
+
+def test_rms_with_decay_stays_bounded_on_a_long_stream(params):
+    """Krause's normalised rate (the default) keeps decay * rate <= 1, so the pull back to the trained parameters is
+    a contraction: 300 segments with a strong decay stay near theta0. The raw rate sqrt(ss) with the same decay
+    overshoots theta0 on the parameters whose decay * sqrt(ss) exceeds 2 and diverges."""
+    rng = np.random.default_rng(5)
+    long_stream = rng.integers(0, TINY.vocab_size, size=(300, B, T + 1))
+    ms = collect_ms(params, long_stream[:N], model=MODEL, mem_len=MEM)
+    top = max(float(jnp.sqrt(leaf).max()) for leaf in jax.tree_util.tree_leaves(ms))
+    decay = 3.0 / top  # the raw rate reaches decay * sqrt(ss) = 3 on some parameter
+
+    def distance(new):
+        return max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree_util.tree_leaves(new),
+                                                                jax.tree_util.tree_leaves(params)))
+
+    lp, bounded = dynamic_eval_stream(MODEL, params, long_stream, MEM, "rms", 1e-3, decay=decay, eps=1e-3, ms=ms,
+                                      return_params=True)
+    assert np.isfinite(np.asarray(lp)).all() and distance(bounded) < 1.0
+    _, raw = dynamic_eval_stream(MODEL, params, long_stream, MEM, "rms", 1e-3, decay=decay, eps=1e-3, ms=ms,
+                                 normalise_decay=False, return_params=True)
+    raw_distance = distance(raw)
+    assert not np.isfinite(raw_distance) or raw_distance > 1e3
