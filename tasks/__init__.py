@@ -15,16 +15,19 @@ from tasks.registry import adapt_mixture, adapt_mixture_name
 from templm.data import task_data
 from templm.errors import DataError
 
-__all__ = ["adapt_mixture", "adapt_mixture_name", "configure", "current", "temporal_adapt_mixture", "yearly_mixture"]
+__all__ = ["adapt_mixture", "adapt_mixture_name", "configure", "current", "parse_years", "temporal_adapt_mixture",
+           "yearly_mixture"]
 
 _current = {}
 
 
-def configure(data_dir=None, vocabulary_path=None, extra_ids=100):
+def configure(data_dir=None, vocabulary_path=None, extra_ids=100, train_years=None):
     """Registers the tasks over `data_dir` (default: $TEMPLM_DATA_DIR, else the embedded world's cache folder).
 
     `vocabulary_path` (default: $TEMPLM_VOCABULARY) replaces the folder's own SentencePiece model, e.g. T5's
     cc_all.32000.100extra model, which upstream T5X's model configs require.
+    `train_years` (default: $TEMPLM_TRAIN_YEARS, "2010-2018" or "2010,2011", else the manifest's seen years) are the
+    years the training split of the every-year tasks and mixtures holds: the future years stay out of training.
     Returns the manifest (for the default world before its first use: the years it will have).
     """
     data_dir = data_dir or os.environ.get("TEMPLM_DATA_DIR")
@@ -44,11 +47,27 @@ def configure(data_dir=None, vocabulary_path=None, extra_ids=100):
         ensure = lambda: None  # noqa: E731  (already prepared)
     vocabulary = registry.PreparedVocabulary(vocabulary_path or os.path.join(data_dir, manifest["vocabulary"]),
                                              ensure, extra_ids=extra_ids)
+    if train_years is None and os.environ.get("TEMPLM_TRAIN_YEARS"):
+        train_years = parse_years(os.environ["TEMPLM_TRAIN_YEARS"], "TEMPLM_TRAIN_YEARS")
+    train_years = list(manifest["seen_years"] if train_years is None else train_years)
     registry.register(data_dir, manifest["years"], manifest["seen_years"], manifest["future_years"], vocabulary,
-                      ensure, manifest.get("counts"))
+                      ensure, manifest.get("counts"), train_years=train_years)
     _current.clear()
-    _current.update(data_dir=data_dir, manifest=manifest, vocabulary=vocabulary, ensure=ensure)
+    _current.update(data_dir=data_dir, manifest=manifest, vocabulary=vocabulary, ensure=ensure,
+                    train_years=sorted(int(y) for y in train_years))
     return manifest
+
+
+def parse_years(text, where="years"):
+    """Years written as "2010-2018", "2010,2012" or a mix ("2010-2012,2015")."""
+    years = []
+    try:
+        for part in str(text).split(","):
+            first, _, last = part.strip().partition("-")
+            years += list(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise ValueError(f"{where}: expected years such as 2010-2018 or 2010,2012, got {text!r}") from None
+    return years
 
 
 def yearly_mixture(year):
@@ -72,7 +91,7 @@ for _fn in ("configure", "yearly_mixture", "temporal_adapt_mixture"):
 
 
 def current():
-    """What `configure` last set up: data_dir, manifest, vocabulary and the `ensure` hook."""
+    """What `configure` last set up: data_dir, manifest, vocabulary, train_years and the `ensure` hook."""
     return dict(_current)
 
 

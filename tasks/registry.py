@@ -8,6 +8,12 @@ Task names (every one has the splits train, validation and test):
     customnews_ssm_temporal_YYYY   one year's documents with the prefix (the slices adaptation mixes)
     templama_uniform, templama_temporal, templama_yearly_YYYY      TempLAMA cloze queries, same regimes
 
+The training split of the every-year tasks (uniform, temporal, and so their mixtures) holds only the TRAINING years:
+the seen years of the task data's manifest unless configured otherwise (`tasks.configure(train_years=...)`, gin
+`tasks.configure.train_years`, or $TEMPLM_TRAIN_YEARS as "2010-2018" or "2010,2012"), so a model trained through
+`gin_configs/{uniform,temporal}.gin` never sees the future years it is tested on (Dhingra et al. train on 2010-2018
+and test 2019-2020 as the future). Their validation and test splits hold every year; a yearly task holds its year.
+
 Mixtures: `uniform_mixture`, `temporal_mixture`, `yearly_YYYY_mixture` mix CustomNews and TempLAMA training data
 1000:1; `temporal_adapt_YYYY_alphaAAA` samples year YYYY's news with probability alpha (AAA = 100 x alpha, 010..090)
 and the older years' with 1 - alpha, shared equally (`adapt_mixture(year, alpha)` registers any other alpha).
@@ -108,12 +114,15 @@ def qa_ppl_postprocessor(output, example=None, is_target=False):
 
 
 def _task(name: str, folder: str, pattern: str, regime: str, data_dir: str, ensure, vocabulary,
-          num_examples: Optional[Dict[str, int]], seen_years, future_years) -> None:
-    source = PreparedSource(
-        ensure,
-        split_to_filepattern={split: f"{data_dir}/{folder}/{split}-{pattern}.tfrecord" for split in SPLITS},
-        feature_description=_FEATURES,
-        num_input_examples=num_examples)
+          num_examples: Optional[Dict[str, int]], seen_years, future_years,
+          train_years: Optional[Sequence[int]] = None) -> None:
+    """One task over `folder`'s record files of the years `pattern` matches; with `train_years`, its train split
+    reads only those years' files."""
+    patterns = {split: f"{data_dir}/{folder}/{split}-{pattern}.tfrecord" for split in SPLITS}
+    if train_years is not None:
+        patterns["train"] = [f"{data_dir}/{folder}/train-{year}.tfrecord" for year in sorted(train_years)]
+    source = PreparedSource(ensure, split_to_filepattern=patterns, feature_description=_FEATURES,
+                            num_input_examples=num_examples)
     preprocessors = [_parse]
     if regime == "temporal":
         preprocessors.append(add_year_prefix)
@@ -174,15 +183,25 @@ def unregister() -> None:
 
 def register(data_dir: str, years: Sequence[int], seen_years: Sequence[int], future_years: Sequence[int],
              vocabulary: seqio.Vocabulary, ensure: Callable[[], object] = lambda: None,
-             counts: Optional[dict] = None) -> None:
-    """(Re-)registers every task and mixture over the record files in `data_dir`."""
+             counts: Optional[dict] = None, train_years: Optional[Sequence[int]] = None) -> None:
+    """(Re-)registers every task and mixture over the record files in `data_dir`; the every-year tasks train on
+    `train_years` (default: `seen_years`)."""
     unregister()
     years = sorted(years)
+    train_years = sorted(int(y) for y in (seen_years if train_years is None else train_years))
+    unknown = sorted(set(train_years) - set(years))
+    if unknown or not train_years:
+        raise ValueError(f"training years {train_years} must be a non-empty subset of the task data's years "
+                         f"{years}" + (f" (unknown: {unknown})" if unknown else ""))
     common = dict(data_dir=data_dir, ensure=ensure, vocabulary=vocabulary, seen_years=seen_years,
                   future_years=future_years)
     for folder, stem in ((CUSTOMNEWS, "customnews_ssm"), (TEMPLAMA, "templama")):
         for regime in REGIMES:
-            _task(f"{stem}_{regime}", folder, "*", regime, num_examples=_count(counts, folder, years), **common)
+            examples = _count(counts, folder, years)
+            if examples is not None:
+                examples["train"] = _count(counts, folder, train_years)["train"]
+            _task(f"{stem}_{regime}", folder, "*", regime, num_examples=examples, train_years=train_years,
+                  **common)
         for year in years:
             _task(f"{stem}_yearly_{year}", folder, str(year), "uniform",
                   num_examples=_count(counts, folder, [year]), **common)

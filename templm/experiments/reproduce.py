@@ -8,7 +8,6 @@
 `reproduce(preset, out_dir, seed)` writes under `out_dir`
 
     data/                 the task data (world, splits, SentencePiece model, TFRecords, manifest)
-    data_views/           the same records restricted to the training years (symlinks), for the seen-years models
     models/<name>/        each model's checkpoints and metrics.jsonl
     stream_experiment/    the Transformer-XL half: its own world, TIME-STRATIFIED/CONTROL splits, models, results
     run.json              the preset and seed of the run these folders belong to
@@ -18,9 +17,11 @@ and returns the results dict; the command line then writes report.md and figures
 
 A run stopped by SIGTERM saves the model it was training and raises Preempted (nothing is reported); the same command
 run again finds run.json unchanged, keeps the models and resumes each from its checkpoint, so it ends with the numbers
-of a run that never stopped. Another preset or seed in the same folder starts the models afresh. Models never see the future years: Uniform and Temporal train on a view of the data
-holding only the seen years, the Yearly experts on one seen year each, and the retrained reference on the seen years
-plus the new year. The same preset and seed give the same numbers (seeded world, seeded and ordered tf.data
+of a run that never stopped. Another preset or seed in the same folder starts the models afresh.
+
+Models never see the future years: Uniform and Temporal train on the mixtures whose training splits hold only the
+seen years (the SeqIO tasks' default), the Yearly experts on one seen year each, and the retrained reference on the
+seen years plus the new year. The same preset and seed give the same numbers (seeded world, seeded and ordered tf.data
 pipelines, deterministic CPU arithmetic); wall-clock times are kept apart, under "timing".
 
 Presets (README.md has their measured times): `smoke` (the demo: every stage, small and noisy), `small` (sized so that
@@ -50,7 +51,7 @@ import seqio
 import tasks
 from templm import console
 from templm.data.readers import TemplamaReader
-from templm.data.task_data import MANIFEST, TaskDataConfig, prepare_task_data, read_manifest
+from templm.data.task_data import TaskDataConfig, prepare_task_data, read_manifest
 from templm.data.world import WorldConfig
 from templm.errors import Preempted
 from templm.evaluation.checkpoint_eval import evaluate_params
@@ -214,30 +215,6 @@ def _plan(preset: Preset, n_experts: int, extra: Sequence[ExtraStage]) -> List[T
 # Data.
 
 
-def training_view(data_dir: str, years: Sequence[int], view_dir: str) -> dict:
-    """A task-data folder holding only `years` of `data_dir` (symlinks to its record files and vocabulary), so the
-    registry's `uniform_mixture` / `temporal_mixture` over it train on those years only. Returns its manifest."""
-    manifest = read_manifest(data_dir)
-    years = sorted(int(y) for y in years)
-    if os.path.exists(view_dir):
-        shutil.rmtree(view_dir)
-    for folder in ("customnews", "templama"):
-        os.makedirs(os.path.join(view_dir, folder))
-        for name in sorted(os.listdir(os.path.join(data_dir, folder))):
-            stem = name.split(".")[0]
-            if stem.rsplit("-", 1)[-1].isdigit() and int(stem.rsplit("-", 1)[-1]) in years:
-                os.symlink(os.path.abspath(os.path.join(data_dir, folder, name)), os.path.join(view_dir, folder, name))
-    os.symlink(os.path.abspath(os.path.join(data_dir, "spm")), os.path.join(view_dir, "spm"))
-    counts = {folder: {split: {y: n for y, n in by_year.items() if int(y) in years}
-                       for split, by_year in splits.items()}
-              for folder, splits in manifest["counts"].items()}
-    view = {**manifest, "years": years, "seen_years": years, "future_years": [], "counts": counts,
-            "view_of": os.path.abspath(data_dir)}
-    with open(os.path.join(view_dir, MANIFEST), "w", encoding="utf-8") as f:
-        json.dump(view, f, indent=1)
-    return view
-
-
 def _world_summary(stats: Mapping[str, Any], manifest: Mapping[str, Any]) -> Dict[str, Any]:
     counts = manifest["counts"]
     seen = set(manifest["seen_years"])
@@ -304,11 +281,12 @@ class Reproduction:
         console.say(f"  trained {name}: {steps} steps, final loss "
                     f"{'n/a' if loss is None else f'{float(loss):.3f}'}, {format_duration(self.model_times[name])}")
 
-    def configure(self, data_dir: str) -> None:
-        tasks.configure(data_dir=data_dir)
+    def configure(self, data_dir: str, train_years: Optional[Sequence[int]] = None) -> None:
+        """The SeqIO tasks over `data_dir`, training on `train_years` (default: the seen years)."""
+        tasks.configure(data_dir=data_dir, train_years=train_years)
 
     def prepare_data(self) -> dict:
-        """World, yearly splits, vocabulary and task records under data/, and the training views; the manifest."""
+        """World, yearly splits, vocabulary and task records under data/; the manifest."""
         p = self.preset
         config = TaskDataConfig(world=WorldConfig(seed=self.seed, start_year=p.start_year, end_year=p.end_year,
                                                   subjects_per_relation=p.subjects_per_relation,
@@ -321,11 +299,6 @@ class Reproduction:
         self.manifest = manifest
         self.seen, self.future = list(manifest["seen_years"]), list(manifest["future_years"])
         self.new_year = self.future[0]
-        views = os.path.join(self.out_dir, "data_views")
-        self.seen_view = os.path.join(views, "seen")
-        self.retrain_view = os.path.join(views, f"seen_and_{self.new_year}")
-        training_view(self.data_dir, self.seen, self.seen_view)
-        training_view(self.data_dir, self.seen + [self.new_year], self.retrain_view)
         self.results["world"] = _world_summary(stats, manifest)
         return manifest
 
@@ -363,7 +336,7 @@ def _shared(preset: Preset, config: Any) -> Dict[str, Any]:
 
 
 def _stage_train_main(run: Reproduction) -> None:
-    run.configure(run.seen_view)
+    run.configure(run.data_dir)  # the mixtures' training splits hold the seen years only
     for regime in ("uniform", "temporal"):
         run.train(regime, regime, f"{regime}_mixture", run.preset.steps)
 
@@ -483,8 +456,8 @@ def _stage_adaptation(run: Reproduction) -> None:
         run.model_times[name] = r.pop("wall_s")
         per_query[alpha] = evaluation_of(r.pop("params"))
         run.record_model(name, "temporal", r["mixture"], r["steps"], r["train_loss"], "temporal")
-    # The retrained model sees the seen years and the new one; its TempLAMA years are the same examples either way.
-    run.configure(run.retrain_view)
+    # The retrained model trains on the seen years and the new one.
+    run.configure(run.data_dir, train_years=run.seen + [run.new_year])
     try:
         retrained = adaptation.train_with_curve(os.path.join(run.models_dir, "retrain"), "temporal_mixture",
                                                 p.retrain_steps, "templama_temporal", run.new_year, run.seen,
@@ -510,7 +483,7 @@ RUN_RECORD = "run.json"
 
 def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[ExtraStage]) -> bool:
     """Records the run in out_dir/run.json. The models of an earlier run with the same record are kept (each trainer
-    resumes from its checkpoint); otherwise the models and training views of an earlier run are removed, so a run
+    resumes from its checkpoint); otherwise the models of an earlier run are removed, so a run
     never resumes another's checkpoints. The results of an earlier run are removed either way: they are written
     again only when this run completes. Returns True when resuming."""
     record = {"preset": dataclasses.asdict(preset), "seed": seed, "extra_stages": [stage.name for stage in extra]}
@@ -520,7 +493,7 @@ def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[Ex
         with open(path, encoding="utf-8") as f:
             previous = json.load(f)
     resuming = previous == jsonable(record)
-    stale = ["results.json", "report.md"] + ([] if resuming else ["models", "data_views", "stream_experiment"])
+    stale = ["results.json", "report.md"] + ([] if resuming else ["models", "stream_experiment"])
     for name in stale:
         target = os.path.join(out_dir, name)
         if os.path.isdir(target):

@@ -168,7 +168,7 @@ def test_a_stage_repeats_exactly_with_the_same_seed(run_dir, results, tmp_path):
                 assert _contents(path) == _contents(other), relative
                 compared += 1
         assert compared > 20
-        again.configure(again.seen_view)
+        again.configure(again.data_dir)
         params = again.train("uniform", "uniform", "uniform_mixture", PRESET.steps)
         stored, _ = load_params(str(run_dir / "models" / "uniform" / "checkpoints"))
         for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(stored)):
@@ -194,14 +194,6 @@ def test_a_stage_repeats_exactly_with_the_same_seed(run_dir, results, tmp_path):
         assert again.extra_times == {"probe": {"train": 1.5}}  # wall-clock numbers go to the timing section
     finally:
         tasks.configure()
-
-
-def test_training_view_holds_only_its_years(run_dir):
-    view = json.loads((run_dir / "data_views" / "seen" / "manifest.json").read_text())
-    assert view["years"] == [2016] and view["future_years"] == []
-    files = sorted(os.listdir(run_dir / "data_views" / "seen" / "customnews"))
-    assert files and all(name.endswith("-2016.tfrecord") for name in files)
-    assert os.path.islink(run_dir / "data_views" / "seen" / "spm")
 
 
 def test_cli_flags_and_the_demo_target():

@@ -72,6 +72,46 @@ def test_yearly_tasks_hold_only_their_year(data_dir):
     assert counted == {int(y): n for y, n in manifest["counts"]["templama"]["validation"].items()}
 
 
+def test_training_splits_hold_the_training_years_only(data_dir):
+    """The future years stay out of training: the every-year tasks' train splits hold the seen years (the
+    manifest's), their evaluation splits every year; `train_years` (or $TEMPLM_TRAIN_YEARS) chooses others."""
+    assert tasks.current()["train_years"] == [2012, 2013, 2014, 2015]
+    for name in ("customnews_ssm_uniform", "customnews_ssm_temporal", "templama_uniform", "templama_temporal"):
+        assert {int(ex["year"]) for ex in _examples(name, split="train")} == {2012, 2013, 2014, 2015}, name
+        assert 2016 in {int(ex["year"]) for ex in _examples(name, split="test")}, name
+    try:
+        tasks.configure(data_dir=data_dir, train_years=[2015, 2016])
+        assert {int(ex["year"]) for ex in _examples("customnews_ssm_uniform", split="train")} == {2015, 2016}
+        with pytest.raises(ValueError, match="unknown: \\[2030\\]"):
+            tasks.configure(data_dir=data_dir, train_years=[2015, 2030])
+        assert tasks.parse_years("2010-2012,2015") == [2010, 2011, 2012, 2015]
+        with pytest.raises(ValueError, match="TEMPLM_TRAIN_YEARS"):
+            tasks.parse_years("twenty", "TEMPLM_TRAIN_YEARS")
+    finally:
+        tasks.configure(data_dir=data_dir)
+
+
+def test_no_future_year_reaches_a_training_batch_through_the_shipped_configs(data_dir):
+    """The paper's configs train on the seen years only: every example the temporal config's mixture yields for
+    training carries the prefix of a seen year (2016 is this data's future year)."""
+    import gin
+
+    import templm.evaluation.checkpoint_eval  # noqa: F401  (registers what the configs bind)
+    from templm.cli import parse_gin
+
+    try:
+        parse_gin(["gin_configs/temporal.gin"], ["MODEL_DIR = '/tmp/unused'"])
+        mixture = gin.query_parameter("%MIXTURE_OR_TASK_NAME")
+    finally:
+        gin.clear_config()
+    ds = seqio.get_mixture_or_task(mixture).get_dataset(LENGTHS, split="train", shuffle=True, seed=0,
+                                                        num_epochs=None)
+    vocabulary = seqio.get_mixture_or_task(mixture).output_features["inputs"].vocabulary
+    examples = ds.take(3000).as_numpy_iterator()
+    prefixes = collections.Counter(vocabulary.decode(ex["inputs"].tolist())[:10] for ex in examples)
+    assert set(prefixes) == {f"year: {y}" for y in (2012, 2013, 2014, 2015)}, prefixes
+
+
 def test_tokens_round_trip_through_the_task_vocabulary(data_dir):
     vocab = tasks.current()["vocabulary"]
     assert vocab.vocab_size == 400 + 100
