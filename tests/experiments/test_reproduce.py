@@ -53,7 +53,7 @@ def results(run_dir):
 def test_report_and_figures(run_dir):
     assert {"report.md", "results.json", "run.json", "figures", "data", "models"} <= set(os.listdir(run_dir))
     text = (run_dir / "report.md").read_text()
-    for heading in ("## The run", "## Expected findings", "## TempLAMA F1 and CustomNews perplexity",
+    for heading in ("## The run", "## Expected findings", "## TempLAMA F1 and CustomNews F1 and perplexity",
                     "## Yearly experts by year gap", "## F1 by how long the answer stays valid",
                     "## Degradation into the future", "## Calibration on future relations",
                     "## Adaptation to a new year (2017)", "## Timing"):

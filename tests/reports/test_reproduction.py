@@ -15,7 +15,7 @@ from templm.reports import reproduction as report
 from templm.reports.tables import Estimate, finding_line
 
 FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "reproduce_results.json")
-SECTIONS = ["# templm reproduction", "## The run", "## Expected findings", "## TempLAMA F1 and CustomNews perplexity",
+SECTIONS = ["# templm reproduction", "## The run", "## Expected findings", "## TempLAMA F1 and CustomNews F1 and perplexity",
             "## Yearly experts by year gap", "## F1 by how long the answer stays valid",
             "## Degradation into the future", "## Calibration on future relations", "## Adaptation to a new year",
             "## Timing"]
@@ -58,7 +58,10 @@ def test_report_sections_and_numbers(results, written):
     assert f"world: {world['documents']} news documents" in text and f"{world['facts']} facts" in text
     # The paper's Table 2 row of the Temporal model: parameters, steps, perplexities and F1, from the numbers.
     t, s = results["regimes"]["temporal"]["templama"], results["summary"]["temporal"]
-    row = (f"| Temporal | {s['params']:,} | {s['steps']} | {s['seen_ppl']:.2f} | {s['future_ppl']:.2f} | "
+    c = results["regimes"]["temporal"]["customnews"]
+    cells = [f"{c[k]:.2f}" if k in c else "n/a" for k in ("seen_f1", "future_f1")]
+    row = (f"| Temporal | {s['params']:,} | {s['steps']} | {cells[0]} | {cells[1]} | {s['seen_ppl']:.2f} | "
+           f"{s['future_ppl']:.2f} | "
            f"{t['seen_f1']:.2f} | {t['future_f1']:.2f} | {t['seen_em']:.2f} | {t['future_em']:.2f} |")
     assert row in text
     for name, model in results["models"].items():

@@ -213,6 +213,20 @@ def test_metrics_through_the_task_postprocessor(data_dir):
     assert ppl["ppl_2016"] == pytest.approx(2.0)
 
 
+def test_customnews_reports_the_f1_of_the_masked_span_by_year(data_dir):
+    """The paper's CustomNews metric: F1 (and EM) of the predicted salient span, overall, by year and slice."""
+    task = seqio.get_mixture_or_task("customnews_ssm_temporal")
+    examples = _examples("customnews_ssm_temporal", split="test", n=200)
+    targets = [task.postprocess_fn(ex["targets_pretokenized"], example=ex, is_target=True) for ex in examples]
+    qa_fn, ppl_fn = task.metric_fns
+    perfect = qa_fn(targets, [task.postprocess_fn(b"<extra_id_0> " + ex["targets_pretokenized"]) for ex in examples])
+    years = {int(ex["year"]) for ex in examples}
+    assert perfect["f1"] == perfect["em"] == 100.0 and perfect["count"] == len(examples)
+    assert all(perfect[f"f1_{y}"] == 100.0 for y in years) and "seen_f1" in perfect
+    half = qa_fn(targets, [t["answers"][0] if i % 2 else "nothing at all" for i, t in enumerate(targets)])
+    assert half["em"] == pytest.approx(100.0 * (len(examples) // 2) / len(examples))
+
+
 def test_import_twice_and_reconfigure(data_dir):
     importlib.reload(tasks)  # registers the default world again over the same names
     tasks.configure(data_dir=data_dir)
