@@ -373,14 +373,22 @@ def _stage_evaluate(run: Reproduction) -> None:
     run.results["regimes"]["yearly"]["routes"] = {str(y): router.route(y) for y in run.manifest["years"]}
     evaluations["yearly"] = templama
 
-    experts, expert_evaluations = {}, {}
+    # Each expert on every year's test examples, TempLAMA and CustomNews: the fall-off with the year gap.
+    experts: Dict[str, Dict[int, Any]] = {"templama": {}, "customnews": {}}
+    expert_evaluations: Dict[str, Dict[str, Any]] = {"templama": {}, "customnews": {}}
     for year in run.seen:
-        evaluation = evaluate_model(with_params(fns, run.params[f"yearly_{year}"]), "templama_uniform", run.lengths)
-        experts[year] = {k: v for k, v in evaluation.metrics.items() if k.split("_")[0] in ("f1", "em", "count")}
-        expert_evaluations[str(year)] = evaluation
-    by_gap = time_analysis.f1_by_year_gap(experts)
-    run.results["yearly"] = {"experts": experts, "by_gap": by_gap, "falloff": time_analysis.falloff(by_gap),
-                             "per_query": per_query_f1(expert_evaluations)}
+        for folder, task in (("templama", "templama_uniform"), ("customnews", "customnews_ssm_uniform")):
+            evaluation = evaluate_model(with_params(fns, run.params[f"yearly_{year}"]), task, run.lengths)
+            experts[folder][year] = {k: v for k, v in evaluation.metrics.items()
+                                     if k.split("_")[0] in ("f1", "em", "count")}
+            expert_evaluations[folder][str(year)] = evaluation
+    by_gap = time_analysis.f1_by_year_gap(experts["templama"])
+    news_by_gap = time_analysis.f1_by_year_gap(experts["customnews"])
+    run.results["yearly"] = {"experts": experts["templama"], "by_gap": by_gap, "falloff": time_analysis.falloff(by_gap),
+                             "per_query": per_query_f1(expert_evaluations["templama"]),
+                             "customnews": {"experts": experts["customnews"], "by_gap": news_by_gap,
+                                            "falloff": time_analysis.falloff(news_by_gap),
+                                            "per_query": per_query_f1(expert_evaluations["customnews"])}}
     run.results["per_query"] = per_query_f1(evaluations)
     run.temporal_evaluation = evaluations["temporal"]
 

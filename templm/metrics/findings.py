@@ -67,7 +67,18 @@ def _temporal_beats_uniform(results, alpha) -> Dict[str, Any]:
 
 
 def _yearly_falloff(results, alpha) -> Dict[str, Any]:
-    pq = lookup(results, "yearly", "per_query", default=None)
+    out = _falloff(lookup(results, "yearly", "per_query", default=None), alpha)
+    news = lookup(results, "yearly", "customnews", "per_query", default=None)
+    if news:  # the same test on CustomNews (the masked span's F1), as a detail
+        detail = _falloff(news, alpha)
+        out["customnews"] = {k: detail[k] for k in ("effect", "interval", "p_value", "n", "verdict", "sides")
+                             if k in detail}
+        out["evidence"] += f"; CustomNews span F1 slope {statistics.describe(detail, 'F1 per year')}"
+    return out
+
+
+def _falloff(pq, alpha) -> Dict[str, Any]:
+    """The slope of the yearly experts' per-query F1 on |test year - expert year|, and its past and future sides."""
     name = "least-squares slope of per-query F1 on |year gap|, cluster bootstrap over queries"
     if not pq or len(pq.get("f1") or {}) < 1:
         return _missing(name, "no per-query F1 of the yearly experts")

@@ -127,15 +127,34 @@ def _section_main_table(results) -> str:
 
 
 def _section_yearly(results) -> str:
-    by_gap = lookup(results, "yearly", "by_gap", default={}) or {}
-    rows = [[g, _num(v["f1"]), int(v["count"])] for g, v in sorted(by_gap.items(), key=lambda kv: int(kv[0]))]
-    f = lookup(results, "yearly", "falloff", default={}) or {}
-    return "\n".join(["## Yearly experts by year gap", "",
-                      "Each expert (trained on one year) on the TempLAMA test queries of every year; gap = test year "
-                      "- expert year.", "", markdown_table(["gap", "F1", "queries"], rows), "",
-                      f"F1 at gap 0: {_num(f.get('f1_gap0'))}; at other gaps: {_num(f.get('f1_other_gaps'))}; "
-                      f"least-squares slope against |gap|: {_num(f.get('slope_per_year'))} F1 per year.",
-                      "", "![F1 by year gap](figures/yearly_gap.png)"])
+    yearly = results.get("yearly") or {}
+    news = yearly.get("customnews") or {}
+    gaps = sorted(set(yearly.get("by_gap") or {}) | set(news.get("by_gap") or {}), key=int)
+    rows = []
+    for g in gaps:
+        t, c = lookup(yearly, "by_gap", g, default={}) or {}, lookup(news, "by_gap", g, default={}) or {}
+        rows.append([g, _num(t.get("f1")), int(t.get("count", 0)), _num(c.get("f1")), int(c.get("count", 0))])
+    lines = ["## Yearly experts by year gap", "",
+             "Each expert (trained on one year) on the test examples of every year, TempLAMA queries and CustomNews "
+             "masked spans; gap = test year - expert year.", "",
+             markdown_table(["gap", "TempLAMA F1", "queries", "CustomNews F1", "spans"], rows), ""]
+    for label, part in (("TempLAMA", yearly), ("CustomNews", news)):
+        f = part.get("falloff") or {}
+        if f:
+            lines.append(f"{label}: F1 at gap 0 {_num(f.get('f1_gap0'))}, at other gaps {_num(f.get('f1_other_gaps'))}"
+                         f", least-squares slope against |gap| {_num(f.get('slope_per_year'))} F1 per year.")
+    found = lookup(results, "findings", "yearly_falloff", default={}) or {}
+    sides = [(label, part.get("sides") or {}) for label, part in (("TempLAMA", found), ("CustomNews",
+                                                                                         found.get("customnews") or {}))]
+    side_rows = [[label, side, _num(r.get("effect")), f"[{_num((r.get('interval') or [None])[0])}, "
+                  f"{_num((r.get('interval') or [None, None])[1])}]", r.get("verdict", "")]
+                 for label, parts in sides for side, r in parts.items()]
+    if side_rows:
+        lines += ["", "The paper's asymmetry: the slope on each side of the expert's year (past: test years before "
+                  "it, future: after it), with its 95 % interval (cluster bootstrap over the test examples).", "",
+                  markdown_table(["test set", "side", "F1 per year of distance", "interval", "verdict"], side_rows)]
+    lines += ["", "![F1 by year gap](figures/yearly_gap.png)"]
+    return "\n".join(lines)
 
 
 def _section_duration(results) -> str:
@@ -195,7 +214,22 @@ def _section_calibration(results) -> str:
                       "city), rarely (a company's home country) or never (a landmark's city); in brackets normalized "
                       "by log(candidates).", "",
                       markdown_table(["model", "change class", "queries"] + years, rows), "",
+                      _entropy_growth(results),
                       "![Entropy by change class and year](figures/future_entropy.png)"])
+
+
+def _entropy_growth(results) -> str:
+    """The paper's claim that uncertainty grows into the future: each class's slope of normalized entropy per
+    future year (the Temporal model), from the entropy_order finding's details."""
+    growth = lookup(results, "findings", "entropy_order", "growth_per_year", default={}) or {}
+    if not growth:
+        return ""
+    rows = [[c, _num(g.get("effect"), 4), f"[{_num((g.get('interval') or [None])[0], 4)}, "
+             f"{_num((g.get('interval') or [None, None])[1], 4)}]", g.get("verdict", "")]
+            for c, g in growth.items()]
+    return "\n".join(["Growth over the future years (Temporal model): least-squares slope of the normalized entropy "
+                      "per year, by change class, with its t-test (claim: it grows).", "",
+                      markdown_table(["change class", "slope per year", "interval", "verdict"], rows), ""])
 
 
 def _section_adaptation(results) -> str:
@@ -331,25 +365,33 @@ def _integer_x(ax) -> None:
 
 
 def _figure_yearly_gap(results, ax) -> None:
-    by_gap = lookup(results, "yearly", "by_gap", default={}) or {}
-    if not by_gap:
+    drawn = False
+    for label, part, fmt in (("TempLAMA", lookup(results, "yearly", default={}) or {}, "o-"),
+                             ("CustomNews", lookup(results, "yearly", "customnews", default={}) or {}, "s--")):
+        by_gap = part.get("by_gap") or {}
+        if not by_gap:
+            continue
+        gaps = sorted(by_gap, key=int)
+        values = [by_gap[g]["f1"] for g in gaps]
+        per_gap = _per_gap_intervals(part)
+        if per_gap and not _errors(values):  # one seed: the interval of the mean per-example F1 at each gap
+            values = [Estimate(v, *per_gap.get(int(g), (None, None))) for g, v in zip(gaps, values)]
+        _line(ax, [int(g) for g in gaps], values, fmt, label=label)
+        drawn = True
+    if not drawn:
         return _empty(ax)
-    gaps = sorted(by_gap, key=int)
-    values = [by_gap[g]["f1"] for g in gaps]
-    per_gap = _per_gap_intervals(results)
-    if per_gap and not _errors(values):  # one seed: the interval of the mean per-query F1 at each gap
-        values = [Estimate(v, *per_gap.get(int(g), (None, None))) for g, v in zip(gaps, values)]
-    _line(ax, [int(g) for g in gaps], values, "o-")
     ax.axvline(0, color="grey", lw=0.5)
     _integer_x(ax)
     ax.set_xlabel("test year - expert year")
-    ax.set_ylabel("TempLAMA F1")
+    ax.set_ylabel("F1")
     ax.set_title("Yearly experts by year gap")
+    ax.legend(fontsize=8)
 
 
-def _per_gap_intervals(results) -> Dict[int, Any]:
-    """{gap: (low, high)}: the 95 % t-interval of the mean per-query F1 of the yearly experts at each year gap."""
-    pq = lookup(results, "yearly", "per_query", default=None)
+def _per_gap_intervals(part) -> Dict[int, Any]:
+    """{gap: (low, high)}: the 95 % t-interval of the mean per-example F1 of the yearly experts at each year gap
+    (`part`: results["yearly"] or its "customnews")."""
+    pq = part.get("per_query")
     if not pq or not pq.get("f1"):
         return {}
     by_gap: Dict[int, List[float]] = {}

@@ -111,6 +111,10 @@ def test_results_json_holds_every_stage(results):
                      "adapt_alpha0.5": PRESET.adapt_steps, "retrain": PRESET.retrain_steps}
     assert results["summary"]["yearly"]["params"] == params  # one expert
     assert set(results["yearly"]["by_gap"]) == {"0", "1"}
+    assert set(results["yearly"]["customnews"]["by_gap"]) == {"0", "1"}  # the experts on CustomNews spans too
+    assert "customnews" in results["findings"]["yearly_falloff"]
+    for regime in ("uniform", "temporal", "yearly"):  # CustomNews: the masked span's F1 by year
+        assert {"f1_2016", "f1_2017", "seen_f1"} <= set(results["regimes"][regime]["customnews"])
     for regime in ("uniform", "temporal"):
         assert results["degradation"][regime]["gaps"] == list(range(1, PRESET.max_gap + 1))
         assert results["calibration"][regime]["years"] == [2017, 2018]

@@ -72,6 +72,10 @@ def test_yearly_falloff_three_ways():
     assert falls["verdict"] == "appears" and falls["effect"] < -8 and falls["n"] == 70
     assert set(falls["sides"]) == {"past", "future"}
     assert by_name(yearly(lambda gap: 20 + 12 * gap))["yearly_falloff"]["verdict"] == "opposite"
+    both = yearly(lambda gap: 80 - 12 * gap)
+    both["yearly"]["customnews"] = yearly(lambda gap: 60 - 5 * gap, seed=1)["yearly"]  # the detail on CustomNews
+    detail = by_name(both)["yearly_falloff"]["customnews"]
+    assert detail["verdict"] == "appears" and set(detail["sides"]) == {"past", "future"}
     assert by_name(yearly(lambda gap: 50.0))["yearly_falloff"]["verdict"] == "inconclusive"
 
 
