@@ -16,7 +16,7 @@ from templm.data import task_data
 from templm.errors import DataError
 
 __all__ = ["adapt_mixture", "adapt_mixture_name", "configure", "current", "parse_years", "temporal_adapt_mixture",
-           "yearly_mixture"]
+           "uniform_adapt_mixture", "yearly_mixture"]
 
 _current = {}
 
@@ -80,10 +80,15 @@ def yearly_mixture(year):
 
 def temporal_adapt_mixture(year, alpha):
     """The alpha adaptation mixture of `year` (registered on demand), for gin: `@tasks.temporal_adapt_mixture()`."""
-    return adapt_mixture(year, alpha)
+    return adapt_mixture(year, alpha, "temporal")
 
 
-for _fn in ("configure", "yearly_mixture", "temporal_adapt_mixture"):
+def uniform_adapt_mixture(year, alpha):
+    """The same without the year prefix, to adapt a Uniform model: `@tasks.uniform_adapt_mixture()`."""
+    return adapt_mixture(year, alpha, "uniform")
+
+
+for _fn in ("configure", "yearly_mixture", "temporal_adapt_mixture", "uniform_adapt_mixture"):
     try:
         globals()[_fn] = gin.configurable(globals()[_fn], module="tasks")
     except ValueError:  # already registered: this module is being reloaded (importlib.reload); keep the first

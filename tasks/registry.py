@@ -16,7 +16,8 @@ and test 2019-2020 as the future). Their validation and test splits hold every y
 
 Mixtures: `uniform_mixture`, `temporal_mixture`, `yearly_YYYY_mixture` mix CustomNews and TempLAMA training data
 1000:1; `temporal_adapt_YYYY_alphaAAA` samples year YYYY's news with probability alpha (AAA = 100 x alpha, 010..090)
-and the older years' with 1 - alpha, shared equally (`adapt_mixture(year, alpha)` registers any other alpha).
+and the older years' with 1 - alpha, shared equally, with the year prefix, and `uniform_adapt_YYYY_alphaAAA` the same
+without it (`adapt_mixture(year, alpha, regime)` registers any other alpha).
 
 Metrics come out by year through the `year` feature every example carries (keys `f1_2014`, `ppl_2014`, ...), and by
 slice (`seen_f1`, `future_f1`) from the manifest's seen and future years. Every task reports EM/F1 of the predicted
@@ -217,16 +218,20 @@ def register(data_dir: str, years: Sequence[int], seen_years: Sequence[int], fut
     _adapt_years[:] = years
     for year in years[1:]:
         for alpha in ADAPT_ALPHAS:
-            adapt_mixture(year, alpha)
+            for regime in REGIMES:
+                adapt_mixture(year, alpha, regime)
 
 
-def adapt_mixture_name(year: int, alpha: float) -> str:
-    return f"temporal_adapt_{year}_alpha{round(alpha * 100):03d}"
+def adapt_mixture_name(year: int, alpha: float, regime: str = "temporal") -> str:
+    return f"{regime}_adapt_{year}_alpha{round(alpha * 100):03d}"
 
 
-def adapt_mixture(year: int, alpha: float) -> str:
-    """Registers (once) and returns the mixture that samples `year` with probability alpha, older years 1 - alpha."""
-    name = adapt_mixture_name(year, alpha)
+def adapt_mixture(year: int, alpha: float, regime: str = "temporal") -> str:
+    """Registers (once) and returns the mixture that samples `year`'s news with probability alpha and the older
+    years' with 1 - alpha, with the year prefix (regime "temporal") or without it ("uniform")."""
+    if regime not in REGIMES:
+        raise ValueError(f"adapt_mixture: regime must be one of {REGIMES}, got {regime!r}")
+    name = adapt_mixture_name(year, alpha, regime)
     if name in seqio.MixtureRegistry.names():
         return name
     older = [y for y in _adapt_years if y < year]
@@ -235,7 +240,8 @@ def adapt_mixture(year: int, alpha: float) -> str:
                          f"(have {_adapt_years})")
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"adapt_mixture: alpha must be in (0, 1), got {alpha}")
-    rates = [(f"customnews_ssm_temporal_{year}", alpha)]
-    rates += [(f"customnews_ssm_temporal_{y}", (1.0 - alpha) / len(older)) for y in older]
+    stem = "customnews_ssm_temporal" if regime == "temporal" else "customnews_ssm_yearly"
+    rates = [(f"{stem}_{year}", alpha)]
+    rates += [(f"{stem}_{y}", (1.0 - alpha) / len(older)) for y in older]
     _mixture(name, rates)
     return name

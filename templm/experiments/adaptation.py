@@ -67,13 +67,14 @@ def train_with_curve(model_dir: str, mixture_or_task_name: str, train_steps: int
 
 def fine_tune_alphas(base_checkpoint: str, new_year: int, old_years: Sequence[int], alphas: Sequence[float],
                      train_steps: int, out_dir: str, eval_task: str, eval_period: Optional[int] = None,
-                     evaluate: Optional[Callable[[Any], Mapping[str, float]]] = None,
+                     evaluate: Optional[Callable[[Any], Mapping[str, float]]] = None, regime: str = "temporal",
                      **train_kwargs) -> Dict[str, Dict[str, Any]]:
-    """One fine-tuning run per alpha from `base_checkpoint` on `tasks.adapt_mixture(new_year, alpha)`; results keyed
-    by the alpha as text ("0.5"). The SeqIO tasks must be configured over data holding `new_year` and older years."""
+    """One fine-tuning run per alpha from `base_checkpoint` on `tasks.adapt_mixture(new_year, alpha, regime)`;
+    results keyed by the alpha as text ("0.5"). The SeqIO tasks must be configured over data holding `new_year` and
+    older years."""
     runs = {}
     for alpha in alphas:
-        name = tasks.adapt_mixture(new_year, alpha)
+        name = tasks.adapt_mixture(new_year, alpha, regime)
         runs[f"{alpha:g}"] = train_with_curve(os.path.join(out_dir, name), name, train_steps, eval_task, new_year,
                                               old_years, eval_period, evaluate=evaluate,
                                               initial_checkpoint_path=base_checkpoint, **train_kwargs)

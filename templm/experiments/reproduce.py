@@ -204,9 +204,9 @@ def _plan(preset: Preset, n_experts: int, extra: Sequence[ExtraStage]) -> List[T
             ("train yearly experts", n_experts * (per_training + preset.yearly_steps / rate)),
             ("evaluate", 30.0 + 8.0 * (n_experts + 6)),
             ("future probes", 30.0),
-            ("adaptation", (len(preset.alphas) + 1) * per_training
-             + (len(preset.alphas) * preset.adapt_steps + preset.retrain_steps) / rate
-             + 8.0 * (len(preset.alphas) * preset.adapt_eval_points + preset.retrain_eval_points))]
+            ("adaptation", (2 * len(preset.alphas) + 1) * per_training
+             + (2 * len(preset.alphas) * preset.adapt_steps + preset.retrain_steps) / rate
+             + 8.0 * (2 * len(preset.alphas) * (preset.adapt_eval_points + 1) + preset.retrain_eval_points + 1))]
     plan += [(f"extra: {stage.name}", stage.estimate(preset)) for stage in extra]
     return plan
 
@@ -256,6 +256,7 @@ class Reproduction:
         self.model_times: Dict[str, float] = {}
         self.extra_times: Dict[str, Any] = {}
         self.params: Dict[str, Any] = {}
+        self.base_evaluations: Dict[str, Dict[str, Any]] = {}  # regime -> {"templama", "customnews"} evaluations
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def train_kwargs(self) -> Dict[str, Any]:
@@ -365,6 +366,7 @@ def _stage_evaluate(run: Reproduction) -> None:
         customnews = evaluate_model(model_fns, f"customnews_ssm_{regime}", run.lengths)
         _qa_summary(run, regime, templama, customnews, run.params_count, run.preset.steps)
         evaluations[regime] = templama
+        run.base_evaluations[regime] = {"templama": templama, "customnews": customnews}
     router = YearRouter({year: run.params[f"yearly_{year}"] for year in run.seen})
     templama = evaluate_router(router, fns, "templama_uniform", run.lengths)
     customnews = evaluate_router(router, fns, "customnews_ssm_uniform", run.lengths)
@@ -390,7 +392,6 @@ def _stage_evaluate(run: Reproduction) -> None:
                                             "falloff": time_analysis.falloff(news_by_gap),
                                             "per_query": per_query_f1(expert_evaluations["customnews"])}}
     run.results["per_query"] = per_query_f1(evaluations)
-    run.temporal_evaluation = evaluations["temporal"]
 
     queries = list(TemplamaReader(os.path.join(run.data_dir, "world", "templama", "test.jsonl")))
     run.test_queries = queries
@@ -433,53 +434,76 @@ def _stage_future(run: Reproduction) -> None:
 
 
 def _stage_adaptation(run: Reproduction) -> None:
-
+    """Dhingra et al., Section 5: the Uniform and the Temporal model each fine-tuned on alpha mixtures of the new
+    year's news (with and without the year prefix), scored on TempLAMA and CustomNews for the new and the old
+    years, against the Temporal model retrained from scratch on every year up to the new one."""
     p = run.preset
     run.configure(run.data_dir)
-    base_metrics = run.results["regimes"]["temporal"]["templama"]
-    base = adaptation.new_and_old_f1(base_metrics, run.new_year, run.seen)
     kwargs = run.train_kwargs()
-    evaluated: Dict[int, Any] = {}  # id(params) -> its evaluation, so the per-query scores below reuse it
+    evaluated: Dict[Tuple[int, str], Any] = {}  # (id(params), task) -> its evaluation, reused for the per-query scores
 
-    def evaluate(params):  # the final scores, with the functions the evaluation stage compiled
-        if id(params) not in evaluated:
-            evaluated[id(params)] = evaluate_model(with_params(run.fns, params), "templama_temporal", run.lengths)
-        return evaluated[id(params)].metrics
+    def evaluate_on(task):
+        def evaluate(params):  # the final scores, with the functions the evaluation stage compiled
+            key = (id(params), task)
+            if key not in evaluated:
+                evaluated[key] = evaluate_model(with_params(run.fns, params), task, run.lengths)
+            return evaluated[key].metrics
+        return evaluate
 
-    def evaluation_of(params):
-        evaluate(params)
-        return evaluated.pop(id(params))
-
-    per_query = {"base": run.temporal_evaluation}
+    def evaluations_of(params, regime):
+        tasks_of = {"templama": f"templama_{regime}", "customnews": f"customnews_ssm_{regime}"}
+        for task in tasks_of.values():
+            evaluate_on(task)(params)
+        return {folder: evaluated.pop((id(params), task)) for folder, task in tasks_of.items()}
 
     def period(steps, points):  # evaluations during training only where a curve is asked for
         return max(1, steps // points) if points > 1 else None
 
-    adapt_dir = os.path.join(run.models_dir, "adapt")
-    runs = adaptation.fine_tune_alphas(os.path.join(run.models_dir, "temporal", "checkpoints"), run.new_year,
-                                       run.seen, p.alphas, p.adapt_steps, adapt_dir, "templama_temporal",
-                                       period(p.adapt_steps, p.adapt_eval_points), evaluate, **kwargs)
-    for alpha, r in runs.items():
-        name = f"adapt_alpha{alpha}"
-        run.model_times[name] = r.pop("wall_s")
-        per_query[alpha] = evaluation_of(r.pop("params"))
-        run.record_model(name, "temporal", r["mixture"], r["steps"], r["train_loss"], "temporal")
-    # The retrained model trains on the seen years and the new one.
+    # The reference: the Temporal model retrained from scratch on the seen years and the new one.
     run.configure(run.data_dir, train_years=run.seen + [run.new_year])
     try:
         retrained = adaptation.train_with_curve(os.path.join(run.models_dir, "retrain"), "temporal_mixture",
                                                 p.retrain_steps, "templama_temporal", run.new_year, run.seen,
-                                                period(p.retrain_steps, p.retrain_eval_points), evaluate=evaluate,
-                                                **kwargs)
+                                                period(p.retrain_steps, p.retrain_eval_points),
+                                                evaluate=evaluate_on("templama_temporal"), **kwargs)
     finally:
         run.configure(run.data_dir)
     run.model_times["retrain"] = retrained.pop("wall_s")
-    per_query["retrained"] = evaluation_of(retrained.pop("params"))
+    retrained_evaluations = evaluations_of(retrained.pop("params"), "temporal")
+    retrained["customnews"] = adaptation.new_and_old_f1(retrained_evaluations["customnews"].metrics, run.new_year,
+                                                        run.seen)
     run.record_model("retrain", "temporal", f"temporal_mixture ({_years(run.seen + [run.new_year])})",
                      retrained["steps"], retrained["train_loss"], "scratch")
-    run.results["adaptation"] = {
-        "new_year": run.new_year, "old_years": run.seen, "runs": runs, "retrained": retrained,
-        "summary": adaptation.summarize(base, runs, retrained, p.steps), "per_query": per_query_f1(per_query)}
+
+    regimes = {}
+    for regime in ("temporal", "uniform"):
+        base_evaluations = run.base_evaluations[regime]
+        base = adaptation.new_and_old_f1(base_evaluations["templama"].metrics, run.new_year, run.seen)
+        runs = adaptation.fine_tune_alphas(os.path.join(run.models_dir, regime, "checkpoints"), run.new_year,
+                                           run.seen, p.alphas, p.adapt_steps, os.path.join(run.models_dir, "adapt"),
+                                           f"templama_{regime}", period(p.adapt_steps, p.adapt_eval_points),
+                                           evaluate_on(f"templama_{regime}"), regime=regime, **kwargs)
+        per_query = {folder: {"base": evaluation} for folder, evaluation in base_evaluations.items()}
+        for alpha, r in runs.items():
+            name = f"adapt_alpha{alpha}" if regime == "temporal" else f"adapt_{regime}_alpha{alpha}"
+            run.model_times[name] = r.pop("wall_s")
+            for folder, evaluation in evaluations_of(r.pop("params"), regime).items():
+                per_query[folder][alpha] = evaluation
+            r["customnews"] = adaptation.new_and_old_f1(per_query["customnews"][alpha].metrics, run.new_year,
+                                                        run.seen)
+            run.record_model(name, regime, r["mixture"], r["steps"], r["train_loss"], regime)
+        if regime == "temporal":
+            per_query["templama"]["retrained"] = retrained_evaluations["templama"]
+            per_query["customnews"]["retrained"] = retrained_evaluations["customnews"]
+        news_base = adaptation.new_and_old_f1(base_evaluations["customnews"].metrics, run.new_year, run.seen)
+        regimes[regime] = {
+            "runs": runs, "summary": adaptation.summarize(base, runs, retrained, p.steps),
+            "customnews_summary": adaptation.summarize(
+                news_base, {a: {**r["customnews"], "steps": r["steps"]} for a, r in runs.items()},
+                {**retrained["customnews"], "steps": retrained["steps"]}, p.steps),
+            "per_query": {folder: per_query_f1(evaluations) for folder, evaluations in per_query.items()}}
+    run.results["adaptation"] = {"new_year": run.new_year, "old_years": run.seen, "retrained": retrained,
+                                 "regimes": regimes}
 
 
 def _years(years: Sequence[int]) -> str:

@@ -16,10 +16,13 @@ seeds, "per_seed" holds each seed's result and the verdict comes from a test on 
     entropy_order              Spearman rank correlation of the normalized entropy over the candidates with the
                                relation's rate of change (never < rare < frequent) (claim: > 0); each class's mean
                                with its interval and its slope over the future years as details
-    adaptation                 for every alpha, paired tests over the same test queries: new-year F1 gain over the
-                               un-adapted model (> 0) and old-years F1 above OLD_F1_KEPT of the un-adapted model's
-                               (adapted - 0.8 x base > 0); it appears only when every alpha passes both (an
-                               intersection-union test: its p-value is the largest of the parts)
+    adaptation                 for every alpha, paired tests over the same test queries: new-year F1 gain of the
+                               adapted Temporal model over the un-adapted one (> 0) and old-years F1 above
+                               OLD_F1_KEPT of the un-adapted model's (adapted - 0.8 x base > 0); it appears only when
+                               every alpha passes both (an intersection-union test: its p-value is the largest)
+    temporal_forgets_less      for every alpha, a paired test over the old-year test queries of the F1 each model
+                               lost by fine-tuning, Temporal minus Uniform (claim < 0; intersection-union over the
+                               alphas); CustomNews as a detail
 """
 
 from __future__ import annotations
@@ -149,7 +152,7 @@ def _entropy_order(results, alpha) -> Dict[str, Any]:
 
 
 def _adaptation(results, alpha) -> Dict[str, Any]:
-    pq = lookup(results, "adaptation", "per_query", default=None)
+    pq = lookup(results, "adaptation", "regimes", "temporal", "per_query", "templama", default=None)
     name = (f"paired tests per alpha: new-year F1 gain > 0 and old-years F1 > {OLD_F1_KEPT:g} x un-adapted "
             "(intersection-union)")
     new_year = lookup(results, "adaptation", "new_year")
@@ -195,6 +198,51 @@ def _adaptation(results, alpha) -> Dict[str, Any]:
     return out
 
 
+def _aligned(pq: Mapping[str, Any], ids: Sequence[str], name: str) -> np.ndarray:
+    where = {i: k for k, i in enumerate(pq["id"])}
+    return np.asarray([pq["f1"][name][where[i]] for i in ids], float)
+
+
+def _temporal_forgets_less(results, alpha) -> Dict[str, Any]:
+    name = ("paired tests per alpha over the old-year queries: Temporal's F1 loss minus Uniform's, both fine-tuned on "
+            "the same alpha mixture (intersection-union)")
+    regimes = lookup(results, "adaptation", "regimes", default={}) or {}
+    old_years = set(lookup(results, "adaptation", "old_years", default=[]) or [])
+    parts: Dict[str, Any] = {}
+    for folder in ("templama", "customnews"):
+        t = lookup(regimes, "temporal", "per_query", folder, default=None)
+        u = lookup(regimes, "uniform", "per_query", folder, default=None)
+        if not t or not u or "base" not in t["f1"] or "base" not in u["f1"]:
+            continue
+        years = dict(zip(t["id"], t["year"]))
+        ids = sorted(i for i in set(t["id"]) & set(u["id"]) if years[i] in old_years)
+        alphas = sorted((a for a in t["f1"] if a not in ("base", "retrained") and a in u["f1"]), key=float)
+        if len(ids) < 2 or not alphas:
+            continue
+        parts[folder] = {}
+        for a in alphas:
+            forget_t = _aligned(t, ids, "base") - _aligned(t, ids, a)
+            forget_u = _aligned(u, ids, "base") - _aligned(u, ids, a)
+            parts[folder][a] = statistics.paired_difference(forget_t, forget_u, direction=-1, alpha=alpha)
+    if "templama" not in parts:
+        return _missing(name, "no adapted Uniform and Temporal models with per-query F1 on the old years")
+    main = parts["templama"]
+    verdicts = [r["verdict"] for r in main.values()]
+    verdict = ("appears" if all(v == "appears" for v in verdicts) else
+               "opposite" if all(v == "opposite" for v in verdicts) else "inconclusive")
+    weakest = max(main, key=lambda a: main[a]["effect"] if main[a]["effect"] is not None else float("-inf"))
+    p_values = [r["p_value"] for r in main.values()]
+    out = {"test": name, "effect": main[weakest]["effect"], "interval": main[weakest]["interval"],
+           "p_value": None if any(p is None for p in p_values) else max(p_values), "n": main[weakest]["n"],
+           "confidence": main[weakest].get("confidence", 0.95), "verdict": verdict, "weakest_alpha": weakest,
+           "alphas": {folder: {a: {k: r[k] for k in ("effect", "interval", "p_value", "n", "verdict")}
+                               for a, r in by_alpha.items()} for folder, by_alpha in parts.items()}}
+    out["evidence"] = "old-years F1 lost by Temporal minus by Uniform: " + "; ".join(
+        f"{folder} alpha {a}: {statistics.describe(r, 'F1')}" for folder, by_alpha in parts.items()
+        for a, r in by_alpha.items())
+    return out
+
+
 FINDINGS: Tuple[Tuple[str, str, int, Callable], ...] = (
     ("temporal_beats_uniform", "Temporal beats Uniform on seen-year TempLAMA F1", +1, _temporal_beats_uniform),
     ("yearly_falloff", "Yearly experts fall off with the year gap", -1, _yearly_falloff),
@@ -204,6 +252,8 @@ FINDINGS: Tuple[Tuple[str, str, int, Callable], ...] = (
      _entropy_order),
     ("adaptation", f"Alpha-mixture adaptation gains on the new year while keeping most (>= {OLD_F1_KEPT:.0%}) of "
      "the old-years F1", +1, _adaptation),
+    ("temporal_forgets_less", "Adapted to a new year, the Temporal model forgets the old years less than the Uniform "
+     "model", -1, _temporal_forgets_less),
 )
 
 

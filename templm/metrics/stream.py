@@ -259,6 +259,7 @@ def stream_results(stream: TokenStream, runs: Mapping[str, Mapping[str, Any]], *
     results["relative"] = relative
     results["documents"] = document_word_nll(stream, runs)
 
+    words = None
     if train_counts is not None:
         test_counts = stream_word_counts(stream)
         words = emerging_words(train_counts, test_counts, min_test_count, ratio)
@@ -271,19 +272,42 @@ def stream_results(stream: TokenStream, runs: Mapping[str, Mapping[str, Any]], *
 
     results["occurrences"] = {mode: occurrence_table(stream, word_lps[mode], seg_len=seg_len, mem_len=mem_len,
                                                      batch_size=batch_size) for mode in modes}
+    if words:  # the paper's Table 4: first and later occurrences of the emerging words
+        results["occurrences_emerging"] = {
+            mode: occurrence_table(stream, word_lps[mode], seg_len=seg_len, mem_len=mem_len, batch_size=batch_size,
+                                   only=words) for mode in modes}
 
+    # Topics and parts of speech: each group's perplexity, and (the paper's Figures 2-4) the relative increase of
+    # the primary model in each mode over the baseline's static perplexity of the same group.
+    has_baseline = baseline in runs and "static" in runs[baseline]
     if topics and stream.documents is not None:
         doc_topic, top_words = assign_topics([d.text for d in stream.documents], n_topics, seed)
-        results["topics"] = {
-            "n_topics": n_topics, "top_words": top_words,
-            "perplexity": {mode: topic_perplexity(stream, lp, doc_topic) for mode, lp in runs[primary].items()},
-        }
+        perp = {mode: topic_perplexity(stream, lp, doc_topic) for mode, lp in runs[primary].items()}
+        results["topics"] = {"n_topics": n_topics, "top_words": top_words, "perplexity": perp}
+        if has_baseline:
+            base = topic_perplexity(stream, runs[baseline]["static"], doc_topic)
+            results["topics"]["baseline_perplexity"] = base
+            results["topics"]["relative"] = {mode: _group_relative(p, base, "word_ppl") for mode, p in perp.items()}
 
     if pos:
         tags, reason = pos_tags(stream)
-        results["pos"] = {"skipped": reason} if tags is None else \
-            {"perplexity": {mode: pos_perplexity(stream, word_lps[mode], tags) for mode in modes}}
+        if tags is None:
+            results["pos"] = {"skipped": reason}
+        else:
+            perp = {mode: pos_perplexity(stream, word_lps[mode], tags) for mode in modes}
+            results["pos"] = {"perplexity": perp}
+            if has_baseline:
+                base = pos_perplexity(stream, word_log_probs(stream, runs[baseline]["static"]), tags)
+                results["pos"]["baseline_perplexity"] = base
+                results["pos"]["relative"] = {mode: _group_relative(p, base, "ppl") for mode, p in perp.items()}
     return results
+
+
+def _group_relative(groups: Mapping[Any, Mapping[str, float]], baseline: Mapping[Any, Mapping[str, float]],
+                    key: str) -> Dict[Any, Optional[float]]:
+    """{group: perplexity / baseline perplexity - 1} for the groups both hold."""
+    return {g: (v[key] / baseline[g][key] - 1.0 if baseline[g][key] else None)
+            for g, v in groups.items() if g in baseline}
 
 
 # ----------------------------------------------------------------------------------------------------------------

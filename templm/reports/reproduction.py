@@ -232,30 +232,52 @@ def _entropy_growth(results) -> str:
                       markdown_table(["change class", "slope per year", "interval", "verdict"], rows), ""])
 
 
+def _kept(share: Optional[float]) -> str:
+    return "n/a" if share is None else f"{100 * share:.0f}%"
+
+
 def _section_adaptation(results) -> str:
     a = results.get("adaptation", {})
-    s = a.get("summary", {})
-    if not s:
+    regimes = a.get("regimes") or {}
+    if not regimes:
         return "## Adaptation to a new year\n\nNo adaptation runs."
-    base, scratch = s["base"], s["retrained"]
-    rows = [["Temporal (no adaptation)", "-", 0, base["steps"], _num(base["new_f1"]), _num(base["old_f1"]), "", ""]]
-    for alpha, row in sorted(s.get("alphas", {}).items(), key=lambda kv: float(kv[0])):
-        rows.append(["Temporal + fine-tuning", alpha, row["steps"], row["total_steps"], _num(row["new_f1"]),
-                     _num(row["old_f1"]), _num(row["new_gain"]),
-                     "n/a" if row["old_kept"] is None else f"{100 * row['old_kept']:.0f}%"])
-    kept = (None if not base["old_f1"] or scratch["old_f1"] is None else scratch["old_f1"] / base["old_f1"])
-    rows.append(["Retrained from scratch on every year", "-", scratch["steps"], scratch["steps"],
-                 _num(scratch["new_f1"]), _num(scratch["old_f1"]),
-                 _num(None if scratch["new_f1"] is None or base["new_f1"] is None
-                      else scratch["new_f1"] - base["new_f1"]),
-                 "n/a" if kept is None else f"{100 * kept:.0f}%"])
+    rows = []
+    scratch = news_scratch = None
+    for regime in ("temporal", "uniform"):
+        r = regimes.get(regime) or {}
+        s, news = r.get("summary") or {}, r.get("customnews_summary") or {}
+        if not s:
+            continue
+        base, news_base = s["base"], news.get("base") or {}
+        scratch, news_scratch = s["retrained"], news.get("retrained") or {}
+        rows.append([f"{regime.capitalize()} (no adaptation)", "-", 0, base["steps"], _num(base["new_f1"]),
+                     _num(base["old_f1"]), _num(news_base.get("new_f1")), _num(news_base.get("old_f1")), "", ""])
+        for alpha, row in sorted(s.get("alphas", {}).items(), key=lambda kv: float(kv[0])):
+            news_row = lookup(news, "alphas", alpha, default={}) or {}
+            rows.append([f"{regime.capitalize()} + fine-tuning", alpha, row["steps"], row["total_steps"],
+                         _num(row["new_f1"]), _num(row["old_f1"]), _num(news_row.get("new_f1")),
+                         _num(news_row.get("old_f1")), _num(row["new_gain"]), _kept(row["old_kept"])])
+    if scratch:
+        temporal_base = regimes["temporal"]["summary"]["base"]
+        kept = (None if not temporal_base["old_f1"] or scratch["old_f1"] is None
+                else scratch["old_f1"] / temporal_base["old_f1"])
+        rows.append(["Temporal retrained from scratch on every year", "-", scratch["steps"], scratch["steps"],
+                     _num(scratch["new_f1"]), _num(scratch["old_f1"]), _num((news_scratch or {}).get("new_f1")),
+                     _num((news_scratch or {}).get("old_f1")),
+                     _num(None if scratch["new_f1"] is None or temporal_base["new_f1"] is None
+                          else scratch["new_f1"] - temporal_base["new_f1"]), _kept(kept)])
+    forgets = lookup(results, "findings", "temporal_forgets_less", default={}) or {}
     return "\n".join([f"## Adaptation to a new year ({a.get('new_year')})", "",
-                      f"The Temporal model (trained on {_years_text(a.get('old_years', []))}) fine-tuned on mixtures "
-                      f"that sample {a.get('new_year')}'s news with probability alpha and the older years' with "
-                      "1 - alpha, against a Temporal model retrained from scratch on every year up to "
-                      f"{a.get('new_year')}. TempLAMA F1 on the new year and on the old years.", "",
-                      markdown_table(["model", "alpha", "steps", "total steps", "new-year F1", "old-years F1", "new-year gain",
-                              "old-years F1 kept"], rows), "",
+                      f"The Uniform and the Temporal model (trained on {_years_text(a.get('old_years', []))}) each "
+                      f"fine-tuned on mixtures that sample {a.get('new_year')}'s news with probability alpha and the "
+                      "older years' with 1 - alpha (with the year prefix for Temporal, without it for Uniform), "
+                      f"against a Temporal model retrained from scratch on every year up to {a.get('new_year')}. "
+                      "F1 on the new year and on the old years, TempLAMA and CustomNews; gain and kept share on "
+                      "TempLAMA.", "",
+                      markdown_table(["model", "alpha", "steps", "total steps", "TempLAMA new-year F1",
+                                      "TempLAMA old-years F1", "CustomNews new-year F1", "CustomNews old-years F1",
+                                      "new-year gain", "old-years F1 kept"], rows), "",
+                      *([f"Forgetting, Temporal against Uniform: {forgets.get('evidence')}.", ""] if forgets else []),
                       "![Adaptation curves](figures/adaptation.png)"])
 
 
@@ -465,25 +487,27 @@ def _figure_entropy(results, ax) -> None:
 
 def _figure_adaptation(results, axes) -> None:
     a = results.get("adaptation", {})
-    runs, retrain = a.get("runs", {}), a.get("retrained", {})
-    base = lookup(a, "summary", "base", default={}) or {}
-    if not runs and not retrain:
+    regimes, retrain = a.get("regimes") or {}, a.get("retrained", {})
+    if not regimes and not retrain:
         for ax in axes:
             _empty(ax)
         return
     for ax, key, title in ((axes[0], "new_f1", f"new year ({a.get('new_year')})"), (axes[1], "old_f1", "old years")):
-        for alpha, run in sorted(runs.items(), key=lambda kv: float(kv[0])):
-            points = [(0, base.get(key))] + [(p["step"], p.get(key)) for p in run.get("curve", [])]
-            points = [(s, v) for s, v in points if v is not None]
-            if points:
-                _line(ax, *zip(*points), "o-", label=f"fine-tune, alpha {alpha}")
+        for regime, style in (("temporal", "o-"), ("uniform", "s--")):
+            r = regimes.get(regime) or {}
+            base = lookup(r, "summary", "base", default={}) or {}
+            for alpha, run in sorted((r.get("runs") or {}).items(), key=lambda kv: float(kv[0])):
+                points = [(0, base.get(key))] + [(p["step"], p.get(key)) for p in run.get("curve", [])]
+                points = [(s, v) for s, v in points if v is not None]
+                if points:
+                    _line(ax, *zip(*points), style, label=f"{regime.capitalize()}, alpha {alpha}")
         curve = [(p["step"], p.get(key)) for p in retrain.get("curve", []) if p.get(key) is not None]
         if curve:
-            _line(ax, *zip(*curve), "k^--", label="retrained from scratch")
+            _line(ax, *zip(*curve), "k^:", label="Temporal retrained from scratch")
         ax.set_xlabel("training steps (fine-tuning steps for the adapted models)")
         ax.set_ylabel("TempLAMA F1")
         ax.set_title(title)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
 
 
 def write_figures(results: Mapping[str, Any], fig_dir: str) -> Dict[str, str]:

@@ -93,9 +93,13 @@ def stream_markdown(results: Mapping[str, Any]) -> str:
                 for w in emerging["words"]]
         out += [markdown_table(["word", "train count", "test count"] + [f"ppl {mode}" for mode in perp], rows), ""]
 
-    occ = results.get("occurrences")
-    if occ:
-        out += ["## First and later occurrences of a word in a document", ""]
+    for key, title in (("occurrences_emerging", "## First and later occurrences of an emerging word in a document "
+                                                "(the paper's Table 4)"),
+                       ("occurrences", "## First and later occurrences of any word in a document")):
+        occ = results.get(key)
+        if not occ:
+            continue
+        out += [title, ""]
         occ_modes = list(occ)
         rows = [[c, occ[occ_modes[0]][c]["n"]] + [_fmt(occ[mode][c]["ppl"]) for mode in occ_modes]
                 for c in OCCURRENCE_CATEGORIES]
@@ -105,16 +109,25 @@ def stream_markdown(results: Mapping[str, Any]) -> str:
     if topics:
         out += ["## Perplexity per topic (LDA, word level)", ""]
         perp = topics["perplexity"]
+        relative = topics.get("relative") or {}
         t_modes = list(perp)
+
+        def topic(table, k):
+            return table.get(k, table.get(str(k)))
+
         rows = []
         for k, words in enumerate(topics["top_words"]):
-            first = perp[t_modes[0]].get(k) or perp[t_modes[0]].get(str(k))
+            first = topic(perp[t_modes[0]], k)
             if not first:
                 continue
             rows.append([k, " ".join(words), first["n_docs"], first["n_words"]] +
-                        [_fmt((perp[mode].get(k) or perp[mode].get(str(k)))["word_ppl"]) for mode in t_modes])
-        out += [markdown_table(["topic", "top words", "docs", "words"] + [f"ppl {mode}" for mode in t_modes], rows),
-                ""]
+                        [_fmt(topic(perp[mode], k)["word_ppl"]) for mode in t_modes] +
+                        [fmt_percent(topic(relative[mode], k), 1) for mode in relative])
+        out += [markdown_table(["topic", "top words", "docs", "words"] + [f"ppl {mode}" for mode in t_modes]
+                               + [f"relative {mode}" for mode in relative], rows), ""]
+        if relative:
+            out += ["relative: the increase of the TIME-STRATIFIED word perplexity over CONTROL's (static) on the "
+                    "topic's documents (the paper's Figures 3-4).", ""]
 
     pos = results.get("pos")
     if pos is not None:
@@ -123,10 +136,13 @@ def stream_markdown(results: Mapping[str, Any]) -> str:
             out += [f"Skipped: {pos['skipped']}.", ""]
         else:
             perp = pos["perplexity"]
+            relative = pos.get("relative") or {}
             p_modes = list(perp)
             tags = sorted(perp[p_modes[0]])
-            out += [markdown_table(["POS", "words"] + [f"ppl {mode}" for mode in p_modes],
+            out += [markdown_table(["POS", "words"] + [f"ppl {mode}" for mode in p_modes]
+                                   + [f"relative {mode}" for mode in relative],
                                    [[t, perp[p_modes[0]][t]["n"]] + [_fmt(perp[mode][t]["ppl"]) for mode in p_modes]
+                                    + [fmt_percent(relative[mode].get(t), 1) for mode in relative]
                                     for t in tags]), ""]
     return "\n".join(out)
 

@@ -108,7 +108,8 @@ def test_results_json_holds_every_stage(results):
     assert params > 0
     steps = {name: m["steps"] for name, m in results["models"].items()}
     assert steps == {"uniform": PRESET.steps, "temporal": PRESET.steps, "yearly_2016": PRESET.yearly_steps,
-                     "adapt_alpha0.5": PRESET.adapt_steps, "retrain": PRESET.retrain_steps}
+                     "adapt_alpha0.5": PRESET.adapt_steps, "adapt_uniform_alpha0.5": PRESET.adapt_steps,
+                     "retrain": PRESET.retrain_steps}
     assert results["summary"]["yearly"]["params"] == params  # one expert
     assert set(results["yearly"]["by_gap"]) == {"0", "1"}
     assert set(results["yearly"]["customnews"]["by_gap"]) == {"0", "1"}  # the experts on CustomNews spans too
@@ -119,9 +120,13 @@ def test_results_json_holds_every_stage(results):
         assert results["degradation"][regime]["gaps"] == list(range(1, PRESET.max_gap + 1))
         assert results["calibration"][regime]["years"] == [2017, 2018]
         assert set(results["calibration"][regime]["entropy"]) == {"frequent", "rare", "never"}
-    summary = results["adaptation"]["summary"]
-    assert set(summary["alphas"]) == {"0.5"} and summary["retrained"]["steps"] == PRESET.retrain_steps
-    assert summary["alphas"]["0.5"]["total_steps"] == PRESET.steps + PRESET.adapt_steps
+    for regime in ("temporal", "uniform"):  # both regimes adapted, scored on TempLAMA and CustomNews
+        adapted = results["adaptation"]["regimes"][regime]
+        summary = adapted["summary"]
+        assert set(summary["alphas"]) == {"0.5"} and summary["retrained"]["steps"] == PRESET.retrain_steps
+        assert summary["alphas"]["0.5"]["total_steps"] == PRESET.steps + PRESET.adapt_steps
+        assert set(adapted["customnews_summary"]["alphas"]) == {"0.5"}
+        assert set(adapted["per_query"]) == {"templama", "customnews"}
     assert [name for name, _ in results["timing"]["stages"]] == STAGES  # in run order
     assert set(results["findings"]) == {name for name, _, _, _ in FINDINGS}
     assert all(f["verdict"] in ("appears", "opposite", "inconclusive") for f in results["findings"].values())

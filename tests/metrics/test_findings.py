@@ -128,16 +128,22 @@ def test_entropy_order_three_ways():
 # Adaptation: every alpha gains on the new year and keeps >= 80 % of the old years' F1.
 
 
-def adaptation(new_shift, old_factor, alphas=("0.3", "0.7")):
+def adapted_f1(new_shift, old_factor, alphas, seed=0):
     years = [NEW] * 40 + [SEEN[i % 3] for i in range(60)]
     base = np.clip(40 + noise(100, 15, 6), 0, 100)
     new = np.array([y == NEW for y in years])
     f1 = {"base": list(base)}
     for k, a in enumerate(alphas):
-        adapted = np.where(new, base + new_shift, base * old_factor) + noise(100, 2, 7 + k)
+        adapted = np.where(new, base + new_shift, base * old_factor) + noise(100, 2, 7 + k + seed)
         f1[a] = list(np.clip(adapted, 0, 100))
-    return {"adaptation": {"new_year": NEW, "old_years": SEEN,
-                           "per_query": {"id": [f"q{i}" for i in range(100)], "year": years, "f1": f1}}}
+    return {"id": [f"q{i}" for i in range(100)], "year": years, "f1": f1}
+
+
+def adaptation(new_shift, old_factor, alphas=("0.3", "0.7"), uniform_old_factor=None):
+    regimes = {"temporal": {"per_query": {"templama": adapted_f1(new_shift, old_factor, alphas)}}}
+    if uniform_old_factor is not None:
+        regimes["uniform"] = {"per_query": {"templama": adapted_f1(new_shift, uniform_old_factor, alphas, seed=50)}}
+    return {"adaptation": {"new_year": NEW, "old_years": SEEN, "regimes": regimes}}
 
 
 def test_adaptation_three_ways():
@@ -149,8 +155,17 @@ def test_adaptation_three_ways():
     assert by_name(adaptation(0.0, 0.8))["adaptation"]["verdict"] == "inconclusive"
     # One alpha passing is not enough: the claim is about every alpha.
     mixed = adaptation(+15, 1.0)
-    mixed["adaptation"]["per_query"]["f1"]["0.7"] = list(mixed["adaptation"]["per_query"]["f1"]["base"])
+    f1 = mixed["adaptation"]["regimes"]["temporal"]["per_query"]["templama"]["f1"]
+    f1["0.7"] = list(f1["base"])
     assert by_name(mixed)["adaptation"]["verdict"] == "inconclusive"
+
+
+def test_temporal_forgets_less_three_ways():
+    less = by_name(adaptation(+15, 0.95, uniform_old_factor=0.6))["temporal_forgets_less"]
+    assert less["verdict"] == "appears" and less["n"] == 60 and less["effect"] < 0
+    assert by_name(adaptation(+15, 0.6, uniform_old_factor=0.95))["temporal_forgets_less"]["verdict"] == "opposite"
+    assert by_name(adaptation(+15, 0.9, uniform_old_factor=0.9))["temporal_forgets_less"]["verdict"] == "inconclusive"
+    assert by_name(adaptation(+15, 0.9))["temporal_forgets_less"]["verdict"] == "inconclusive"  # no Uniform runs
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -160,3 +160,23 @@ def test_per_document_word_nll_adds_up_to_the_overall_perplexity(drifting_stream
     found = stream_findings(results)
     assert set(found) == {"gap", "growth", "dynamic"} and found["gap"]["n"] == 9 and found["growth"]["n"] == 3
     assert found["gap"]["effect"] > 0 and found["dynamic"]["effect"] < 0  # the drift, and half of it undone
+
+
+def test_emerging_occurrences_and_relative_increase_per_topic(drifting_stream):
+    """The paper's Table 4 counts first and later occurrences of the emerging words only; its topic breakdown is the
+    relative increase of TIME-STRATIFIED over CONTROL per topic."""
+    results, stream = drifting_stream["results"], drifting_stream["stream"]
+    emerging = results["occurrences_emerging"]["static"]
+    assert emerging["first"]["n"] == 9  # "zorblat" opens each of the nine documents (three times each)
+    assert emerging["first"]["n"] + emerging["later_in_context"]["n"] + emerging["later_out_of_context"]["n"] == 27
+    everything = results["occurrences"]["static"]
+    assert sum(v["n"] for v in everything.values()) > 27
+    topics = results["topics"]
+    for mode, by_topic in topics["relative"].items():
+        for k, rel in by_topic.items():
+            ts, ctl = topics["perplexity"][mode][k]["word_ppl"], topics["baseline_perplexity"][k]["word_ppl"]
+            assert math.isclose(rel, ts / ctl - 1)
+            assert rel >= -1e-12  # TIME-STRATIFIED drifts away from CONTROL (January: not yet)
+    static, dynamic = topics["relative"]["static"], topics["relative"]["dynamic"]
+    assert any(v > 0 for v in static.values()) and all(dynamic[k] <= static[k] + 1e-12 for k in static)
+    assert stream.n_words > 0

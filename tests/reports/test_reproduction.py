@@ -66,9 +66,12 @@ def test_report_sections_and_numbers(results, written):
     assert row in text
     for name, model in results["models"].items():
         assert f"| {name} | {model['regime']} | {model['params']:,} | {model['steps']} |" in text
-    adapt = results["adaptation"]["summary"]["alphas"]["0.7"]
-    row = f"| 0.7 | {adapt['steps']} | {adapt['total_steps']} | {adapt['new_f1']:.2f} | {adapt['old_f1']:.2f} |"
-    assert row in text
+    for regime in ("temporal", "uniform"):
+        adapt = results["adaptation"]["regimes"][regime]["summary"]["alphas"]["0.7"]
+        news = results["adaptation"]["regimes"][regime]["customnews_summary"]["alphas"]["0.7"]
+        row = (f"| {regime.capitalize()} + fine-tuning | 0.7 | {adapt['steps']} | {adapt['total_steps']} | "
+               f"{adapt['new_f1']:.2f} | {adapt['old_f1']:.2f} | {news['new_f1']:.2f} | {news['old_f1']:.2f} |")
+        assert row in text
     assert f"Total: {results['timing']['total_s']:.1f} s" in text
     for figure in report.FIGURES:
         assert f"(figures/{figure}.png)" in text

@@ -167,15 +167,24 @@ def test_alpha_adaptation_mixture(data_dir):
         assert abs(share[year] - 0.7 / 3) < 4 * (0.7 / 3 * (1 - 0.7 / 3) / n) ** 0.5
     with pytest.raises(ValueError, match="earlier year"):
         tasks.adapt_mixture(2012, 0.5)
+    # The Uniform model adapts on the same mixture without the year prefix.
+    uniform = tasks.adapt_mixture(2015, 0.3, "uniform")
+    assert uniform == "uniform_adapt_2015_alpha030" == tasks.uniform_adapt_mixture(year=2015, alpha=0.3)
+    assert sorted(t.name for t in seqio.get_mixture_or_task(uniform).tasks) == [
+        f"customnews_ssm_yearly_{y}" for y in (2012, 2013, 2014, 2015)]
+    vocabulary = seqio.get_mixture_or_task(uniform).output_features["inputs"].vocabulary
+    texts = [vocabulary.decode(ex["inputs"].tolist()) for ex in _examples(uniform, split="train", n=50)]
+    assert texts and not any(text.startswith("year:") for text in texts)
 
 
 def test_every_name_resolves_and_the_regimes_pack(data_dir):
     task_names = [n for n in seqio.TaskRegistry.names() if n.startswith(("customnews_ssm_", "templama_"))]
     mixture_names = [n for n in seqio.MixtureRegistry.names() if n.endswith("_mixture") or "_adapt_" in n]
     assert len(task_names) == 2 * 2 + 5 * 3
-    preregistered = [n for n in mixture_names if not n.startswith("temporal_adapt_") or n[-3:] in
+    preregistered = [n for n in mixture_names if "_adapt_" not in n or n[-3:] in
                      {f"{round(a * 100):03d}" for a in tasks.registry.ADAPT_ALPHAS}]
-    assert len(preregistered) == 2 + 5 + 4 * 9  # regimes, yearly, and nine alphas for every year but the first
+    assert len(preregistered) == 2 + 5 + 2 * 4 * 9  # regimes, yearly, and per regime nine alphas for every year but
+    # the first
     for name in task_names:
         source = seqio.get_mixture_or_task(name).source
         for split in ("train", "validation", "test"):
