@@ -54,18 +54,20 @@ from templm.metrics.stream import perplexity, stream_findings, stream_results, s
 from templm.models.transformer_xl import TransformerXLConfig
 from templm.training.lm_trainer import load_lm, train_lm
 
-# Dynamic evaluation variants of the TIME-STRATIFIED model (names become the report's modes). The rates were the
-# best of a small sweep for the smoke experiment's tiny model (SGD on the segment's mean token loss; RMS with eps
-# 1e-3, as lr / (sqrt(ms) + 1e-5) overshoots on parameters with no training gradient); tune them on validation data
-# for other models.
+# Dynamic evaluation variants of the TIME-STRATIFIED model (names become the report's modes). Each variant's rate
+# is chosen among its "lrs" on the TIME-STRATIFIED validation stream (the months after the cut-off, before the test
+# period), never on the test stream; "lr" is the rate used when there is no validation split. RMS with eps 1e-3, as
+# lr / (sqrt(ms) + 1e-5) overshoots on parameters with no training gradient.
 DEFAULT_DYNAMIC = (
-    {"name": "dynamic", "rule": "sgd", "which": "all", "lr": 0.03},
-    {"name": "dynamic_embeddings", "rule": "sgd", "which": "embeddings", "lr": 0.03},
-    {"name": "dynamic_biases", "rule": "sgd", "which": "biases", "lr": 0.3},
-    {"name": "dynamic_rms", "rule": "rms", "which": "all", "lr": 1e-4, "eps": 1e-3, "decay": 0.0},
-    {"name": "dynamic_rms_decay", "rule": "rms", "which": "all", "lr": 1e-4, "eps": 1e-3, "decay": 0.02},
+    {"name": "dynamic", "rule": "sgd", "which": "all", "lr": 0.03, "lrs": (0.01, 0.03, 0.1)},
+    {"name": "dynamic_embeddings", "rule": "sgd", "which": "embeddings", "lr": 0.03, "lrs": (0.01, 0.03, 0.1)},
+    {"name": "dynamic_biases", "rule": "sgd", "which": "biases", "lr": 0.3, "lrs": (0.1, 0.3, 1.0)},
+    {"name": "dynamic_rms", "rule": "rms", "which": "all", "lr": 1e-4, "lrs": (3e-5, 1e-4, 3e-4), "eps": 1e-3,
+     "decay": 0.0},
+    {"name": "dynamic_rms_decay", "rule": "rms", "which": "all", "lr": 1e-4, "lrs": (3e-5, 1e-4, 3e-4), "eps": 1e-3,
+     "decay": 0.02},
 )
-_VARIANT_KEYS = {"name", "rule", "which", "lr", "decay", "eps", "normalise_decay"}
+_VARIANT_KEYS = {"name", "rule", "which", "lr", "lrs", "decay", "eps", "normalise_decay"}
 
 
 def _check_variants(variants: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
@@ -81,8 +83,12 @@ def _check_variants(variants: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any
             raise ValueError(f"stream_evaluation.dynamic[{k}]: name {v['name']!r} is 'static' or used twice")
         if v["rule"] not in ("sgd", "rms"):
             raise ValueError(f"stream_evaluation.dynamic[{k}]: rule must be 'sgd' or 'rms', got {v['rule']!r}")
+        lrs = v.get("lrs")
+        if lrs is not None and (isinstance(lrs, (str, bytes)) or not list(lrs)
+                                or not all(isinstance(x, (int, float)) and x > 0 for x in lrs)):
+            raise ValueError(f"stream_evaluation.dynamic[{k}]: lrs must be a list of positive rates, got {lrs!r}")
         names.add(v["name"])
-        out.append(dict(v))
+        out.append(dict(v, lrs=None if lrs is None else [float(x) for x in lrs]))
     return out
 
 
@@ -109,7 +115,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
                       control_dir: Optional[str] = None, *, corpus: Optional[str] = None,
                       test_split_file: Optional[str] = None, split_dir: Optional[str] = None,
                       spm_model: Optional[str] = None, train_split_file: Optional[str] = None,
-                      batch_size: int = 1, seg_len: Optional[int] = None, mem_len: Optional[int] = None,
+                      validation_split_file: Optional[str] = None, batch_size: int = 1, seg_len: Optional[int] = None, mem_len: Optional[int] = None,
                       dynamic: Sequence[Mapping[str, Any]] = DEFAULT_DYNAMIC, dynamic_on_control: bool = False,
                       ms_segments: int = 64, train_count_documents: Optional[int] = None, min_test_count: int = 50,
                       emerging_ratio: float = 5.0, n_topics: int = 10, topics: bool = True, pos: bool = True,
@@ -127,9 +133,12 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
         document); seg_len / mem_len: segment and memory length (default: the TIME-STRATIFIED model's tgt_len and
         evaluation memory length).
       dynamic: dynamic-evaluation variants, dicts {"name", "rule": "sgd"|"rms", "which": "all"|"embeddings"|
-        "biases"|regex, "lr", "decay", "eps", "normalise_decay"}; run on TIME-STRATIFIED (and on CONTROL too when
-        dynamic_on_control). RMS variants use the mean squared gradients of the last `ms_segments` training
-        segments (collect_ms).
+        "biases"|regex, "lr", "lrs", "decay", "eps", "normalise_decay"}; run on TIME-STRATIFIED (and on CONTROL too
+        when dynamic_on_control). A variant with "lrs" takes the rate among them that gives the lowest perplexity on
+        the validation stream (`validation_split_file`, default `split_dir/time_stratified_validation.gz`: the
+        months between the cut-off and the test period), then runs the test stream with it; results["dynamic"]
+        ["chosen"] records each choice. RMS variants use the mean squared gradients of the last `ms_segments`
+        training segments (collect_ms).
       train_count_documents: count training words (Moses) on a seeded sample of this many training documents
         (None: all).
       min_test_count, emerging_ratio, n_topics, topics, pos: the analyses' settings (metrics.stream.stream_results).
@@ -184,6 +193,18 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
     # The training split: word counts for the emerging-word analysis, gradient statistics for the RMS rule.
     train_docs = read_split_documents(corpus, train_split_file, corpus_format)
 
+    # The validation stream (the months between the cut-off and the test period): where the variants' rates are
+    # chosen, so that nothing is tuned on the test stream.
+    validation_split_file = split_path(validation_split_file, split_dir, "time_stratified_validation")
+    validation = None
+    if any(v.get("lrs") for v in variants):
+        if os.path.exists(validation_split_file):
+            validation = build_stream(read_split_documents(corpus, validation_split_file, corpus_format), processor)
+        else:
+            console.warn(f"no validation split {validation_split_file}: the dynamic-evaluation variants keep their "
+                         "configured rates (lr) instead of choosing them on validation data")
+    chosen: Dict[str, Any] = {}
+
     # --- Static and dynamic evaluation. ----------------------------------------------------------------------------
     lps: Dict[str, Dict[str, np.ndarray]] = {}
     timings: Dict[str, float] = {}
@@ -210,11 +231,22 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
                     read_split_documents(corpus, meta["split_file"], corpus_format)
                 segments = _training_segments(run_train, processor, seg_len, ms_segments)
                 ms = dynamic_eval.collect_ms(params, segments, model=model, mem_len=mem_len)
-            lps[name][v["name"]] = evaluate_stream(
-                model, params, stream, batch_size=batch_size, seg_len=seg_len, mem_len=mem_len, rule=v["rule"],
-                lr=float(v.get("lr", 0.0)), which=v.get("which", "all"), decay=float(v.get("decay", 0.0)),
-                eps=v.get("eps"), ms=ms if v["rule"] == "rms" else None,
-                normalise_decay=bool(v.get("normalise_decay", True)))
+
+            def run(tokens, lr):
+                return evaluate_stream(
+                    model, params, tokens, batch_size=batch_size, seg_len=seg_len, mem_len=mem_len, rule=v["rule"],
+                    lr=lr, which=v.get("which", "all"), decay=float(v.get("decay", 0.0)), eps=v.get("eps"),
+                    ms=ms if v["rule"] == "rms" else None, normalise_decay=bool(v.get("normalise_decay", True)))
+
+            lr = float(v.get("lr", 0.0))
+            if validation is not None and v.get("lrs"):
+                ppl = {x: float(np.exp(-np.mean(run(validation, x)))) for x in v["lrs"]}
+                lr = min(ppl, key=lambda x: (ppl[x] if np.isfinite(ppl[x]) else np.inf, x))
+                chosen[f"{name}/{v['name']}"] = {"lr": lr, "validation_subword_ppl": {str(x): p for x, p in
+                                                                                      ppl.items()}}
+                console.say(f"stream: {name} {v['name']}: rate {lr:g} chosen on the validation stream ("
+                            + ", ".join(f"{x:g}: {p:.3f}" for x, p in ppl.items()) + ")")
+            lps[name][v["name"]] = run(stream, lr)
             timings[f"{name}/{v['name']}"] = time.time() - t0
             done(name, v["name"])
 
@@ -231,7 +263,9 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
                          "checkpoints": {name: {"dir": os.path.abspath(runs_dirs[name]), "step": meta["step"],
                                                 "split_file": meta["split_file"]}
                                          for name, (_, _, meta) in loaded.items()}}
-    results["dynamic"] = {"variants": variants, "on_control": dynamic_on_control, "ms_segments": ms_segments}
+    results["dynamic"] = {"variants": variants, "on_control": dynamic_on_control, "ms_segments": ms_segments,
+                          "validation_split_file": os.path.abspath(validation_split_file) if validation else None,
+                          "chosen": chosen}
     results["findings"] = stream_findings(results)
     results["timings_sec"] = {**timings, "total": time.time() - started}
     os.makedirs(out_dir, exist_ok=True)
@@ -283,7 +317,8 @@ PRESETS: Dict[str, StreamPreset] = {
                               model=dict(d_model=32, n_head=2, d_head=16, d_inner=64, n_layer=1, tgt_len=16,
                                          mem_len=16, eval_mem_len=32, dropout=0.0, dropatt=0.0),
                               train_steps=40, batch_size=8, learning_rate=1e-2,
-                              dynamic=({"name": "dynamic", "rule": "sgd", "which": "all", "lr": 0.03},),
+                              dynamic=({"name": "dynamic", "rule": "sgd", "which": "all", "lr": 0.03,
+                                        "lrs": (0.01, 0.03)},),
                               start_year=2015, end_year=2019, test_months=12, min_test_count=3, n_topics=3,
                               train_count_documents=100, ms_segments=4),
     # The default world, a 3-layer model, every dynamic-evaluation variant.

@@ -174,3 +174,21 @@ def test_stream_evaluation_writes_results_json_only(runs, tmp_path):
         written = json.load(f)
     assert written == jsonable({k: v for k, v in results.items() if k != "files"})
     assert set(written["runs"]) == {"time_stratified", "control"} and set(written["relative"]) == {"static"}
+
+
+def test_dynamic_rates_are_chosen_on_the_validation_stream(runs, tmp_path):
+    """A variant with candidate rates takes the one with the lowest perplexity on the TIME-STRATIFIED validation
+    stream (the months before the test period) and runs the test stream with it; without candidates, its lr."""
+    variants = [{"name": "dynamic", "rule": "sgd", "which": "all", "lr": 0.5, "lrs": [1e-4, 0.3, 3.0]},
+                {"name": "fixed", "rule": "sgd", "which": "biases", "lr": 0.05}]
+    results = stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"], dynamic=variants,
+                                min_test_count=3, topics=False, pos=False)
+    chosen = results["dynamic"]["chosen"]
+    assert set(chosen) == {"time_stratified/dynamic"}  # the variant without candidates is not swept
+    ppl = chosen["time_stratified/dynamic"]["validation_subword_ppl"]
+    assert set(ppl) == {"0.0001", "0.3", "3.0"}
+    assert chosen["time_stratified/dynamic"]["lr"] == float(min(ppl, key=ppl.get))
+    assert results["dynamic"]["validation_split_file"].endswith("time_stratified_validation.gz")
+    with pytest.raises(ValueError, match="lrs must be a list of positive rates"):
+        stream_evaluation(str(tmp_path / "bad"), runs["time_stratified"], runs["control"],
+                          dynamic=[{"name": "d", "rule": "sgd", "lrs": [0.1, -1]}])
