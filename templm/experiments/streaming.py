@@ -43,7 +43,7 @@ from templm import console
 from templm.data.lm_data import load_processor, read_split_documents, split_path, tokenize_documents
 from templm.data.readers import read_documents
 from templm.data.splits import make_splits, read_split_file
-from templm.data.token_stream import build_stream, word_counts
+from templm.data.token_stream import TokenStream, build_stream, word_counts
 from templm.data.vocab import train_spm
 from templm.data.world import WorldConfig, generate_world
 from templm.errors import ConfigError, DataError, require_macros
@@ -110,12 +110,35 @@ def _training_segments(documents: list, processor: Any, seg_len: int, n_segments
     return np.stack([tail[i * seg_len:(i + 1) * seg_len + 1] for i in range(k)])[:, None, :]
 
 
+def _run_tokenizers(loaded: Mapping[str, Any], runs_dirs: Mapping[str, str],
+                    spm_model: Optional[str]) -> Dict[str, str]:
+    """{run: its SentencePiece model file}. Default: each run's own (its record's), checked unchanged since training
+    (SHA-256); with `spm_model`, that one file for every run, which must be the one each was trained with."""
+    files = {}
+    for name, (_, _, meta) in loaded.items():
+        path = spm_model or meta["spm_model"]
+        if not os.path.exists(path):
+            raise DataError("no such SentencePiece model file" + ("" if spm_model else
+                            f" (the {name} model's, {runs_dirs[name]})"), path)
+        if meta.get("spm_sha256") != file_sha256(path):
+            if spm_model:
+                raise DataError(f"the {name} model was trained with the SentencePiece model {meta.get('spm_model')}, "
+                                f"which differs from {spm_model}: one test stream must serve every model, so they "
+                                "must share one vocabulary (leave spm_model unset to read each with its own)",
+                                runs_dirs[name])
+            raise DataError(f"the {name} model's SentencePiece model has changed since it was trained "
+                            f"(SHA-256 differs from the one recorded in {runs_dirs[name]})", path)
+        files[name] = os.path.abspath(path)
+    return files
+
+
 @gin.configurable(module="templm")
 def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gin.REQUIRED,
                       control_dir: Optional[str] = None, *, corpus: Optional[str] = None,
                       test_split_file: Optional[str] = None, split_dir: Optional[str] = None,
                       spm_model: Optional[str] = None, train_split_file: Optional[str] = None,
-                      validation_split_file: Optional[str] = None, batch_size: int = 1, seg_len: Optional[int] = None, mem_len: Optional[int] = None,
+                      validation_split_file: Optional[str] = None, batch_size: int = 1,
+                      seg_len: Optional[int] = None, mem_len: Optional[int] = None,
                       dynamic: Sequence[Mapping[str, Any]] = DEFAULT_DYNAMIC, dynamic_on_control: bool = False,
                       ms_segments: int = 64, train_count_documents: Optional[int] = None, min_test_count: int = 50,
                       emerging_ratio: float = 5.0, n_topics: int = 10, topics: bool = True, pos: bool = True,
@@ -126,9 +149,12 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
       out_dir: where results.json goes (and, from the `templm stream` verb, report.md and the figures).
       time_stratified_dir / control_dir: `templm train_lm` run folders (latest checkpoint unless `step`). Without a
         CONTROL run there is no relative increase.
-      corpus, spm_model, split_dir: default to those of the TIME-STRATIFIED checkpoint's record; test_split_file
-        defaults to `split_dir/test.gz`; train_split_file (word counts for emerging words, gradient statistics for
-        the RMS rule) to the TIME-STRATIFIED training split.
+      corpus, split_dir: default to those of the TIME-STRATIFIED checkpoint's record; test_split_file defaults to
+        `split_dir/test.gz`; train_split_file (word counts for emerging words, gradient statistics for the RMS rule)
+        to the TIME-STRATIFIED training split.
+      spm_model: None (default): each run reads the test stream with the SentencePiece model it was trained with
+        (the paper's per-setup tokenizers); subword perplexities are then each tokenizer's own and the runs are
+        compared by word perplexity. A file: every run must have been trained with it (one shared stream).
       batch_size: parallel streams (1: the paper's single stream, memory carried across every segment and
         document); seg_len / mem_len: segment and memory length (default: the TIME-STRATIFIED model's tgt_len and
         evaluation memory length).
@@ -144,8 +170,8 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
       min_test_count, emerging_ratio, n_topics, topics, pos: the analyses' settings (metrics.stream.stream_results).
 
     Returns the results dict (as results.json) with "files": {"results.json": its path}.
-    Raises DataError naming the file for a missing split file, ids missing from the corpus, checkpoints trained
-    with different SentencePiece models, and so on.
+    Raises DataError naming the file for a missing split file, ids missing from the corpus, a SentencePiece model
+    changed since training (or, with `spm_model`, a run trained with another), and so on.
     """
     require_macros("templm.stream_evaluation", {"out_dir": ("OUT_DIR", out_dir),
                                                 "time_stratified_dir": ("TIME_STRATIFIED_DIR", time_stratified_dir)})
@@ -165,30 +191,30 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
     loaded = {name: load_lm(path, step) for name, path in runs_dirs.items()}
     ts_meta = loaded["time_stratified"][2]
     corpus = corpus or ts_meta["corpus"]
-    spm_model = spm_model or ts_meta["spm_model"]
     split_dir = split_dir or os.path.dirname(ts_meta["split_file"])
     test_split_file = split_path(test_split_file, split_dir, "test")
     train_split_file = train_split_file or ts_meta["split_file"]
-    if not os.path.exists(spm_model):
-        raise DataError("no such SentencePiece model file", spm_model)
-    spm_hash = file_sha256(spm_model)
-    for name, (_, _, meta) in loaded.items():
-        if meta.get("spm_sha256") != spm_hash:
-            raise DataError(f"the {name} model was trained with the SentencePiece model {meta.get('spm_model')}, "
-                            f"which differs from {spm_model}: one test stream must serve every model, so they must "
-                            "share one vocabulary", runs_dirs[name])
+    spm_models = _run_tokenizers(loaded, runs_dirs, spm_model)
 
-    # --- The test stream. ---------------------------------------------------------------------------------------
+    # --- The test stream, read by each run's tokenizer (one stream for runs that share one). ------------------------
     test_docs = read_split_documents(corpus, test_split_file, corpus_format)
-    processor = load_processor(spm_model)
-    stream = build_stream(test_docs, processor)
+    processors = {name: load_processor(path) for name, path in spm_models.items()}
+    by_file: Dict[str, TokenStream] = {}
+    for name, path in spm_models.items():
+        if path not in by_file:
+            by_file[path] = build_stream(test_docs, processors[name])
+    streams = {name: by_file[path] for name, path in spm_models.items()}
+    stream = streams["time_stratified"]
     ts_model = loaded["time_stratified"][0]
     seg_len = ts_model.config.tgt_len if seg_len is None else int(seg_len)
     mem_len = ts_model.config.test_mem_len if mem_len is None else int(mem_len)
+    shared = len(set(spm_models.values())) == 1
     console.say(f"stream: {len(test_docs)} test documents ({stream.months[0]} .. {stream.months[-1]}), "
-                f"{stream.n_targets} tokens, {stream.n_words} words; segments of {seg_len}, memory {mem_len}, "
-                f"{batch_size} stream(s)")
-    logging.info("stream: test split %s, corpus %s, SentencePiece model %s", test_split_file, corpus, spm_model)
+                f"{stream.n_words} words, "
+                + (f"{stream.n_targets} tokens" if shared else "tokens " + ", ".join(
+                    f"{name} {s.n_targets}" for name, s in streams.items()) + " (each run's own tokenizer)")
+                + f"; segments of {seg_len}, memory {mem_len}, {batch_size} stream(s)")
+    logging.info("stream: test split %s, corpus %s, SentencePiece models %s", test_split_file, corpus, spm_models)
 
     # The training split: word counts for the emerging-word analysis, gradient statistics for the RMS rule.
     train_docs = read_split_documents(corpus, train_split_file, corpus_format)
@@ -196,10 +222,10 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
     # The validation stream (the months between the cut-off and the test period): where the variants' rates are
     # chosen, so that nothing is tuned on the test stream.
     validation_split_file = split_path(validation_split_file, split_dir, "time_stratified_validation")
-    validation = None
+    validation_docs = None
     if any(v.get("lrs") for v in variants):
         if os.path.exists(validation_split_file):
-            validation = build_stream(read_split_documents(corpus, validation_split_file, corpus_format), processor)
+            validation_docs = read_split_documents(corpus, validation_split_file, corpus_format)
         else:
             console.warn(f"no validation split {validation_split_file}: the dynamic-evaluation variants keep their "
                          "configured rates (lr) instead of choosing them on validation data")
@@ -211,25 +237,26 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
 
     def done(name: str, mode: str) -> None:
         lp = lps[name][mode]
-        word_ppl = perplexity(float(word_log_probs(stream, lp).sum()), stream.n_words)
+        word_ppl = perplexity(float(word_log_probs(streams[name], lp).sum()), stream.n_words)
         console.say(f"stream: {name} {mode}: word perplexity {word_ppl:.2f}, subword perplexity "
                     f"{float(np.exp(-np.mean(lp))):.3f} ({timings[f'{name}/{mode}']:.1f}s)")
 
     for name, (model, params, meta) in loaded.items():
         t0 = time.time()
-        lps[name] = {"static": evaluate_stream(model, params, stream, batch_size=batch_size, seg_len=seg_len,
-                                               mem_len=mem_len)}
+        lps[name] = {"static": evaluate_stream(model, params, streams[name], batch_size=batch_size,
+                                               seg_len=seg_len, mem_len=mem_len)}
         timings[f"{name}/static"] = time.time() - t0
         done(name, "static")
         if name != "time_stratified" and not dynamic_on_control:
             continue
         ms = None
+        validation = None if validation_docs is None else build_stream(validation_docs, processors[name])
         for v in variants:
             t0 = time.time()
             if v["rule"] == "rms" and ms is None:
                 run_train = train_docs if name == "time_stratified" else \
                     read_split_documents(corpus, meta["split_file"], corpus_format)
-                segments = _training_segments(run_train, processor, seg_len, ms_segments)
+                segments = _training_segments(run_train, processors[name], seg_len, ms_segments)
                 ms = dynamic_eval.collect_ms(params, segments, model=model, mem_len=mem_len)
 
             def run(tokens, lr):
@@ -246,7 +273,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
                                                                                       ppl.items()}}
                 console.say(f"stream: {name} {v['name']}: rate {lr:g} chosen on the validation stream ("
                             + ", ".join(f"{x:g}: {p:.3f}" for x, p in ppl.items()) + ")")
-            lps[name][v["name"]] = run(stream, lr)
+            lps[name][v["name"]] = run(streams[name], lr)
             timings[f"{name}/{v['name']}"] = time.time() - t0
             done(name, v["name"])
 
@@ -257,14 +284,17 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
     results = stream_results(stream, lps, seg_len=seg_len, mem_len=mem_len, batch_size=batch_size,
                              train_counts=train_counts, min_test_count=min_test_count, ratio=emerging_ratio,
                              n_topics=n_topics, seed=seed, topics=topics, pos=pos, settings=settings,
-                             baseline="control")
+                             baseline="control", streams=None if shared else streams)
     results["inputs"] = {"corpus": os.path.abspath(corpus), "test_split_file": os.path.abspath(test_split_file),
-                         "train_split_file": os.path.abspath(train_split_file), "spm_model": os.path.abspath(spm_model),
+                         "train_split_file": os.path.abspath(train_split_file),
+                         "spm_models": {name: os.path.abspath(path) for name, path in spm_models.items()},
+                         "shared_tokenizer": shared,
                          "checkpoints": {name: {"dir": os.path.abspath(runs_dirs[name]), "step": meta["step"],
                                                 "split_file": meta["split_file"]}
                                          for name, (_, _, meta) in loaded.items()}}
     results["dynamic"] = {"variants": variants, "on_control": dynamic_on_control, "ms_segments": ms_segments,
-                          "validation_split_file": os.path.abspath(validation_split_file) if validation else None,
+                          "validation_split_file": (os.path.abspath(validation_split_file) if validation_docs
+                                                    else None),
                           "chosen": chosen}
     results["findings"] = stream_findings(results)
     results["timings_sec"] = {**timings, "total": time.time() - started}
@@ -331,11 +361,16 @@ PRESETS: Dict[str, StreamPreset] = {
 def prepare_stream_data(out_dir: str, *, corpus: Optional[str] = None, world: Any = None,
                         cutoff: datetime.date = datetime.date(2017, 12, 31), test_months: int = 24,
                         test_docs_per_month: int = 4, vocab_size: int = 512, seed: int = 0,
-                        max_spm_sentences: int = 200_000, exact_vocab_size: bool = True) -> Dict[str, Any]:
+                        max_spm_sentences: int = 200_000, exact_vocab_size: bool = True,
+                        shared_tokenizer: bool = False) -> Dict[str, Any]:
     """The data stage: the corpus (`corpus`, or the embedded world drawn with WorldConfig `world` into
-    out_dir/world), TIME-STRATIFIED / CONTROL splits in out_dir/splits, and one SentencePiece model out_dir/spm.model
-    trained on the union of both training splits (`vocab_size` pieces; at most that many without
-    `exact_vocab_size`). Returns {"corpus", "split_dir", "spm_model", "splits": stats}."""
+    out_dir/world), TIME-STRATIFIED / CONTROL splits in out_dir/splits, and the SentencePiece models (`vocab_size`
+    pieces; at most that many without `exact_vocab_size`): one per setup trained on that setup's training split,
+    out_dir/spm_time_stratified.model and out_dir/spm_control.model (the paper's), or with `shared_tokenizer` one,
+    out_dir/spm.model, trained on the union of both training splits (which holds test-period text).
+
+    Returns {"corpus", "split_dir", "spm_models": {"time_stratified": file, "control": file}, "spm_model": the
+    TIME-STRATIFIED one, "shared_tokenizer", "splits": stats}."""
     out_dir = os.path.abspath(os.fspath(out_dir))
     os.makedirs(out_dir, exist_ok=True)
     if corpus is None:
@@ -345,16 +380,22 @@ def prepare_stream_data(out_dir: str, *, corpus: Optional[str] = None, world: An
     split_dir = os.path.join(out_dir, "splits")
     stats = make_splits(corpus, split_dir, cutoff=cutoff, test_months=test_months,
                         test_docs_per_month=test_docs_per_month, seed=seed)
-    train_ids = {doc_id for name in ("time_stratified_train", "control_train")
-                 for _, doc_id in read_split_file(os.path.join(split_dir, f"{name}.gz"))}
-    docs = (d for d in read_documents(corpus) if d.id in train_ids)
-    spm_model = train_spm(docs, os.path.join(out_dir, "spm"), vocab_size=vocab_size,
-                          max_sentences=max_spm_sentences, seed=seed, exact_size=exact_vocab_size)
-    return {"corpus": corpus, "split_dir": split_dir, "spm_model": spm_model, "splits": stats}
+    groups = {"shared": ("time_stratified_train", "control_train")} if shared_tokenizer else \
+        {"time_stratified": ("time_stratified_train",), "control": ("control_train",)}
+    files = {}
+    for group, splits in groups.items():
+        ids = {doc_id for name in splits for _, doc_id in read_split_file(os.path.join(split_dir, f"{name}.gz"))}
+        docs = (d for d in read_documents(corpus) if d.id in ids)
+        prefix = os.path.join(out_dir, "spm" if shared_tokenizer else f"spm_{group}")
+        files[group] = train_spm(docs, prefix, vocab_size=vocab_size, max_sentences=max_spm_sentences, seed=seed,
+                                 exact_size=exact_vocab_size)
+    spm_models = {name: files["shared" if shared_tokenizer else name] for name in ("time_stratified", "control")}
+    return {"corpus": corpus, "split_dir": split_dir, "spm_models": spm_models,
+            "spm_model": spm_models["time_stratified"], "shared_tokenizer": shared_tokenizer, "splits": stats}
 
 
 def prepare_preset_data(out_dir: str, preset: str = "tiny_test", seed: int = 0,
-                        corpus: Optional[str] = None) -> Dict[str, Any]:
+                        corpus: Optional[str] = None, shared_tokenizer: bool = False) -> Dict[str, Any]:
     """`prepare_stream_data` with a preset's world, cut-off, test period and vocabulary size (at most: the world of
     any seed must fit it); tests share it."""
     p = PRESETS[preset]
@@ -362,22 +403,26 @@ def prepare_preset_data(out_dir: str, preset: str = "tiny_test", seed: int = 0,
                         subjects_per_relation=p.subjects_per_relation, docs_per_month=p.docs_per_month)
     return prepare_stream_data(out_dir, corpus=corpus, world=world, cutoff=p.cutoff, test_months=p.test_months,
                                test_docs_per_month=p.test_docs_per_month, vocab_size=p.vocab_size, seed=seed,
-                               exact_vocab_size=False)
+                               exact_vocab_size=False, shared_tokenizer=shared_tokenizer)
 
 
 def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus: Optional[str] = None,
-                          preset: str = "smoke", seed: int = 0, mesh=None) -> Dict[str, Any]:
+                          preset: str = "smoke", seed: int = 0, mesh=None,
+                          shared_tokenizer: bool = False) -> Dict[str, Any]:
     """The streaming-perplexity experiment end to end; a stage of `templm reproduce`.
 
     Args:
-      out_dir: receives world/ (unless a corpus is given), splits/, spm.model, time_stratified/ and control/ (the
-        two `train_lm` runs), stream/results.json (stream_evaluation's results) and summary.json (what this returns).
+      out_dir: receives world/ (unless a corpus is given), splits/, spm_time_stratified.model and
+        spm_control.model (spm.model with `shared_tokenizer`), time_stratified/ and control/ (the two `train_lm`
+        runs), stream/results.json (stream_evaluation's results) and summary.json (what this returns).
       world_dir: an embedded world already generated (`templm data world`); its news.jsonl is the corpus.
       corpus: any corpus templm reads instead (dated documents spanning the cut-off and the test period).
         Default (neither): the world is generated here from `seed` with the preset's size, 2010-2020.
       preset: "smoke", "small" or "tiny_test" (see PRESETS).
       seed: world, splits, vocabulary, initialisation and data order.
       mesh: device mesh for training (default: all devices along the data axis).
+      shared_tokenizer: one SentencePiece model for both setups, trained on both training splits, instead of the
+        paper's one per setup (see prepare_stream_data).
 
     The cut-off is 2017-12-31: TIME-STRATIFIED trains on 2010-2017, validation is 2018-01..03 and the test stream is
     the 24 months 2018-04..2020-03; CONTROL trains on as many documents, the most recent ones up to 2020-03
@@ -398,7 +443,7 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
         corpus = os.path.join(world_dir, "news.jsonl")
         if not os.path.exists(corpus):
             raise DataError("no news.jsonl here: not an embedded world (templm data world)", world_dir)
-    data = prepare_preset_data(out_dir, preset, seed, corpus=corpus)
+    data = prepare_preset_data(out_dir, preset, seed, corpus=corpus, shared_tokenizer=shared_tokenizer)
     timings["data"] = time.time() - t0
     console.say(f"stream experiment: data ready in {data['split_dir']} ({timings['data']:.1f}s)")
 
@@ -406,7 +451,7 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
     for name, split in (("time_stratified", "time_stratified_train"), ("control", "control_train")):
         t0 = time.time()
         train_lm(os.path.join(out_dir, name), data["corpus"], split_dir=data["split_dir"], split=split,
-                 spm_model=data["spm_model"], config=config, train_steps=p.train_steps, batch_size=p.batch_size,
+                 spm_model=data["spm_models"][name], config=config, train_steps=p.train_steps, batch_size=p.batch_size,
                  learning_rate=p.learning_rate, warmup_steps=min(100, p.train_steps // 10), seed=seed,
                  data_order="shuffle", save_period=0, keep_checkpoints=1, log_period=max(1, p.train_steps // 10),
                  mesh=mesh, progress=False)

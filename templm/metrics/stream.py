@@ -210,14 +210,17 @@ def pos_perplexity(stream: TokenStream, word_lp: Any, tags: Sequence[str]) -> Di
 # All results.
 
 
-def document_word_nll(stream: TokenStream, runs: Mapping[str, Mapping[str, Any]]) -> Dict[str, Any]:
+def document_word_nll(stream: TokenStream, runs: Mapping[str, Mapping[str, Any]],
+                      streams: Optional[Mapping[str, TokenStream]] = None) -> Dict[str, Any]:
     """Per test document (in stream order): its month, its number of words (EOS included, as the word perplexities
     count them) and, for every run and mode ("time_stratified/static", ...), its summed word negative log-likelihood
-    (nats). The paired tests of the findings compare models document by document."""
+    (nats), each run's token log-probs read with its own stream when `streams` gives one (its own tokenizer). The
+    paired tests of the findings compare models document by document."""
     n_docs = len(stream.doc_ids)
     words = np.bincount(stream.word_doc, minlength=n_docs)
-    nll = {f"{name}/{mode}": (-np.bincount(stream.word_doc, weights=word_log_probs(stream, lp), minlength=n_docs)
-                              ).tolist()
+    streams = streams or {}
+    nll = {f"{name}/{mode}": (-np.bincount(stream.word_doc, weights=word_log_probs(streams.get(name, stream), lp),
+                                           minlength=n_docs)).tolist()
            for name, modes in runs.items() for mode, lp in modes.items()}
     return {"month": list(stream.doc_months), "words": words.tolist(), "word_nll": nll}
 
@@ -226,26 +229,42 @@ def stream_results(stream: TokenStream, runs: Mapping[str, Mapping[str, Any]], *
                    batch_size: int = 1, train_counts: Optional[Mapping[str, int]] = None, min_test_count: int = 50,
                    ratio: float = 5.0, n_topics: int = 10, seed: int = 0, primary: str = "time_stratified",
                    baseline: str = "control", topics: bool = True, pos: bool = True,
-                   settings: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+                   settings: Optional[Mapping[str, Any]] = None,
+                   streams: Optional[Mapping[str, TokenStream]] = None) -> Dict[str, Any]:
     """Every analysis of a stream as one JSON-able dict.
 
     runs: {run name: {mode: token log-probs [n_targets]}}, modes "static" and any dynamic variants ("dynamic",
     "dynamic_biases", ...), e.g. {"time_stratified": {"static": lp, "dynamic": lp}, "control": {"static": lp}}.
+    streams: {run name: its TokenStream} where the runs have their own tokenizers (the paper's per-setup
+    SentencePiece models): the same documents and words, other pieces; a run without one uses `stream`. Subword
+    perplexities are then each tokenizer's own, and every comparison between runs is at the word level.
     relative[mode]: `primary` in that mode against `baseline` STATIC (the paper: a dynamically evaluated
     TIME-STRATIFIED model against the static CONTROL), word level. The per-word analyses (emerging words, occurrences,
     topics, POS) use every mode of `primary`; emerging words need `train_counts`.
     """
     if primary not in runs:
         raise ValueError(f"runs must hold the primary run {primary!r}; got {sorted(runs)}")
+    streams = dict(streams or {})
+    stream = streams.get(primary, stream)
+    for name, other in streams.items():
+        if other.word_text != stream.word_text or not np.array_equal(other.word_doc, stream.word_doc):
+            raise ValueError(f"the stream of {name!r} holds other words than the primary run's: the runs must read "
+                             "the same documents")
+
+    def stream_of(name: str) -> TokenStream:
+        return streams.get(name, stream)
+
     results: Dict[str, Any] = {
         "settings": dict(settings or {}, seg_len=seg_len, mem_len=mem_len, batch_size=batch_size,
                          n_documents=len(stream.doc_ids), n_tokens=stream.n_targets, n_words=stream.n_words),
         "months": stream.months,
         "primary": primary,
         "baseline": baseline,
-        "runs": {name: {mode: month_perplexities(stream, lp) for mode, lp in modes.items()}
+        "runs": {name: {mode: month_perplexities(stream_of(name), lp) for mode, lp in modes.items()}
                  for name, modes in runs.items()},
     }
+    if streams:
+        results["settings"]["n_tokens_by_run"] = {name: stream_of(name).n_targets for name in runs}
     modes = list(runs[primary])
     word_lps = {mode: word_log_probs(stream, lp) for mode, lp in runs[primary].items()}
 
@@ -257,7 +276,7 @@ def stream_results(stream: TokenStream, runs: Mapping[str, Mapping[str, Any]], *
             per_month, slope, intercept = relative_increase(ts, ctl)
             relative[mode] = {"per_month": per_month, "slope": slope, "intercept": intercept}
     results["relative"] = relative
-    results["documents"] = document_word_nll(stream, runs)
+    results["documents"] = document_word_nll(stream, runs, streams)
 
     words = None
     if train_counts is not None:
@@ -285,7 +304,7 @@ def stream_results(stream: TokenStream, runs: Mapping[str, Mapping[str, Any]], *
         perp = {mode: topic_perplexity(stream, lp, doc_topic) for mode, lp in runs[primary].items()}
         results["topics"] = {"n_topics": n_topics, "top_words": top_words, "perplexity": perp}
         if has_baseline:
-            base = topic_perplexity(stream, runs[baseline]["static"], doc_topic)
+            base = topic_perplexity(stream_of(baseline), runs[baseline]["static"], doc_topic)
             results["topics"]["baseline_perplexity"] = base
             results["topics"]["relative"] = {mode: _group_relative(p, base, "word_ppl") for mode, p in perp.items()}
 
@@ -297,7 +316,7 @@ def stream_results(stream: TokenStream, runs: Mapping[str, Mapping[str, Any]], *
             perp = {mode: pos_perplexity(stream, word_lps[mode], tags) for mode in modes}
             results["pos"] = {"perplexity": perp}
             if has_baseline:
-                base = pos_perplexity(stream, word_log_probs(stream, runs[baseline]["static"]), tags)
+                base = pos_perplexity(stream, word_log_probs(stream_of(baseline), runs[baseline]["static"]), tags)
                 results["pos"]["baseline_perplexity"] = base
                 results["pos"]["relative"] = {mode: _group_relative(p, base, "ppl") for mode, p in perp.items()}
     return results

@@ -54,6 +54,10 @@ def stream_markdown(results: Mapping[str, Any]) -> str:
              a["overall"]["n_tokens"], a["overall"]["n_words"]]
             for name, by_mode in runs.items() for mode, a in by_mode.items()]
     out += [markdown_table(["run", "mode", "subword ppl", "word ppl", "tokens", "words"], rows), ""]
+    if results.get("inputs", {}).get("shared_tokenizer") is False:
+        out += ["Each run reads the stream with its own SentencePiece model (trained on its own training split, as "
+                "in the paper): subword perplexities are each tokenizer's own, so the runs are compared by word "
+                "perplexity.", ""]
 
     relative = results.get("relative", {})
     for level in ("word", "subword"):

@@ -25,9 +25,10 @@ def test_data_and_vocabulary_stages_pass_for_20_seeds(preset, tmp_path):
             assert 100 < model.get_piece_size() <= PRESETS[preset].vocab_size
             pieces["t5"].add(model.get_piece_size())
             data = prepare_preset_data(str(tmp_path / f"{preset}_{seed}" / "stream"), preset, seed)
-            model = sentencepiece.SentencePieceProcessor(model_file=data["spm_model"])
-            assert 100 < model.get_piece_size() <= STREAM_PRESETS[preset].vocab_size
-            pieces["stream"].add(model.get_piece_size())
+            for spm_file in data["spm_models"].values():  # one per setup, each on its own training split
+                model = sentencepiece.SentencePieceProcessor(model_file=spm_file)
+                assert 100 < model.get_piece_size() <= STREAM_PRESETS[preset].vocab_size
+                pieces["stream"].add(model.get_piece_size())
             assert all(data["splits"]["splits"][name]["documents"] > 0 for name in
                        ("time_stratified_train", "control_train", "test"))
     finally:

@@ -1,7 +1,8 @@
 """The streaming experiment: TIME-STRATIFIED and CONTROL tiny Transformer-XL runs trained through the txl gin
 configs, then `templm stream` end to end writes results.json (the experiment), report.md and figures (the report)
 with every test month; bad input (a missing split file, split ids the corpus lacks) is named and exits non-zero;
-models with different vocabularies are refused."""
+each setup has its own tokenizer, trained on its own training split, and the runs are compared by word perplexity;
+a tokenizer changed since training, or a shared stream for models of different vocabularies, is refused."""
 
 import gzip
 import json
@@ -16,8 +17,13 @@ import pytest
 from templm.cli import parse_gin
 from templm.data.splits import read_split_file
 from templm.errors import ConfigError, DataError
+from templm.data.lm_data import load_processor, read_split_documents
+from templm.data.readers import read_documents
+from templm.data.token_stream import build_stream
+from templm.data.vocab import train_spm
+from templm.experiments.streaming import PRESETS as STREAM_PRESETS
 from templm.experiments.streaming import prepare_preset_data, stream_evaluation
-from templm.io import jsonable
+from templm.io import file_sha256, jsonable
 from templm.training import lm_trainer, partitioning
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -37,7 +43,8 @@ def runs(tmp_path_factory):
     for name in ("time_stratified", "control"):
         dirs[name] = str(root / name)
         bindings = TRAIN_BINDINGS + [f"MODEL_DIR = '{dirs[name]}'", f"CORPUS = '{data['corpus']}'",
-                                     f"SPLIT_DIR = '{data['split_dir']}'", f"SPM_MODEL = '{data['spm_model']}'"]
+                                     f"SPLIT_DIR = '{data['split_dir']}'",
+                                     f"SPM_MODEL = '{data['spm_models'][name]}'"]
         try:
             parse_gin([f"txl/{name}.gin", "txl/tiny.gin"], bindings)
             result = lm_trainer.train_lm(mesh=mesh)
@@ -58,7 +65,7 @@ def test_gin_configs_pick_the_splits_and_the_paper_model(runs):
     _, _, ctl = lm_trainer.load_lm(runs["control"])
     assert ts["split_file"].endswith("time_stratified_train.gz") and ctl["split_file"].endswith("control_train.gz")
     assert ts["model_config"]["d_model"] == 64 and ts["model_config"]["eval_mem_len"] == 128
-    assert ts["spm_sha256"] == ctl["spm_sha256"] and ts["data_order"] == "shuffle"
+    assert ts["spm_sha256"] != ctl["spm_sha256"] and ts["data_order"] == "shuffle"
     try:
         parse_gin(["txl/control.gin"], ["MODEL_DIR = '/m'", "CORPUS = '/c'", "SPLIT_DIR = '/s'", "SPM_MODEL = '/v'"])
         config = gin.query_parameter("templm.train_lm.config").scoped_selector
@@ -143,12 +150,56 @@ def test_bad_input_is_named_and_exits_non_zero(runs, tmp_path):
         assert not os.path.exists(tmp_path / name)  # nothing half-written
 
 
+def test_each_setup_has_a_tokenizer_trained_on_its_own_training_split(runs, tmp_path):
+    """The paper's per-setup SentencePiece models: TIME-STRATIFIED's is exactly the one its training split alone
+    gives (so no test-period text reaches it), CONTROL's the one of its split; the shared option trains one on both."""
+    files = runs["spm_models"]
+    for name in ("time_stratified", "control"):
+        ids = {doc_id for _, doc_id in read_split_file(os.path.join(runs["split_dir"], f"{name}_train.gz"))}
+        alone = train_spm((d for d in read_documents(runs["corpus"]) if d.id in ids), str(tmp_path / name),
+                          vocab_size=STREAM_PRESETS["tiny_test"].vocab_size, seed=5, exact_size=False)
+        assert file_sha256(alone) == file_sha256(files[name])
+    assert file_sha256(files["time_stratified"]) != file_sha256(files["control"])
+    shared = prepare_preset_data(str(tmp_path / "shared"), "tiny_test", seed=5, corpus=runs["corpus"],
+                                 shared_tokenizer=True)
+    assert shared["spm_models"]["time_stratified"] == shared["spm_models"]["control"]
+    assert file_sha256(shared["spm_model"]) not in {file_sha256(f) for f in files.values()}
+
+
+def test_runs_read_the_stream_with_their_own_tokenizers_and_compare_by_words(runs, tmp_path):
+    results = stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"], dynamic=[],
+                                min_test_count=3, topics=False, pos=False)
+    test_docs = read_split_documents(runs["corpus"], os.path.join(runs["split_dir"], "test.gz"))
+    tokens = {name: build_stream(test_docs, load_processor(runs["spm_models"][name])).n_targets
+              for name in ("time_stratified", "control")}
+    assert tokens["time_stratified"] != tokens["control"]
+    assert results["settings"]["n_tokens_by_run"] == tokens
+    for name, modes in results["runs"].items():
+        assert modes["static"]["overall"]["n_tokens"] == tokens[name]
+        assert modes["static"]["overall"]["n_words"] == results["settings"]["n_words"]
+    assert results["inputs"]["shared_tokenizer"] is False
+    assert results["inputs"]["spm_models"] == {k: os.path.abspath(v) for k, v in runs["spm_models"].items()}
+
+
 def test_models_with_different_vocabularies_or_no_out_dir_are_refused(runs, tmp_path):
     other_spm = tmp_path / "other.model"
-    with open(runs["spm_model"], "rb") as src, open(other_spm, "wb") as dst:
-        dst.write(src.read() + b"\n")  # another file: another SHA-256
+    spm_file = runs["spm_models"]["time_stratified"]
+    with open(spm_file, "rb") as src, open(other_spm, "wb") as dst:
+        original = src.read()
+        dst.write(original + b"\n")  # another file: another SHA-256
     with pytest.raises(DataError, match=f"{runs['time_stratified']}: .* one test stream must serve every model"):
         stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"], spm_model=str(other_spm))
+    with pytest.raises(DataError, match=f"{runs['control']}: .* one test stream must serve every model"):
+        stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"], spm_model=spm_file)
+    try:
+        with open(spm_file, "wb") as f:
+            f.write(original + b"\n")
+        with pytest.raises(DataError, match=f"{spm_file}: the time_stratified model's SentencePiece model has "
+                                            "changed since it was trained"):
+            stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"])
+    finally:
+        with open(spm_file, "wb") as f:
+            f.write(original)
     try:
         parse_gin(["txl/dynamic_eval.gin"], [f"TIME_STRATIFIED_DIR = '{runs['time_stratified']}'",
                                              "CONTROL_DIR = None"])
