@@ -7,7 +7,10 @@ Every layer raises these and nothing above them needs to be imported to catch th
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Tuple
+import contextlib
+import signal
+import threading
+from typing import Any, Iterator, Mapping, Optional, Tuple
 
 import gin
 
@@ -51,6 +54,38 @@ class Preempted(Exception):
         self.where = where
         self.step = step
         super().__init__(f"stopped by SIGTERM {where}: run the same command again to resume")
+
+
+# SIGTERM while work is watched: noted, so that the work stops at its next safe point. One note for all nested watches.
+_SIGTERM: dict = {"depth": 0, "received": False}
+
+
+@contextlib.contextmanager
+def watch_sigterm() -> Iterator[None]:
+    """Within it, SIGTERM does not kill the process but is noted: `sigterm_received()` says whether it arrived since
+    the outermost watch began. Watches nest (a study's stages around each model's training loop) and share that note,
+    so a signal that arrives between two trainings stops the next one at its first step. The previous handler is
+    back when the outermost watch ends. Outside the main thread (where no handler can be set) nothing is watched."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    outermost = _SIGTERM["depth"] == 0
+    previous = None
+    if outermost:
+        _SIGTERM["received"] = False
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: _SIGTERM.update(received=True))
+    _SIGTERM["depth"] += 1
+    try:
+        yield
+    finally:
+        _SIGTERM["depth"] -= 1
+        if outermost:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def sigterm_received() -> bool:
+    """Whether SIGTERM arrived since the outermost `watch_sigterm` began (False outside any)."""
+    return _SIGTERM["depth"] > 0 and bool(_SIGTERM["received"])
 
 
 def require_macros(function: str, values: Mapping[str, Tuple[str, Any]], allow_none: bool = False) -> None:

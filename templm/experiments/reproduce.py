@@ -41,7 +41,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -53,7 +52,7 @@ from templm import console
 from templm.data.readers import TemplamaReader
 from templm.data.task_data import TaskDataConfig, prepare_task_data, read_manifest
 from templm.data.world import WorldConfig
-from templm.errors import Preempted
+from templm.errors import Preempted, sigterm_received, watch_sigterm
 from templm.evaluation.checkpoint_eval import evaluate_params
 from templm.evaluation.future_probes import TextScorer, future_calibration, future_degradation, read_calibration
 from templm.evaluation.inference import ModelFns
@@ -570,19 +569,17 @@ def reproduce(preset: Union[str, Preset], out_dir: str, seed: int = 0,
     stages += [(f"extra: {stage.name}", lambda stage=stage: run.run_extra_stage(stage)) for stage in extra]
     # SIGTERM while a model trains: its loop saves and raises Preempted. Between trainings (evaluation, data): the
     # signal is noted and the run stops before the next stage. Either way nothing is written and a rerun resumes.
-    stop = {"signal": None}
-    previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: stop.update(signal=signum))
     try:
-        for name, fn in stages:
-            if stop["signal"] is not None:
-                raise Preempted(f"before the stage '{name}' (the models trained so far are saved in {out_dir})")
-            progress.start(name)
-            fn()
-            progress.end()
-        if stop["signal"] is not None:
-            raise Preempted(f"after the last stage (the models are saved in {out_dir})")
+        with watch_sigterm():
+            for name, fn in stages:
+                if sigterm_received():
+                    raise Preempted(f"before the stage '{name}' (the models trained so far are saved in {out_dir})")
+                progress.start(name)
+                fn()
+                progress.end()
+            if sigterm_received():
+                raise Preempted(f"after the last stage (the models are saved in {out_dir})")
     finally:
-        signal.signal(signal.SIGTERM, previous_handler)
         _restore_tasks(previous_data_dir)
     run.results["timing"] = {"stages": [[n, t] for n, t in progress.times.items()],
                              "models": [[n, t] for n, t in run.model_times.items()],

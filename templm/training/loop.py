@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import jax
@@ -26,7 +25,7 @@ import numpy as np
 from clu import metric_writers
 
 from templm import console
-from templm.errors import Preempted, TrainingError
+from templm.errors import Preempted, TrainingError, sigterm_received, watch_sigterm
 from templm.training.checkpoints import Checkpointer
 
 
@@ -73,16 +72,14 @@ def run(step_fn: Callable, state: Any, batch_at: Callable[[int], Mapping[str, ja
     and extra scalars the progress line shows. The caller closes `log` and `checkpointer`.
     """
     rate = console.Rate(train_steps, tokens_per_step, start_step)
-    stop = {"signal": None}
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.update(signal=signum))
     last_metrics: Optional[Dict[str, float]] = None
     step = start_step
-    try:
+    with watch_sigterm():
         while step < train_steps:
             state, metrics = step_fn(state, batch_at(step), rng)
             step += 1
             last = step == train_steps
-            stopping = stop["signal"] is not None  # read once: a signal arriving later is seen after the next step
+            stopping = sigterm_received()  # read once: a signal arriving later is seen after the next step
             save = checkpointer.should_save(step) or last or stopping
             if step % log_period == 0 or save:
                 metrics = jax.device_get(metrics)
@@ -101,6 +98,4 @@ def run(step_fn: Callable, state: Any, batch_at: Callable[[int], Mapping[str, ja
                 raise Preempted(f"at step {step} (checkpoint saved in {checkpointer.directory})", step)
             if evaluate is not None and eval_period and (step % eval_period == 0 or last):
                 evaluate(step, state)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     return state, last_metrics

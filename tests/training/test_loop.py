@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from templm.errors import Preempted, TrainingError
+from templm.errors import Preempted, TrainingError, sigterm_received, watch_sigterm
 from templm.training import loop
 from templm.training.checkpoints import Checkpointer, abstract_like
 
@@ -73,6 +73,21 @@ def test_sigterm_saves_then_raises_and_a_rerun_resumes(tmp_path):
     assert meta["train"]["loss"] == 6.0 and float(state["params"]) == 6.0
     resumed, _ = run(tmp_path, state, 5, start_step=3)
     assert float(resumed["params"]) == 15.0  # the same as a run that never stopped
+
+
+def test_sigterm_between_two_trainings_stops_the_next_one_at_its_first_step(tmp_path):
+    """A study watching SIGTERM around its stages (templm reproduce): a signal that arrives after one model's loop has
+    ended, before the next one starts, stops the next loop at its first step, not after all of its steps."""
+    previous = signal.getsignal(signal.SIGTERM)
+    with watch_sigterm():
+        state, _ = run(tmp_path / "first", zero_state(), 3)
+        assert float(state["params"]) == 6.0 and not sigterm_received()
+        os.kill(os.getpid(), signal.SIGTERM)  # between the two trainings: noted, not fatal
+        assert sigterm_received()
+        with pytest.raises(Preempted, match=r"at step 1 \("):
+            run(tmp_path / "second", zero_state(), 100)
+    assert signal.getsignal(signal.SIGTERM) is previous and not sigterm_received()
+    assert sorted(os.listdir(tmp_path / "second" / "checkpoints")) == ["1"]
 
 
 def test_a_nan_loss_stops_before_it_is_saved(tmp_path):
