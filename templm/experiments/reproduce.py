@@ -355,17 +355,25 @@ def _qa_summary(run: Reproduction, regime: str, templama, customnews, params: in
         "future_ppl": time_analysis.pooled_perplexity(customnews.metrics, run.future)}
 
 
+def _stop_if_asked(where: str) -> None:
+    """Raises Preempted when SIGTERM arrived: long evaluation stages stop between two models, not at their end."""
+    if sigterm_received():
+        raise Preempted(f"while evaluating {where} (the models trained so far are saved; nothing is reported)")
+
+
 def _stage_evaluate(run: Reproduction) -> None:
     run.configure(run.data_dir)
     fns = run.shared["fns"]
     evaluations = {}
     for regime in ("uniform", "temporal"):
+        _stop_if_asked(regime)
         model_fns = with_params(fns, run.params[regime])
         templama = evaluate_model(model_fns, f"templama_{regime}", run.lengths)
         customnews = evaluate_model(model_fns, f"customnews_ssm_{regime}", run.lengths)
         _qa_summary(run, regime, templama, customnews, run.params_count, run.preset.steps)
         evaluations[regime] = templama
         run.base_evaluations[regime] = {"templama": templama, "customnews": customnews}
+    _stop_if_asked("the yearly experts")
     router = YearRouter({year: run.params[f"yearly_{year}"] for year in run.seen})
     templama = evaluate_router(router, fns, "templama_uniform", run.lengths)
     customnews = evaluate_router(router, fns, "customnews_ssm_uniform", run.lengths)
@@ -378,6 +386,7 @@ def _stage_evaluate(run: Reproduction) -> None:
     experts: Dict[str, Dict[int, Any]] = {"templama": {}, "customnews": {}}
     expert_evaluations: Dict[str, Dict[str, Any]] = {"templama": {}, "customnews": {}}
     for year in run.seen:
+        _stop_if_asked(f"the {year} expert")
         for folder, task in (("templama", "templama_uniform"), ("customnews", "customnews_ssm_uniform")):
             evaluation = evaluate_model(with_params(fns, run.params[f"yearly_{year}"]), task, run.lengths)
             experts[folder][year] = {k: v for k, v in evaluation.metrics.items()
@@ -426,6 +435,7 @@ def _stage_future(run: Reproduction) -> None:
     years = list(range(last_seen + 1, last_seen + 1 + run.preset.calibration_years))
     run.results["degradation"], run.results["calibration"] = {}, {}
     for regime in ("uniform", "temporal"):
+        _stop_if_asked(f"the {regime} model's future years")
         run.results["degradation"][regime] = future_degradation(scorer, run.params[regime], regime, run.test_queries,
                                                                 last_seen, run.preset.max_gap)
         run.results["calibration"][regime] = future_calibration(scorer, run.params[regime], regime, calibration,
@@ -484,6 +494,7 @@ def _stage_adaptation(run: Reproduction) -> None:
                                            evaluate_on(f"templama_{regime}"), regime=regime, **kwargs)
         per_query = {folder: {"base": evaluation} for folder, evaluation in base_evaluations.items()}
         for alpha, r in runs.items():
+            _stop_if_asked(f"the {regime} model adapted with alpha {alpha}")
             name = f"adapt_alpha{alpha}" if regime == "temporal" else f"adapt_{regime}_alpha{alpha}"
             run.model_times[name] = r.pop("wall_s")
             for folder, evaluation in evaluations_of(r.pop("params"), regime).items():
