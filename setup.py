@@ -24,6 +24,10 @@ INSTALL_REQUIRES = [
     "sacremoses==0.2.0",
     "scikit-learn==1.9.1",
     "scipy==1.17.1",  # the statistical tests behind every finding (templm/metrics/statistics.py)
+    # The paper's corpus clean-up before splitting (templm/data/filters.py): datasketch's MinHash LSH finds
+    # near-duplicates, langid.py (an off-line identifier with its model inside) finds non-English documents.
+    "datasketch==2.0.0",
+    "langid==1.1.6",
     "matplotlib==3.11.2",
 ]
 

@@ -193,12 +193,23 @@ def _define_data_splits():
     flags.DEFINE_integer("heldout_per_year", 2000, "Yearly buckets: at most this many held-out documents a year.")
     flags.DEFINE_float("heldout_fraction", 0.1, "Yearly buckets: at most this share of a year held out.")
     flags.DEFINE_integer("seed", 0, "Sampling seed.")
+    flags.DEFINE_string("language", "en", "Leave out documents langid identifies as another language (ISO 639-1); "
+                        "empty: keep every language.")
+    flags.DEFINE_float("near_duplicate_threshold", 0.8, "Leave out a document whose word 5-gram Jaccard similarity "
+                       "with an earlier one reaches this (MinHash LSH); 0: keep near-duplicates.")
 
 
 def _main_data_splits():
+    from templm.data.filters import FilterConfig
     from templm.data.records import parse_date
     from templm.data.splits import make_splits, yearly_buckets
 
+    try:
+        clean = FilterConfig(language=FLAGS.language or None,
+                             near_duplicate_threshold=FLAGS.near_duplicate_threshold or None)
+    except ValueError as e:
+        flag = "--language" if "language" in str(e).split(" must")[0] else "--near_duplicate_threshold"
+        raise ConfigError(f"{flag}: {e}") from None
     summary = {}
     if FLAGS.cutoff:
         try:
@@ -208,13 +219,13 @@ def _main_data_splits():
         stats = make_splits(FLAGS.corpus, FLAGS.out, cutoff=cutoff, test_months=FLAGS.test_months,
                             validation_months=FLAGS.validation_months,
                             test_docs_per_month=FLAGS.test_docs_per_month, validation_docs=FLAGS.validation_docs,
-                            seed=FLAGS.seed, format=FLAGS.format, on_error=FLAGS.on_error)
+                            seed=FLAGS.seed, format=FLAGS.format, on_error=FLAGS.on_error, clean=clean)
         summary["splits"] = {k: v["documents"] for k, v in stats["splits"].items()}
         summary["control_train_test_period_share"] = stats["control_train_test_period_share"]
     if FLAGS.yearly:
         yearly = yearly_buckets(FLAGS.corpus, FLAGS.out, heldout_per_year=FLAGS.heldout_per_year,
                                 heldout_fraction=FLAGS.heldout_fraction, seed=FLAGS.seed, format=FLAGS.format,
-                                on_error=FLAGS.on_error)
+                                on_error=FLAGS.on_error, clean=clean)
         summary["yearly"] = yearly["years"]
     print(json.dumps(summary))
 

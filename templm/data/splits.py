@@ -38,6 +38,7 @@ import numpy as np
 from absl import logging
 
 from templm import console
+from templm.data.filters import DocumentFilter, FilterConfig
 from templm.data.readers import open_text, read_documents
 from templm.data.records import Document
 from templm.errors import DataError
@@ -84,6 +85,7 @@ class _Index:
     ids: np.ndarray            # object array of id strings, same order
     read: int                  # documents the reader yielded
     duplicates: int            # later documents whose id was already seen (dropped; the first one is kept)
+    filtered: Optional[dict] = None  # DocumentFilter.stats(): what the clean-up removed, with its settings
 
     def __len__(self) -> int:
         return len(self.dates)
@@ -95,26 +97,37 @@ class _Index:
         return lo, max(lo, hi)
 
 
-def _index_corpus(corpus_path: str, format: str, on_error: str) -> _Index:
-    """One streaming pass over the corpus keeping only (date, id) of each document."""
+def _index_corpus(corpus_path: str, format: str, on_error: str,
+                  doc_filter: Optional[DocumentFilter] = None) -> _Index:
+    """One streaming pass over the corpus keeping only (date, id) of each document that `doc_filter` keeps (a
+    repeated id is left to the duplicate-id rule below, unfiltered)."""
     reader = read_documents(corpus_path, format=format, on_error=on_error)
     ordinals = array.array("i")
     ids: List[str] = []
+    seen = set() if doc_filter is not None else None
+    n_read = 0
     start = last_log = time.monotonic()
     for doc in reader:
         doc_id = doc.id
+        n_read += 1
         if "\t" in doc_id or "\n" in doc_id or "\r" in doc_id:
-            raise DataError(f"document #{len(ids) + 1} has id {doc_id!r}: a split file cannot hold an id with a "
+            raise DataError(f"document #{n_read} has id {doc_id!r}: a split file cannot hold an id with a "
                             "tab or a line break", reader.path)
+        if seen is not None:
+            if doc_id not in seen:
+                seen.add(doc_id)
+                if doc_filter.reason(doc) is not None:
+                    continue
         ordinals.append(doc.date.toordinal())
         ids.append(doc_id)
         now = time.monotonic()
         if now - last_log >= 30.0:
             last_log = now
-            console.say(f"{reader.path}: indexed {len(ids)} documents ({len(ids) / (now - start):.0f}/s)")
+            console.say(f"{reader.path}: indexed {n_read} documents ({n_read / (now - start):.0f}/s)")
     n = len(ids)
     if n == 0:
-        raise DataError("no documents", reader.path)
+        raise DataError("no documents" + (f" left of {n_read} after the clean-up {doc_filter.stats()}" if n_read
+                                          else ""), reader.path)
     dates = np.frombuffer(ordinals, dtype=np.int32).copy()
     del ordinals
     id_array = np.empty(n, dtype=object)
@@ -137,7 +150,20 @@ def _index_corpus(corpus_path: str, format: str, on_error: str) -> _Index:
         console.warn(f"{reader.path}: {duplicates} document(s) repeat an earlier id; only the first occurrence of "
                      "each id is used")
     logging.info("%s: indexed %d documents in %.1fs", reader.path, n, time.monotonic() - start)
-    return _Index(dates=dates[order], ids=id_array[order], read=n, duplicates=duplicates)
+    if doc_filter is not None and sum(doc_filter.removed.values()):
+        removed = doc_filter.removed
+        parts = ([f"{removed['other_language']} document(s) not in {doc_filter.config.language!r}"]
+                 if removed["other_language"] else []) + \
+            ([f"{removed['near_duplicate']} near-duplicate(s)"] if removed["near_duplicate"] else [])
+        console.say(f"{reader.path}: left out " + " and ".join(parts) + " (stats.json, \"cleaned\")")
+    return _Index(dates=dates[order], ids=id_array[order], read=n_read, duplicates=duplicates,
+                  filtered=doc_filter.stats() if doc_filter is not None else None)
+
+
+def _document_filter(clean: Optional[FilterConfig]) -> Optional[DocumentFilter]:
+    if clean is not None and not isinstance(clean, FilterConfig):
+        raise ValueError(f"clean must be a templm.data.filters.FilterConfig or None, got {clean!r}")
+    return DocumentFilter(clean) if clean is not None and clean.active else None
 
 
 def _sample(rng: np.random.Generator, lo: int, hi: int, size: int) -> np.ndarray:
@@ -264,7 +290,7 @@ def _check_positive(name: str, value: int, minimum: int = 1) -> None:
 def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime.date(2017, 9, 30),
                 test_months: int = 24, validation_months: int = 3, test_docs_per_month: int = 1000,
                 validation_docs: Optional[int] = None, seed: int = 0, format: str = "auto",
-                on_error: str = "raise") -> dict:
+                on_error: str = "raise", clean: Optional[FilterConfig] = FilterConfig()) -> dict:
     """Writes the TIME-STRATIFIED and CONTROL splits of a corpus and returns their statistics.
 
     Args:
@@ -280,12 +306,15 @@ def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime
       seed: every sample comes from numpy Generators seeded with it; the same seed gives byte-identical files.
       format: corpus format, one of `templm.data.FORMATS` or "auto".
       on_error: "raise" (default) or "skip" bad corpus lines, as in `read_documents`.
+      clean: the paper's clean-up before splitting (templm.data.filters): documents in another language than
+        English and near-duplicates of an earlier document are left out of every split. None: none.
 
     Returns:
       The statistics written to stats.json: `splits` (per split: documents, first_date, last_date), `periods`
       (first/last day of the train, validation and test periods), `test_per_month`,
       `control_train_test_period_documents` and `control_train_test_period_share` (fraction of CONTROL train dated in
-      the test period), the settings, and corpus counts (`corpus_documents`, `duplicates_dropped`, first/last date).
+      the test period), the settings, and corpus counts (`corpus_documents`, `duplicates_dropped`, first/last date,
+      and `cleaned`: what the clean-up removed, per reason, with its settings; None without one).
 
     Raises:
       DataError (naming the corpus) if it has no document on or before the cut-off, none in the validation window or
@@ -309,7 +338,7 @@ def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime
     month_starts = [add_months(test_first, k) for k in range(test_months + 1)]
     test_last = month_starts[-1] - datetime.timedelta(days=1)
 
-    index = _index_corpus(corpus_path, format, on_error)
+    index = _index_corpus(corpus_path, format, on_error, _document_filter(clean))
     corpus_span = f"the corpus spans {_iso(index.dates[0])}..{_iso(index.dates[-1])}"
 
     # TIME-STRATIFIED train: everything up to the cut-off.
@@ -380,6 +409,7 @@ def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime
         "validation_docs": int(validation_docs),
         "corpus_documents": index.read,
         "duplicates_dropped": index.duplicates,
+        "cleaned": index.filtered,
         "corpus_first_date": _iso(index.dates[0]),
         "corpus_last_date": _iso(index.dates[-1]),
         "periods": {
@@ -410,7 +440,8 @@ def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime
 
 
 def yearly_buckets(corpus_path: str, out_dir: str, heldout_per_year: int = 2000, heldout_fraction: float = 0.1,
-                   seed: int = 0, format: str = "auto", on_error: str = "raise") -> dict:
+                   seed: int = 0, format: str = "auto", on_error: str = "raise",
+                   clean: Optional[FilterConfig] = FilterConfig()) -> dict:
     """Groups a corpus by year, holding out documents of each year for validation and test (time-aware T5 side).
 
     Each year Y holds out `min(heldout_per_year, floor(heldout_fraction * n_Y))` documents drawn at random (seeded by
@@ -428,7 +459,7 @@ def yearly_buckets(corpus_path: str, out_dir: str, heldout_per_year: int = 2000,
     corpus_path = os.fspath(corpus_path)
     out_dir = os.fspath(out_dir)
 
-    index = _index_corpus(corpus_path, format, on_error)
+    index = _index_corpus(corpus_path, format, on_error, _document_filter(clean))
     first_year = datetime.date.fromordinal(int(index.dates[0])).year
     last_year = datetime.date.fromordinal(int(index.dates[-1])).year
     years: Dict[str, dict] = {}
@@ -455,6 +486,7 @@ def yearly_buckets(corpus_path: str, out_dir: str, heldout_per_year: int = 2000,
         "heldout_fraction": float(heldout_fraction),
         "corpus_documents": index.read,
         "duplicates_dropped": index.duplicates,
+        "cleaned": index.filtered,
         "years": years,
     }
     stats = _load_stats(out_dir)

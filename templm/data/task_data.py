@@ -34,6 +34,7 @@ from absl import logging
 from templm.data.readers import TemplamaReader, read_documents
 from templm.data.records import Document
 from templm.data.salient_spans import BuiltinEntityDetector, cloze_to_ssm, make_entity_detector, ssm_examples
+from templm.data.filters import FilterConfig
 from templm.data.splits import read_split_file, yearly_buckets
 from templm.data.vocab import train_spm
 from templm.data.world import WorldConfig, generate_world
@@ -62,6 +63,7 @@ class TaskDataConfig:
     heldout_fraction: float = 0.1
     future_years: int = 2  # the last N years are the "future" slice; the rest are "seen"
     seed: int = 0
+    clean: Optional[FilterConfig] = FilterConfig()  # other languages and near-duplicates out (None: keep all)
 
 
 def _tf():
@@ -129,7 +131,8 @@ def _prepare(config: TaskDataConfig, root: str) -> dict:
         corpus, fmt = os.path.join(root, "world", "news.jsonl"), "jsonl"
         templama_dir = templama_dir or os.path.join(root, "world", "templama")
     buckets = yearly_buckets(corpus, os.path.join(root, "splits"), heldout_per_year=config.heldout_per_year,
-                             heldout_fraction=config.heldout_fraction, seed=config.seed, format=fmt)
+                             heldout_fraction=config.heldout_fraction, seed=config.seed, format=fmt,
+                             clean=config.clean)
     years = sorted(int(y) for y in buckets["years"])
     split_of = _split_of_documents(os.path.join(root, "splits"), years)
     logging.info("task data: %d years (%d-%d), %d held-out documents", len(years), years[0], years[-1],

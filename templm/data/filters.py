@@ -1,0 +1,134 @@
+"""The corpus clean-up "Mind the Gap" applies before splitting: non-English documents and near-duplicates out.
+
+`DocumentFilter` looks at each document once, in the corpus's order, and says why it drops it, if it does:
+
+* "other_language": langid.py (Lui and Baldwin's off-line language identifier, 97 languages) names another language
+  than `language` for the document's first `language_chars` characters. Shorter documents than `min_language_chars`
+  are kept unchecked (identification on a few words is noise) and counted.
+* "near_duplicate": the Jaccard similarity of its word `shingle_words`-grams with a document kept earlier reaches
+  `near_duplicate_threshold`: datasketch's MinHash LSH (`num_perm` permutations, seeded) proposes the candidates and
+  their MinHash estimate of the similarity decides. The first of a group is kept, so in a corpus in date order the
+  earliest copy stays and later copies go, wherever the cut-off falls between them. Memory: each kept document's
+  signature (4 bytes a permutation) and its LSH band keys.
+
+Its `stats()` go to stats.json, so a split records what was removed and with which settings.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from templm.data.records import Document
+
+REASONS = ("other_language", "near_duplicate")
+_WORD = re.compile(r"\w+", re.UNICODE)
+_IDENTIFIER: Dict[str, Any] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class FilterConfig:
+    """What `DocumentFilter` removes. `language` None: no language check; `near_duplicate_threshold` None: no
+    near-duplicate check."""
+
+    language: Optional[str] = "en"
+    min_language_chars: int = 200
+    language_chars: int = 2000
+    near_duplicate_threshold: Optional[float] = 0.8
+    shingle_words: int = 5
+    num_perm: int = 128
+    seed: int = 1
+
+    def __post_init__(self):
+        if self.language is not None:
+            languages = _identifier().nb_classes
+            if self.language not in languages:
+                raise ValueError(f"language must be one of langid's ISO 639-1 codes ({', '.join(sorted(languages))})"
+                                 f", got {self.language!r}")
+        threshold = self.near_duplicate_threshold
+        if threshold is not None and not (isinstance(threshold, (int, float)) and 0.0 < threshold < 1.0):
+            raise ValueError(f"near_duplicate_threshold must be in (0, 1) (MinHash LSH cannot band for 1) or None, "
+                             f"got {threshold!r}")
+        for name in ("min_language_chars", "language_chars", "shingle_words", "num_perm"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < (0 if name == "min_language_chars"
+                                                                                  else 1):
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+
+    @property
+    def active(self) -> bool:
+        return self.language is not None or self.near_duplicate_threshold is not None
+
+
+def _identifier():
+    """langid's identifier with normalised probabilities, loaded once (unpacking its model takes about a second)."""
+    if "langid" not in _IDENTIFIER:
+        from langid import langid
+
+        _IDENTIFIER["langid"] = langid.LanguageIdentifier.from_modelstring(langid.model, norm_probs=True)
+    return _IDENTIFIER["langid"]
+
+
+def shingles(text: str, n: int) -> set:
+    """The word n-grams of a text (lower-cased \\w+ words), as bytes; a text of fewer words is one shingle."""
+    words = _WORD.findall(text.lower())
+    if len(words) <= n:
+        return {" ".join(words).encode("utf-8")}
+    return {" ".join(words[i:i + n]).encode("utf-8") for i in range(len(words) - n + 1)}
+
+
+class DocumentFilter:
+    """Decides, document by document in the corpus's order, which to drop (module docstring)."""
+
+    def __init__(self, config: FilterConfig = FilterConfig()):
+        self.config = config
+        self.removed = {reason: 0 for reason in REASONS}
+        self.languages_removed: collections.Counter = collections.Counter()
+        self.language_unchecked = 0
+        self._kept = 0
+        self._signatures: List[np.ndarray] = []
+        self._lsh = None
+        if config.near_duplicate_threshold is not None:
+            from datasketch import MinHashLSH
+
+            self._lsh = MinHashLSH(threshold=float(config.near_duplicate_threshold), num_perm=config.num_perm)
+
+    def reason(self, doc: Document) -> Optional[str]:
+        """None to keep `doc` (and remember it for the near-duplicate check), else why it is dropped."""
+        c = self.config
+        if c.language is not None:
+            if len(doc.text) < c.min_language_chars:
+                self.language_unchecked += 1
+            else:
+                language, _ = _identifier().classify(doc.text[:c.language_chars])
+                if language != c.language:
+                    self.removed["other_language"] += 1
+                    self.languages_removed[language] += 1
+                    return "other_language"
+        if self._lsh is not None:
+            from datasketch import MinHash
+
+            signature = MinHash(num_perm=c.num_perm, seed=c.seed)
+            signature.update_batch(sorted(shingles(doc.text, c.shingle_words)))
+            similarity = max((float(np.mean(self._signatures[k] == signature.hashvalues))
+                              for k in self._lsh.query(signature)), default=0.0)
+            if similarity >= c.near_duplicate_threshold:
+                self.removed["near_duplicate"] += 1
+                return "near_duplicate"
+            self._lsh.insert(len(self._signatures), signature, check_duplication=False)
+            self._signatures.append(signature.hashvalues.astype(np.uint32))
+        self._kept += 1
+        return None
+
+    def stats(self) -> Dict[str, Any]:
+        c = self.config
+        return {"language": c.language, "min_language_chars": c.min_language_chars,
+                "language_chars": c.language_chars, "near_duplicate_threshold": c.near_duplicate_threshold,
+                "shingle_words": c.shingle_words, "num_perm": c.num_perm, "seed": c.seed,
+                "other_language_removed": self.removed["other_language"],
+                "languages_removed": dict(self.languages_removed.most_common()),
+                "language_unchecked_short": self.language_unchecked,
+                "near_duplicates_removed": self.removed["near_duplicate"], "kept": self._kept}
