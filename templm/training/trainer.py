@@ -26,10 +26,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import seqio
 from absl import logging
 
 import tasks  # noqa: F401  (registers the SeqIO tasks the configs name; its gin configurable sets the data folder)
 from templm.errors import ConfigError, DataError, require_macros
+from templm.io import file_sha256
 from templm.models.t5 import EncoderDecoderModel, T5Config, load_hf_checkpoint
 from templm.training import loop, partitioning, state as train_state
 from templm.training.checkpoints import Checkpointer, abstract_like, load_params
@@ -108,11 +110,44 @@ def init_state(model, tx, lengths: Mapping[str, int], seed: int, mesh, rules, in
     return train_state.train_state(params, tx, mesh)
 
 
-def initial_params(path: str):
-    """Parameters from a templm (orbax) checkpoint folder or a Hugging Face T5 checkpoint (config.json)."""
+def initial_params(path: str, model: Any = None, vocabulary: Any = None):
+    """Parameters from a templm (orbax) checkpoint folder or a Hugging Face T5 checkpoint folder (config.json +
+    model.safetensors, e.g. the public T5 v1.1 and closed-book QA checkpoints the paper starts from).
+
+    With `model`, every parameter must be the model's, of its shape: a DataError names the checkpoint, the first
+    parameters that differ and, for a Hugging Face folder, its sizes (bind the model gin of that size). With the
+    tasks' `vocabulary` and a Hugging Face folder that holds its spiece.model, the tasks must read text with that
+    SentencePiece model (TEMPLM_VOCABULARY=<folder>/spiece.model): a ConfigError otherwise, since the weights only
+    mean something with the ids they were trained on.
+    """
+    hf_config = None
     if os.path.exists(os.path.join(path, "config.json")):
-        return load_hf_checkpoint(path)[1]
-    return load_params(path)[0]
+        hf_config, params = load_hf_checkpoint(path)
+        spiece = os.path.join(path, "spiece.model")
+        if vocabulary is not None and os.path.exists(spiece):
+            vocabulary.sp_model  # noqa: B018  (a prepared vocabulary builds its file on first use)
+            used = getattr(vocabulary, "sentencepiece_model_file", None)
+            if used is None or file_sha256(used) != file_sha256(spiece):
+                raise ConfigError(f"INITIAL_CHECKPOINT_PATH {path} was trained with {spiece}, but the tasks read "
+                                  f"text with {used}: set TEMPLM_VOCABULARY={spiece} (tasks.configure("
+                                  "vocabulary_path=...)) so that the ids mean what the weights learnt")
+    else:
+        params = load_params(path)[0]
+    if model is not None:
+        want = {jax.tree_util.keystr(k): tuple(v.shape)
+                for k, v in jax.tree_util.tree_leaves_with_path(model.abstract_init())}
+        got = {jax.tree_util.keystr(k): tuple(np.shape(v)) for k, v in jax.tree_util.tree_leaves_with_path(params)}
+        differ = [f"{name}: checkpoint {got.get(name, 'missing')}, model {want.get(name, 'missing')}"
+                  for name in sorted(set(want) | set(got)) if got.get(name) != want.get(name)]
+        if differ:
+            sizes = "" if hf_config is None else (
+                f" (the checkpoint: emb_dim {hf_config.emb_dim}, {hf_config.num_encoder_layers}+"
+                f"{hf_config.num_decoder_layers} layers, {hf_config.num_heads} heads, mlp_dim {hf_config.mlp_dim}, "
+                f"vocab_size {hf_config.vocab_size})")
+            raise DataError(f"the checkpoint does not fit the model{sizes}: {len(differ)} parameter(s) differ, e.g. "
+                            + "; ".join(differ[:3]) + ". Bind the model of the checkpoint's size "
+                            "(gin_configs/models/t5_1_1_*.gin)", path)
+    return params
 
 
 @gin.configurable(module="templm", denylist=["mesh", "evaluator", "progress"])
@@ -157,7 +192,8 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
             # --- Model and sharded init: parameters are created already laid out on the mesh. -------------------
             loaded = None
             if initial_checkpoint_path and checkpointer.latest_step() is None:
-                loaded = initial_params(initial_checkpoint_path)
+                vocabulary = seqio.get_mixture_or_task(mixture_or_task_name).output_features["inputs"].vocabulary
+                loaded = initial_params(initial_checkpoint_path, model, vocabulary)
                 logging.info("initialised from %s", initial_checkpoint_path)
             state, state_shardings = init_state(model, tx, lengths, seed, mesh, rules, loaded)
 

@@ -2,8 +2,10 @@
 and two processes agree; shardings follow the rules; kill -9 and resume is bitwise exact; SIGTERM saves, exits with
 the preemption status and a rerun resumes; a NaN stops with the last good checkpoint intact."""
 
+import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,9 +23,9 @@ import tasks
 from templm.cli import parse_gin
 from templm.data.task_data import TaskDataConfig
 from templm.data.world import WorldConfig
-from templm.errors import EXIT_PREEMPTED, TrainingError
+from templm.errors import EXIT_PREEMPTED, ConfigError, DataError, TrainingError
 import templm.evaluation.checkpoint_eval  # noqa: F401  (registers the configurables base.gin binds)
-from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel
+from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, save_hf_checkpoint
 from templm.training import partitioning, trainer
 from templm.training.checkpoints import load_params
 
@@ -96,6 +98,30 @@ def test_one_device_and_a_4x2_mesh_agree_and_shardings_follow_the_rules(data_dir
     shard = params["token_embedder"]["embedding"].addressable_shards[0]
     assert shard.data.shape[0] * 2 == params["token_embedder"]["embedding"].shape[0]
     assert single["params"]["token_embedder"]["embedding"].sharding.spec in (P("model", None), P())
+
+
+def test_training_starts_from_a_hugging_face_checkpoint_of_its_size_and_vocabulary(trained, data_dir, tmp_path):
+    """INITIAL_CHECKPOINT_PATH on a Hugging Face folder (as the public T5 checkpoints): a run starts from exactly its
+    weights; a checkpoint of another size, or one whose spiece.model is not the tasks' vocabulary, is refused."""
+    model_dir, _ = trained
+    exported = load_params(os.path.join(model_dir, "checkpoints"))[0]
+    hf = tmp_path / "hf"
+    save_hf_checkpoint(exported, T5_1_1_CONFIGS["tiny"], str(hf))
+    shutil.copy(os.path.join(data_dir, "spm", "vocab.model"), hf / "spiece.model")
+    result = _train(tmp_path / "from_hf", 1, optimizer=optax.sgd(0.0), initial_checkpoint_path=str(hf))
+    for got, want in zip(jax.tree.leaves(result["params"]), jax.tree.leaves(exported)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+    wider = dataclasses.replace(T5_1_1_CONFIGS["tiny"], emb_dim=96)
+    zeros = jax.tree.map(lambda x: np.zeros(x.shape, np.float32), EncoderDecoderModel(wider).abstract_init())
+    save_hf_checkpoint(zeros, wider, str(tmp_path / "wider"))
+    with pytest.raises(DataError, match=r"wider: the checkpoint does not fit the model \(the checkpoint: emb_dim 96"):
+        trainer.initial_params(str(tmp_path / "wider"), _model())
+    vocabulary = tasks.current()["vocabulary"]
+    with open(hf / "spiece.model", "ab") as f:
+        f.write(b"\n")  # another SentencePiece file than the tasks'
+    with pytest.raises(ConfigError, match=f"set TEMPLM_VOCABULARY={hf / 'spiece.model'}"):
+        trainer.initial_params(str(hf), _model(), vocabulary)
 
 
 def test_microbatches_give_the_same_updates(data_dir, tmp_path):
