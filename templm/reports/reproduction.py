@@ -66,19 +66,30 @@ def _years_text(years: Sequence[Any]) -> str:
 # Markdown.
 
 
+def _count(value: Any) -> str:
+    """A count as text: whole numbers as they are, a mean over seeds to one decimal."""
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:,.1f}"
+    return f"{int(value):,}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
 def _section_run(results) -> str:
     world = results.get("world", {})
+
+    def count(key, *more):
+        return _count(lookup(world, key, *more, default="n/a"))
+
     lines = ["## The run", "",
              f"- preset `{results.get('preset')}`, seed {results.get('seed')}",
-             f"- world: {world.get('documents', 'n/a')} news documents, {world.get('entities', 'n/a')} entities, "
-             f"{world.get('facts', 'n/a')} facts, {world.get('templama_queries', 'n/a')} TempLAMA queries "
-             f"({lookup(world, 'templama_splits', 'test', default='n/a')} test); "
-             f"{world.get('subjects_per_relation', 'n/a')} subjects per relation, "
-             f"{world.get('docs_per_month', 'n/a')} documents a month",
+             f"- world: {count('documents')} news documents, {count('entities')} entities, {count('facts')} facts, "
+             f"{count('templama_queries')} TempLAMA queries ({count('templama_splits', 'test')} test); "
+             f"{count('subjects_per_relation')} subjects per relation, {count('docs_per_month')} documents a month",
              f"- years {_years_text(world.get('years', []))}: seen (training) "
              f"{_years_text(world.get('seen_years', []))}, future {_years_text(world.get('future_years', []))}",
-             f"- training examples: {world.get('customnews_train_examples', 'n/a')} CustomNews SSM, "
-             f"{world.get('templama_train_examples', 'n/a')} TempLAMA (mixed 1000:1)"]
+             f"- training examples: {count('customnews_train_examples')} CustomNews SSM, "
+             f"{count('templama_train_examples')} TempLAMA (mixed 1000:1)"]
+    if any(isinstance(v, float) and not v.is_integer() for v in world.values()):
+        lines[-3] += " (means over the seeds)"
     mc, config = results.get("model_config") or {}, results.get("config") or {}
     if mc:
         lines.append(f"- model: T5 v1.1, {mc['num_encoder_layers']} encoder + {mc['num_decoder_layers']} decoder "
@@ -91,7 +102,8 @@ def _section_run(results) -> str:
     rows = [[name, m.get("regime", ""), f"{m.get('params', 0):,}", m.get("steps", ""), m.get("batch_size", ""),
              m.get("init", ""), _num(m.get("train_loss"), 3)] for name, m in models.items()]
     lines += ["Models (T5 v1.1 architecture):", "",
-              markdown_table(["model", "regime", "parameters", "steps", "batch", "initialised from", "final train loss"], rows)]
+              markdown_table(["model", "regime", "parameters", "steps", "batch", "initialised from",
+                              "final train loss"], rows)]
     return "\n".join(lines)
 
 
@@ -144,8 +156,8 @@ def _section_yearly(results) -> str:
             lines.append(f"{label}: F1 at gap 0 {_num(f.get('f1_gap0'))}, at other gaps {_num(f.get('f1_other_gaps'))}"
                          f", least-squares slope against |gap| {_num(f.get('slope_per_year'))} F1 per year.")
     found = lookup(results, "findings", "yearly_falloff", default={}) or {}
-    sides = [(label, part.get("sides") or {}) for label, part in (("TempLAMA", found), ("CustomNews",
-                                                                                         found.get("customnews") or {}))]
+    parts = (("TempLAMA", found), ("CustomNews", found.get("customnews") or {}))
+    sides = [(label, part.get("sides") or {}) for label, part in parts]
     side_rows = [[label, side, _num(r.get("effect")), f"[{_num((r.get('interval') or [None])[0])}, "
                   f"{_num((r.get('interval') or [None, None])[1])}]", r.get("verdict", "")]
                  for label, parts in sides for side, r in parts.items()]
@@ -167,7 +179,8 @@ def _section_duration(results) -> str:
                       "Seen-year test queries grouped by how many years the fact of their (first) answer lasts: "
                       "the run of consecutive years through the query's year in which that answer holds for the "
                       "subject and relation; F1 (queries).", "",
-                      markdown_table(["model"] + [f"{b} year{'s' if b != '1' else ''}" for b in DURATION_BUCKETS], rows),
+                      markdown_table(["model"] + [f"{b} year{'s' if b != '1' else ''}" for b in DURATION_BUCKETS],
+                                     rows),
                       "", "![F1 by answer duration](figures/answer_duration.png)"])
 
 

@@ -15,7 +15,8 @@ from templm.reports import reproduction as report
 from templm.reports.tables import Estimate, finding_line
 
 FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "reproduce_results.json")
-SECTIONS = ["# templm reproduction", "## The run", "## Expected findings", "## TempLAMA F1 and CustomNews F1 and perplexity",
+SECTIONS = ["# templm reproduction", "## The run", "## Expected findings",
+            "## TempLAMA F1 and CustomNews F1 and perplexity",
             "## Yearly experts by year gap", "## F1 by how long the answer stays valid",
             "## Degradation into the future", "## Calibration on future relations", "## Adaptation to a new year",
             "## Timing"]
@@ -109,6 +110,7 @@ def test_a_report_over_seeds_shows_means_intervals_and_each_seed(results, tmp_pa
     other = copy.deepcopy(results)
     other["seed"] = 1
     other["regimes"]["temporal"]["templama"]["seen_f1"] += 4.0
+    other["world"]["facts"] += 1  # a count that differs between the seeds: its mean ends in .5
     for found in other["findings"].values():
         if found.get("effect") is not None:
             found["effect"] += 1.0
@@ -120,6 +122,8 @@ def test_a_report_over_seeds_shows_means_intervals_and_each_seed(results, tmp_pa
     t = results["regimes"]["temporal"]["templama"]["seen_f1"]
     assert "| Temporal |" in text and f"{t + 2.0:.2f} [" in text  # the mean over the seeds, with its interval
     assert "one-sample t-test over the per-seed effects (2 seeds)" in text
+    facts = results["world"]["facts"]
+    assert f"{facts + 0.5:,.1f} facts" in text and "(means over the seeds)" in text
     for seed in ("0", "1"):
         assert (tmp_path / f"seed_{seed}" / "report.md").exists()
     assert sorted(os.listdir(tmp_path / "figures")) == sorted(f"{name}.png" for name in report.FIGURES)
