@@ -50,7 +50,8 @@ from templm.errors import ConfigError, DataError, require_macros
 from templm.evaluation import dynamic_eval
 from templm.evaluation.stream_eval import evaluate_stream
 from templm.io import file_sha256, write_json
-from templm.metrics.stream import perplexity, stream_findings, stream_results, summarize, word_log_probs
+from templm.metrics.stream import (CONTROL_TOKENIZER_RUN, perplexity, stream_findings, stream_results, summarize,
+                                   tokenizer_comparison, word_log_probs)
 from templm.models.transformer_xl import TransformerXLConfig
 from templm.training.lm_trainer import load_lm, train_lm
 
@@ -142,7 +143,8 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
                       dynamic: Sequence[Mapping[str, Any]] = DEFAULT_DYNAMIC, dynamic_on_control: bool = False,
                       ms_segments: int = 64, train_count_documents: Optional[int] = None, min_test_count: int = 50,
                       emerging_ratio: float = 5.0, n_topics: int = 10, topics: bool = True, pos: bool = True,
-                      corpus_format: str = "auto", seed: int = 0, step: Optional[int] = None) -> Dict[str, Any]:
+                      corpus_format: str = "auto", seed: int = 0, step: Optional[int] = None,
+                      extra_dirs: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
     """Streaming evaluation of a TIME-STRATIFIED (and a CONTROL) checkpoint; writes out_dir/results.json.
 
     Args:
@@ -168,6 +170,9 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
       train_count_documents: count training words (Moses) on a seeded sample of this many training documents
         (None: all).
       min_test_count, emerging_ratio, n_topics, topics, pos: the analyses' settings (metrics.stream.stream_results).
+      extra_dirs: {name: run folder} of more runs scored statically on the same stream, each with its own tokenizer;
+        one named "time_stratified_control_tokenizer" (TIME-STRATIFIED trained with CONTROL's tokenizer) adds the
+        paper's outdated-tokenizer comparison (Appendix E) as results["tokenizer_comparison"].
 
     Returns the results dict (as results.json) with "files": {"results.json": its path}.
     Raises DataError naming the file for a missing split file, ids missing from the corpus, a SentencePiece model
@@ -188,6 +193,10 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
     runs_dirs = {"time_stratified": time_stratified_dir}
     if control_dir:
         runs_dirs["control"] = control_dir
+    for name, path in (extra_dirs or {}).items():
+        if name in runs_dirs:
+            raise ConfigError(f"stream_evaluation.extra_dirs: {name!r} is taken by the TIME-STRATIFIED or CONTROL run")
+        runs_dirs[name] = path
     loaded = {name: load_lm(path, step) for name, path in runs_dirs.items()}
     ts_meta = loaded["time_stratified"][2]
     corpus = corpus or ts_meta["corpus"]
@@ -247,7 +256,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
                                                seg_len=seg_len, mem_len=mem_len)}
         timings[f"{name}/static"] = time.time() - t0
         done(name, "static")
-        if name != "time_stratified" and not dynamic_on_control:
+        if not (name == "time_stratified" or (name == "control" and dynamic_on_control)):
             continue
         ms = None
         validation = None if validation_docs is None else build_stream(validation_docs, processors[name])
@@ -297,6 +306,9 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
                                                     else None),
                           "chosen": chosen}
     results["findings"] = stream_findings(results)
+    comparison = tokenizer_comparison(results)
+    if comparison is not None:
+        results["tokenizer_comparison"] = comparison
     results["timings_sec"] = {**timings, "total": time.time() - started}
     os.makedirs(out_dir, exist_ok=True)
     results["files"] = {"results.json": write_json(os.path.join(out_dir, "results.json"), results)}
@@ -407,8 +419,8 @@ def prepare_preset_data(out_dir: str, preset: str = "tiny_test", seed: int = 0,
 
 
 def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus: Optional[str] = None,
-                          preset: str = "smoke", seed: int = 0, mesh=None,
-                          shared_tokenizer: bool = False) -> Dict[str, Any]:
+                          preset: str = "smoke", seed: int = 0, mesh=None, shared_tokenizer: bool = False,
+                          compare_tokenizers: bool = False) -> Dict[str, Any]:
     """The streaming-perplexity experiment end to end; a stage of `templm reproduce`.
 
     Args:
@@ -423,6 +435,8 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
       mesh: device mesh for training (default: all devices along the data axis).
       shared_tokenizer: one SentencePiece model for both setups, trained on both training splits, instead of the
         paper's one per setup (see prepare_stream_data).
+      compare_tokenizers: also train TIME-STRATIFIED with CONTROL's tokenizer (time_stratified_control_tokenizer/)
+        and score it, for the paper's outdated-tokenizer comparison (Appendix E; per-setup tokenizers only).
 
     The cut-off is 2017-12-31: TIME-STRATIFIED trains on 2010-2017, validation is 2018-01..03 and the test stream is
     the 24 months 2018-04..2020-03; CONTROL trains on as many documents, the most recent ones up to 2020-03
@@ -447,11 +461,16 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
     timings["data"] = time.time() - t0
     console.say(f"stream experiment: data ready in {data['split_dir']} ({timings['data']:.1f}s)")
 
+    if compare_tokenizers and shared_tokenizer:
+        raise ValueError("compare_tokenizers needs the per-setup tokenizers (shared_tokenizer=False)")
     config = TransformerXLConfig(vocab_size=p.vocab_size, **p.model)
-    for name, split in (("time_stratified", "time_stratified_train"), ("control", "control_train")):
+    setups = [("time_stratified", "time_stratified_train", "time_stratified"), ("control", "control_train", "control")]
+    if compare_tokenizers:
+        setups.append((CONTROL_TOKENIZER_RUN, "time_stratified_train", "control"))
+    for name, split, tokenizer in setups:
         t0 = time.time()
         train_lm(os.path.join(out_dir, name), data["corpus"], split_dir=data["split_dir"], split=split,
-                 spm_model=data["spm_models"][name], config=config, train_steps=p.train_steps, batch_size=p.batch_size,
+                 spm_model=data["spm_models"][tokenizer], config=config, train_steps=p.train_steps, batch_size=p.batch_size,
                  learning_rate=p.learning_rate, warmup_steps=min(100, p.train_steps // 10), seed=seed,
                  data_order="shuffle", save_period=0, keep_checkpoints=1, log_period=max(1, p.train_steps // 10),
                  mesh=mesh, progress=False)
@@ -462,11 +481,15 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
     results = stream_evaluation(os.path.join(out_dir, "stream"), os.path.join(out_dir, "time_stratified"),
                                 os.path.join(out_dir, "control"), dynamic=p.dynamic,
                                 min_test_count=p.min_test_count, n_topics=p.n_topics,
-                                train_count_documents=p.train_count_documents, ms_segments=p.ms_segments, seed=seed)
+                                train_count_documents=p.train_count_documents, ms_segments=p.ms_segments, seed=seed,
+                                extra_dirs={CONTROL_TOKENIZER_RUN: os.path.join(out_dir, CONTROL_TOKENIZER_RUN)}
+                                if compare_tokenizers else None)
     timings["evaluate"] = time.time() - t0
     summary = summarize(results)
     summary.update(out_dir=out_dir, results=results["files"]["results.json"], preset=preset, timings_sec=timings,
                    findings=results["findings"])
+    if "tokenizer_comparison" in results:
+        summary["tokenizer_comparison"] = results["tokenizer_comparison"]
     write_json(os.path.join(out_dir, "summary.json"), summary)
     return summary
 

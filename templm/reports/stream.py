@@ -58,6 +58,11 @@ def stream_markdown(results: Mapping[str, Any]) -> str:
         out += ["Each run reads the stream with its own SentencePiece model (trained on its own training split, as "
                 "in the paper): subword perplexities are each tokenizer's own, so the runs are compared by word "
                 "perplexity.", ""]
+    if results.get("tokenizer_comparison"):
+        out += ["## Outdated tokenizer (the paper's Appendix E)", "",
+                f"TIME-STRATIFIED with its own tokenizer against the same setup trained with CONTROL's tokenizer "
+                f"(run `{results['tokenizer_comparison'].get('run')}`):", "",
+                finding_line(results["tokenizer_comparison"]), ""]
 
     relative = results.get("relative", {})
     for level in ("word", "subword"):
@@ -270,6 +275,9 @@ def streaming_section(summary: Mapping[str, Any], figures_dir: str) -> str:
     if summary.get("dynamic_gain"):
         lines += ["", "Dynamic evaluation against static TIME-STRATIFIED (word perplexity): " + ", ".join(
             f"{mode} {fmt_percent(g, 1)}" for mode, g in summary["dynamic_gain"].items()) + "."]
+    if summary.get("tokenizer_comparison"):
+        lines += ["", "Outdated tokenizer (the paper's Appendix E), TIME-STRATIFIED with its own tokenizer against "
+                  "CONTROL's:", "", finding_line(summary["tokenizer_comparison"])]
     for name, _, title in _FIGURES:
         if name in figures:
             lines += ["", f"![{title}]({figures[name]})"]

@@ -12,6 +12,7 @@ import sys
 
 import gin
 import jax
+import numpy as np
 import pytest
 
 from templm.cli import parse_gin
@@ -24,6 +25,7 @@ from templm.data.vocab import train_spm
 from templm.experiments.streaming import PRESETS as STREAM_PRESETS
 from templm.experiments.streaming import prepare_preset_data, stream_evaluation
 from templm.io import file_sha256, jsonable
+from templm.reports.stream import stream_markdown
 from templm.training import lm_trainer, partitioning
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -179,6 +181,37 @@ def test_runs_read_the_stream_with_their_own_tokenizers_and_compare_by_words(run
         assert modes["static"]["overall"]["n_words"] == results["settings"]["n_words"]
     assert results["inputs"]["shared_tokenizer"] is False
     assert results["inputs"]["spm_models"] == {k: os.path.abspath(v) for k, v in runs["spm_models"].items()}
+
+
+def test_the_outdated_tokenizer_comparison_scores_time_stratified_with_controls_tokenizer(runs, tmp_path):
+    """The paper's Appendix E: TIME-STRATIFIED trained again with CONTROL's tokenizer, scored on the same stream;
+    the comparison is the paired per-document test of the two TIME-STRATIFIED runs, with its share of the gap."""
+    name = "time_stratified_control_tokenizer"
+    other = str(tmp_path / name)
+    bindings = TRAIN_BINDINGS + [f"MODEL_DIR = '{other}'", f"CORPUS = '{runs['corpus']}'",
+                                 f"SPLIT_DIR = '{runs['split_dir']}'",
+                                 f"SPM_MODEL = '{runs['spm_models']['control']}'"]
+    try:
+        parse_gin(["txl/time_stratified.gin", "txl/tiny.gin"], bindings)
+        lm_trainer.train_lm(mesh=partitioning.make_mesh(mesh_shape=(1, 1), devices=jax.devices()[:1]))
+    finally:
+        gin.clear_config()
+    results = stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"], dynamic=[],
+                                min_test_count=3, topics=False, pos=False, extra_dirs={name: other})
+    tokens = {run: modes["static"]["overall"]["n_tokens"] for run, modes in results["runs"].items()}
+    assert tokens[name] == tokens["control"] != tokens["time_stratified"]  # read with CONTROL's tokenizer
+    documents = results["documents"]
+    own, up_to_date, ctl = (np.array(documents["word_nll"][f"{run}/static"]) / np.array(documents["words"])
+                            for run in ("time_stratified", name, "control"))
+    comparison = results["tokenizer_comparison"]
+    assert comparison["n"] == len(own) and comparison["run"] == name
+    assert comparison["effect"] == pytest.approx(np.mean(own - up_to_date))
+    assert comparison["share_of_gap"] == pytest.approx(np.mean(own - up_to_date) / np.mean(own - ctl))
+    assert comparison["verdict"] in ("appears", "opposite", "inconclusive")
+    assert "## Outdated tokenizer (the paper's Appendix E)" in stream_markdown(results)
+    with pytest.raises(ConfigError, match="'control' is taken"):
+        stream_evaluation(str(tmp_path / "bad"), runs["time_stratified"], runs["control"],
+                          extra_dirs={"control": other})
 
 
 def test_models_with_different_vocabularies_or_no_out_dir_are_refused(runs, tmp_path):
