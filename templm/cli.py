@@ -503,7 +503,8 @@ def _reproduce_seeds() -> Optional[List[int]]:
     try:
         seeds = [int(s) for s in FLAGS.seeds]
     except ValueError:
-        raise ConfigError(f"--seeds: expected a comma-separated list of integers, got {','.join(FLAGS.seeds)!r}") from None
+        raise ConfigError("--seeds: expected a comma-separated list of integers, got "
+                          f"{','.join(FLAGS.seeds)!r}") from None
     if not seeds or len(set(seeds)) != len(seeds):
         raise ConfigError(f"--seeds: expected distinct seeds, got {','.join(FLAGS.seeds)!r}")
     return seeds

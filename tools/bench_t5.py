@@ -13,7 +13,8 @@ What is timed. The train step exactly as the trainer builds it (`make_train_step
 `make_optimizer`, jitted with shardings over a data-parallel mesh of all devices, the state donated), on a fixed
 batch of random tokens: batch 8, 64 input and 16 target tokens, float32 (flags change them). Compile time is
 reported on its own; the timed steps come after two warm-up steps, each one ended with `block_until_ready`.
-tokens/s counts input plus target tokens, batch * (input_len + target_len) per step, as the trainer's progress line does.
+tokens/s counts input plus target tokens, batch * (input_len + target_len) per step, as the trainer's progress line
+does.
 
 Noise. The machine may be shared. Measurements run in rounds; each round times the reference matmul, then the
 templm steps, then the peer's steps, so that all three see the same load; figures are medians over all timed

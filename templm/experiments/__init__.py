@@ -1,1 +1,2 @@
-"""The experiment drivers: a configuration in, a results dict out (the time-aware T5 reproduction, the streaming study, CALM, importance sampling, adaptation)."""
+"""The experiment drivers: a configuration in, a results dict out (the time-aware T5 reproduction, the streaming
+study, CALM, importance sampling, adaptation)."""

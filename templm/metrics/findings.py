@@ -105,7 +105,8 @@ def _falloff(pq, alpha) -> Dict[str, Any]:
     out["sides"] = {k: {key: v[key] for key in ("effect", "interval", "p_value", "n", "verdict")}
                     for k, v in sides.items()}
     side_text = "; ".join(f"{k} {statistics.describe(v, 'F1/year')}" for k, v in sides.items())
-    out["evidence"] = f"slope {statistics.describe(out, 'F1 per year of distance')}" + (f" ({side_text})" if side_text else "")
+    out["evidence"] = (f"slope {statistics.describe(out, 'F1 per year of distance')}"
+                       + (f" ({side_text})" if side_text else ""))
     return out
 
 

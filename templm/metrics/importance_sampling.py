@@ -178,7 +178,8 @@ class StreamingEstimator(NamedTuple):
 
 
 def combine_sample_batches(log_weight_batches: Iterable[Any], axis: int = -1) -> Array:
-    """log p^ from samples given as several batches (each with its sample axis at `axis`): a `StreamingEstimator` fold."""
+    """log p^ from samples given as several batches (each with its sample axis at `axis`): a `StreamingEstimator`
+    fold."""
     batches = [_as_float(b) for b in log_weight_batches]
     if not batches:
         raise ValueError("combine_sample_batches: no batches of samples")

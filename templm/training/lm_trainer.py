@@ -42,7 +42,8 @@ import optax
 from absl import logging
 from jax.sharding import PartitionSpec
 
-from templm.data.lm_data import DATA_ORDERS, LMData, load_processor, read_split_documents, split_path, tokenize_documents
+from templm.data.lm_data import (DATA_ORDERS, LMData, load_processor, read_split_documents, split_path,
+                                 tokenize_documents)
 from templm.errors import DataError, require_macros
 from templm.io import file_sha256
 from templm.models.transformer_xl import TXL_CONFIGS, TransformerXL, TransformerXLConfig, lm_loss, next_mem_valid

@@ -26,7 +26,8 @@ def _corpus(path, n_docs=N_DOCS, seed=7):
         for i in range(n_docs):
             lines = []
             for _ in range(2):
-                first = f"{rng.choice(names)} {' '.join(rng.choice(lexicon) for _ in range(6))} in {rng.randint(1990, 2020)}."
+                words = " ".join(rng.choice(lexicon) for _ in range(6))
+                first = f"{rng.choice(names)} {words} in {rng.randint(1990, 2020)}."
                 second = f"It was {rng.choice(lexicon)}!"
                 sentences += [first, second]
                 lines.append(f"{first} {second}")

@@ -127,7 +127,8 @@ def test_multi_answer_queries_and_emerging_answers_exist(queries, world):
     flat = [q for qs in queries.values() for q in qs]
     multi = sum(len(q.answers) > 1 for q in flat) / len(flat)
     assert 0.05 < multi < 0.5
-    emerging_answers = {a.wikidata_id for q in flat for a in q.answers if entities[a.wikidata_id].first_date.year > 2010}
+    emerging_answers = {a.wikidata_id for q in flat for a in q.answers
+                        if entities[a.wikidata_id].first_date.year > 2010}
     assert len(emerging_answers) >= 10
     # An emerging answer is never an answer before the year its entity appears.
     for q in flat:

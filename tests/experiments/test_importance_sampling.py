@@ -31,7 +31,8 @@ def test_run_is_eval_writes_its_json_and_the_exact_line(tmp_path, is_problem):
     assert result["files"] == {"json": str(tmp_path / "is_eval.json")}
     saved = json.loads((tmp_path / "is_eval.json").read_text())
     assert saved["rows"] == result["rows"]
-    assert saved["config"] == result["config"] and saved["config"]["num_tokens"] == int(np.sum(is_problem["token_counts"]))
+    assert saved["config"] == result["config"]
+    assert saved["config"]["num_tokens"] == int(np.sum(is_problem["token_counts"]))
 
     rows = result["rows"]
     n = int(np.asarray(is_problem["token_counts"]).sum())

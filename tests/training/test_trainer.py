@@ -29,6 +29,7 @@ from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, save_hf_checkp
 from templm.training import partitioning, trainer
 from templm.training.checkpoints import load_params
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LENGTHS = {"inputs": 32, "targets": 8}
 CLI_CONFIG = ["--gin_file=gin_configs/temporal.gin", "--gin_file=gin_configs/runs/cpu_demo.gin",
               "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", "--gin.BATCH_SIZE=16",
@@ -64,7 +65,7 @@ def _cli(*args, env=None, **popen):
     full_env = {**os.environ, **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "templm.cli", "train", *CLI_CONFIG, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
-                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))), **popen)
+                            cwd=REPO, **popen)
 
 
 @pytest.fixture(scope="module")
@@ -219,12 +220,10 @@ def test_two_processes_of_four_devices_match_one_process(data_dir, tmp_path):
 def test_misspelled_binding_and_missing_macro_are_named():
     wrong = subprocess.run([sys.executable, "-m", "templm.cli", "train", "--gin_file=gin_configs/temporal.gin",
                             "--gin.templm.train.trian_steps=3", "--gin.MODEL_DIR='/tmp/x'"],
-                           capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
-                           timeout=300)
+                           capture_output=True, text=True, cwd=REPO, timeout=300)
     assert wrong.returncode == 1 and "trian_steps" in wrong.stderr
     missing = subprocess.run([sys.executable, "-m", "templm.cli", "train", "--gin_file=gin_configs/temporal.gin"],
-                             capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
-                             timeout=300)
+                             capture_output=True, text=True, cwd=REPO, timeout=300)
     assert missing.returncode == 1 and "MODEL_DIR" in missing.stderr
 
 
