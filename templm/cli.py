@@ -266,7 +266,7 @@ def _main_data_templama():
 
 
 def _define_data_tasks():
-    flags.DEFINE_string("out", None, "Output folder: point TEMPLM_DATA_DIR (or tasks.configure.data_dir) at it.",
+    flags.DEFINE_string("out", None, "Output folder: point TEMPLM_DATA_DIR (or templm.tasks.configure.data_dir) at it.",
                         required=True)
     flags.DEFINE_string("corpus", None, "News corpus; default: the embedded world (drawn with --seed and the "
                         "WorldConfig gin bindings).")
@@ -300,6 +300,14 @@ def _main_data_tasks():
                       "examples": totals}))
 
 
+def _configure_tasks():
+    """Registers the tasks again now that the configs are parsed: `templm.tasks.configure.*` bindings apply (at
+    `import templm.tasks` they were not parsed yet)."""
+    from templm import tasks
+
+    tasks.configure()
+
+
 def _define_train():
     flags.DEFINE_string("coordinator_address", None, "Multi-host: host:port of process 0 for jax.distributed.")
     flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
@@ -318,6 +326,7 @@ def _main_train():
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU hosts talk through gloo
         jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     console.set_enabled(jax.process_index() == 0)
+    _configure_tasks()
     result = trainer.train(evaluator=evaluate_params)
     if jax.process_index() == 0:
         print(json.dumps(jsonable({k: v for k, v in result.items() if k != "params"})))
@@ -337,6 +346,7 @@ def _main_eval():
     from templm.io import write_json
     from templm.reports.evaluation import metrics_table, write_eval_report
 
+    _configure_tasks()
     result = evaluate_checkpoint(split=FLAGS.split, step=FLAGS.step, num_examples=FLAGS.num_examples,
                                  eval_mixture_or_task_name=FLAGS.eval_task)
     base = os.path.join(FLAGS.out or result["model_dir"], f"eval_{FLAGS.split}")
@@ -388,6 +398,7 @@ def _main_infer():
     from templm.io import atomic_write
 
     rows, texts = _read_inference_inputs(FLAGS.input, FLAGS.regime)
+    _configure_tasks()
     predictions = infer_checkpoint(texts, method=FLAGS.method)
     atomic_write(FLAGS.output, "".join(
         json.dumps({**row, "model_inputs": text, "prediction": prediction}, ensure_ascii=False) + "\n"

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "sup
 def task_data_for(tmp_path_factory):
     """build(name, TaskDataConfig) -> folder: task data in a fresh temporary folder, with the SeqIO tasks registered
     over it; the default registry is restored when the test module is done, so other modules see the usual one."""
-    import tasks
+    from templm import tasks
     from templm.data.task_data import prepare_task_data
 
     def build(name, config):

@@ -24,7 +24,8 @@ ratio pipeline / consumption, whose target is >= 5x.
 `--stages` times the pipeline stage by stage past the first epoch instead (elements/s, counted in batches of 500 so
 that Python does not limit the rate): a task's examples, then seqio's EncDecFeatureConverter unpacked and packed with
 its defaults, without its per-example length checks, with tf.data's map fusion, and as the trainer sets it up; a
-mixture with seqio's own sampling and with `tasks.registry.sample_with_prefetch`. It shows where each row's time goes.
+mixture with seqio's own sampling and with `templm.tasks.registry.sample_with_prefetch`. It shows where each row's
+time goes.
 
 Caveat: while training, the pipeline's threads share the CPU with the step (tf.data works in the background while
 XLA computes); on 2 cores the ratio measured here, each running alone, is the upper bound of the headroom.
@@ -85,7 +86,7 @@ def _window(iterator, batches: int, lengths: dict) -> dict:
 def time_pipeline(name: str, lengths: dict, args, train_examples: int) -> dict:
     """Times `args.batches` batches of the first pass over the data (every example parsed and tokenized) and, unless
     --no_later_epochs, as many again once the pipeline is past its first epoch (tokenized examples of a world-sized
-    task come from the in-memory cache then: tasks.registry.MEMORY_CACHE_MAX_EXAMPLES)."""
+    task come from the in-memory cache then: templm.tasks.registry.MEMORY_CACHE_MAX_EXAMPLES)."""
     from templm.training.input_pipeline import training_batches
 
     t = time.perf_counter()
@@ -202,7 +203,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     log(f"machine: {os.cpu_count()} cores, {cpu_model()}, load {load_average()}")
-    import tasks
+    from templm import tasks
     from templm.models.t5 import T5_1_1_CONFIGS
 
     root = tempfile.mkdtemp(prefix="bench_data_")

@@ -67,7 +67,7 @@ class TaskDataConfig:
 
 
 def _tf():
-    import tensorflow as tf  # deferred: seconds to import, and only the writer needs it
+    import tensorflow as tf  # deferred: seconds to import; the writer and the manifest reader need it
 
     return tf
 
@@ -203,12 +203,14 @@ def _jsonable(value):
 
 
 def read_manifest(data_dir: str) -> Optional[dict]:
+    """The manifest of a task-data folder (any path tf.io.gfile reads: local, gs://, ram://), None where it has none."""
+    gfile = _tf().io.gfile
     path = os.path.join(data_dir, MANIFEST)
-    if not os.path.exists(path):
+    if not gfile.exists(path):
         return None
     try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
+        with gfile.GFile(path, "r") as f:
+            manifest = json.loads(f.read())
     except json.JSONDecodeError as e:
         raise DataError(f"corrupt task manifest: {e}", path) from None
     if manifest.get("version") != MANIFEST_VERSION:

@@ -2,6 +2,8 @@
 
 T5 conventions: pad=0, eos=1, unk=2, no bos. The 100 sentinels `<extra_id_0>`.. are not trained: seqio's
 `SentencePieceVocabulary(extra_ids=100)` appends them after the trained pieces, `<extra_id_0>` taking the last id.
+Some published files hold the sentinels already (T5's cc_all.32000.100extra): those load with extra_ids=0
+(`sentinels_in`, `task_extra_ids`).
 """
 
 from __future__ import annotations
@@ -159,6 +161,48 @@ def _forget_cached_models() -> None:
     cached = getattr(vocabularies, "_load_model_internal", None)
     if cached is not None and hasattr(cached, "cache_clear"):
         cached.cache_clear()
+
+
+_SENTINEL_PIECE = re.compile(r"^\u2581?<extra_id_\d+>$")
+DEFAULT_EXTRA_IDS = 100
+
+
+def sentinels_in(model_path: str) -> int:
+    """How many `<extra_id_N>` pieces the SentencePiece model file at `model_path` (any tf.io.gfile path) holds."""
+    import tensorflow as tf
+
+    from google.protobuf.message import DecodeError
+
+    model_path = os.fspath(model_path)
+    try:
+        with tf.io.gfile.GFile(model_path, "rb") as f:
+            data = f.read()
+    except tf.errors.NotFoundError:
+        raise DataError("no such SentencePiece model file", model_path) from None
+    except tf.errors.OpError as e:
+        raise DataError(f"cannot read SentencePiece model: {e.message}", model_path) from None
+    model = sentencepiece_model_pb2.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except DecodeError as e:
+        raise DataError(f"not a SentencePiece model (corrupt or truncated): {e}", model_path) from None
+    return sum(1 for piece in model.pieces if _SENTINEL_PIECE.match(piece.piece))
+
+
+def task_extra_ids(model_path: str, extra_ids: "int | None" = None) -> int:
+    """The extra ids a T5 vocabulary over `model_path` needs: 100 sentinels appended by seqio, or none where the file
+    holds its own (as T5's public cc_all.32000.100extra model; T5X's model configs load it with extra_ids=0).
+
+    An explicit `extra_ids` is checked: adding sentinels to a file that has them would define each twice."""
+    have = sentinels_in(model_path)
+    if extra_ids is None:
+        return 0 if have else DEFAULT_EXTRA_IDS
+    if extra_ids and have:
+        raise DataError(f"this SentencePiece model already holds {have} <extra_id_N> sentinel pieces, so it takes "
+                        f"extra_ids=0, not {extra_ids} (leave extra_ids unset to detect it)", model_path)
+    if extra_ids < 0:
+        raise DataError(f"extra_ids must be >= 0, got {extra_ids}", model_path)
+    return int(extra_ids)
 
 
 def load_vocabulary(model_path: str, extra_ids: int = 100) -> "seqio.SentencePieceVocabulary":

@@ -12,7 +12,7 @@ from typing import Any, Dict, Mapping, Optional
 
 import gin
 
-import tasks
+from templm import tasks
 from templm.evaluation.inference import ModelFns, evaluate, infer_texts
 from templm.metrics.qa import strip_sentinels
 from templm.training import partitioning

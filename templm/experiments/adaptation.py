@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-import tasks
+from templm import tasks
 from templm.metrics import time_analysis
 from templm.training import trainer
 

@@ -47,8 +47,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import jax
 import seqio
 
-import tasks
-from templm import console
+from templm import console, tasks
 from templm.data.readers import TemplamaReader
 from templm.data.task_data import TaskDataConfig, prepare_task_data, read_manifest
 from templm.data.world import WorldConfig

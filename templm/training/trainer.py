@@ -29,10 +29,10 @@ import optax
 import seqio
 from absl import logging
 
-import tasks  # noqa: F401  (registers the SeqIO tasks the configs name; its gin configurable sets the data folder)
 from templm.errors import ConfigError, DataError, require_macros
 from templm.io import file_sha256
 from templm.models.t5 import EncoderDecoderModel, T5Config, load_hf_checkpoint
+import templm.tasks  # noqa: F401  (registers the SeqIO tasks the configs name)
 from templm.training import loop, partitioning, state as train_state
 from templm.training.checkpoints import Checkpointer, abstract_like, load_params
 from templm.training.input_pipeline import training_batches
@@ -129,7 +129,7 @@ def initial_params(path: str, model: Any = None, vocabulary: Any = None):
             used = getattr(vocabulary, "sentencepiece_model_file", None)
             if used is None or file_sha256(used) != file_sha256(spiece):
                 raise ConfigError(f"INITIAL_CHECKPOINT_PATH {path} was trained with {spiece}, but the tasks read "
-                                  f"text with {used}: set TEMPLM_VOCABULARY={spiece} (tasks.configure("
+                                  f"text with {used}: set TEMPLM_VOCABULARY={spiece} (templm.tasks.configure("
                                   "vocabulary_path=...)) so that the ids mean what the weights learnt")
     else:
         params = load_params(path)[0]

@@ -9,7 +9,9 @@ import sentencepiece
 from sentencepiece import sentencepiece_model_pb2
 
 from templm.data import DataError, read_documents
-from templm.data.vocab import load_vocabulary, sample_sentences, split_sentences_for_spm, train_spm
+from templm.data.vocab import (load_vocabulary, sample_sentences, sentinels_in, split_sentences_for_spm,
+                               task_extra_ids, train_spm)
+from templm_testing import with_sentinels
 
 VOCAB_SIZE = 300
 EXTRA_IDS = 100
@@ -105,6 +107,26 @@ def test_sentinels_count_down_from_the_end(vocab):
     ids = vocab.encode(text)
     assert last in ids
     assert vocab.decode(ids) == text
+
+
+def test_a_file_that_holds_its_sentinels_takes_no_extra_ids(trained, tmp_path):
+    """T5's public vocabulary holds its 100 sentinels; loading it with 100 more would define each twice."""
+    plain = trained[2]
+    t5_style = str(tmp_path / "with_sentinels.model")
+    assert with_sentinels(plain, t5_style, count=100) == VOCAB_SIZE
+    assert (sentinels_in(plain), sentinels_in(t5_style)) == (0, 100)
+    assert (task_extra_ids(plain), task_extra_ids(t5_style)) == (100, 0)
+    assert (task_extra_ids(plain, 0), task_extra_ids(plain, 7), task_extra_ids(t5_style, 0)) == (0, 7, 0)
+    with pytest.raises(DataError, match="already holds 100 <extra_id_N> sentinel pieces") as e:
+        task_extra_ids(t5_style, 100)
+    assert t5_style in str(e.value)
+    with pytest.raises(DataError, match="extra_ids must be >= 0"):
+        task_extra_ids(plain, -1)
+    with pytest.raises(DataError, match="no such SentencePiece model file"):
+        sentinels_in(str(tmp_path / "missing.model"))
+    same = load_vocabulary(t5_style, extra_ids=0)  # the ids match a plain file loaded with 100 extra ids
+    assert same.vocab_size == VOCAB_SIZE + 100
+    assert same.encode("<extra_id_0>") == [VOCAB_SIZE + 99] and same.encode("<extra_id_99>") == [VOCAB_SIZE]
 
 
 def test_max_sentences_limits_training_lines(trained, tmp_path):

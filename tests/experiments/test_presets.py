@@ -5,7 +5,7 @@ vocabulary of at most the preset's size (fewer pieces where a seed's text suppor
 import pytest
 import sentencepiece
 
-import tasks
+from templm import tasks
 from templm.experiments.reproduce import PRESETS, Reproduction
 from templm.experiments.streaming import PRESETS as STREAM_PRESETS
 from templm.experiments.streaming import prepare_preset_data

@@ -158,7 +158,7 @@ def _contents(path):
 def test_a_stage_repeats_exactly_with_the_same_seed(run_dir, results, tmp_path):
     """The data stage and the Uniform model's training, re-run here, give the CLI run's data (the same files, the
     same examples) and parameters; the re-trained model's TempLAMA numbers are the ones in results.json."""
-    import tasks
+    from templm import tasks
     from templm.evaluation.task_eval import evaluate_model
     from templm.training.checkpoints import load_params
     from templm.evaluation.inference import ModelFns

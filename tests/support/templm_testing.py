@@ -29,3 +29,20 @@ def farm_and_market():
     animals = itertools.cycle(["cat", "dog", "cow", "hen"])
     return {"farm": "".join(f"the {next(animals)} sat on the mat.\n" for _ in range(120)),
             "market": "".join(f"stocks rose {i % 7} points and bonds fell.\n" for i in range(60))}
+
+
+def with_sentinels(model_path, out_path, count=100):
+    """A copy of a SentencePiece model that holds `count` sentinel pieces, laid out as T5's public
+    cc_all.32000.100extra model (appended, <extra_id_0> last)."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    model = sentencepiece_model_pb2.ModelProto()
+    with open(model_path, "rb") as f:
+        model.ParseFromString(f.read())
+    base = len(model.pieces)
+    for i in reversed(range(count)):
+        model.pieces.add(piece=f"\u2581<extra_id_{i}>", score=0.0,
+                         type=sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED)
+    with open(out_path, "wb") as f:
+        f.write(model.SerializeToString())
+    return base

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import seqio
 
-import tasks
+from templm import tasks
 from templm.data.task_data import TaskDataConfig, ensure_task_data, read_manifest
 from templm.data.world import WorldConfig
+from templm_testing import with_sentinels
 
 WORLD = WorldConfig(seed=1, start_year=2012, end_year=2016, subjects_per_relation=6, docs_per_month=12)
 CONFIG = TaskDataConfig(world=WORLD, vocab_size=400, future_years=1)
@@ -284,7 +285,7 @@ def test_memory_cache_keeps_every_epoch_identical(data_dir, monkeypatch):
     repeated training stream of a one-file task are the same examples in the same order as with the cache switched
     off (with several files, the cache keeps the first epoch's file order), each example three times, and the
     tokenization sits before seqio's cache point (an offline seqio cache stores token ids)."""
-    from tasks import registry
+    from templm.tasks import registry
 
     name = "customnews_ssm_temporal_2013"
     steps = [getattr(p, "__name__", type(p).__name__) for p in seqio.get_mixture_or_task(name).preprocessors]
@@ -311,3 +312,110 @@ def test_memory_cache_keeps_every_epoch_identical(data_dir, monkeypatch):
     once = collections.Counter((str(ex["inputs"].tolist()), str(ex["targets"].tolist()))
                                for ex in _examples(name, split="train"))
     assert collections.Counter((str(i), str(t)) for i, t in cached) == {k: 3 * v for k, v in once.items()}
+
+
+# -- what upstream T5X relies on ---------------------------------------------------------------------------------------
+
+
+def _t5x_equal(task_vocab, path, extra_ids):
+    """T5X's check: the model's vocabulary, built by its gin as seqio.SentencePieceVocabulary(path, extra_ids), equals
+    the task's under seqio's equality, both ways, also after a pickle round trip and gin's deep copy."""
+    import copy
+    import pickle
+
+    model_vocab = seqio.SentencePieceVocabulary(path, extra_ids=extra_ids) if extra_ids else \
+        seqio.SentencePieceVocabulary(path)
+    again = pickle.loads(pickle.dumps(task_vocab))
+    return (task_vocab == model_vocab and model_vocab == task_vocab and again == model_vocab
+            and copy.deepcopy(task_vocab) == model_vocab)
+
+
+def test_the_task_vocabulary_is_the_one_t5x_builds_and_pickles(data_dir, tmp_path, monkeypatch):
+    vocab = tasks.current()["vocabulary"]
+    path = os.path.join(data_dir, "spm", "vocab.model")
+    assert vocab.sentencepiece_model_file == path and vocab.extra_ids == 100
+    assert _t5x_equal(vocab, path, 100)
+    assert not _t5x_equal(vocab, path, 0)  # the check can fail: a different number of sentinels is another vocabulary
+    # The embedded world before its first use: its vocabulary is built later, and equals all the same.
+    monkeypatch.delenv("TEMPLM_DATA_DIR", raising=False)
+    monkeypatch.setenv("TEMPLM_CACHE", str(tmp_path / "cache"))
+    try:
+        tasks.configure()
+        lazy = tasks.current()["vocabulary"]
+        assert not os.path.exists(lazy.sentencepiece_model_file)
+        assert _t5x_equal(lazy, lazy.sentencepiece_model_file, 100)
+        assert not os.path.exists(lazy.sentencepiece_model_file)  # comparing and pickling built nothing
+    finally:
+        monkeypatch.undo()
+        tasks.configure(data_dir=data_dir)
+
+
+def test_a_vocabulary_file_with_its_own_sentinels_gets_no_extra_ids(data_dir, tmp_path, monkeypatch):
+    from templm.errors import DataError
+
+    t5_style = str(tmp_path / "sentencepiece.model")
+    base = with_sentinels(os.path.join(data_dir, "spm", "vocab.model"), t5_style)
+    try:
+        tasks.configure(data_dir=data_dir, vocabulary_path=t5_style)
+        vocab = tasks.current()["vocabulary"]
+        assert vocab.extra_ids == 0 and vocab.vocab_size == base + 100
+        assert vocab.tokenizer.piece_to_id("\u2581<extra_id_0>") == base + 99 == vocab.vocab_size - 1
+        assert vocab.tokenizer.piece_to_id("\u2581<extra_id_99>") == base
+        assert list(vocab.encode("<extra_id_0>")) == [base + 99]
+        assert _t5x_equal(vocab, t5_style, 0)  # T5X's model configs load T5's file with extra_ids=0
+        assert tasks.padded_vocab_size() == -(-(base + 100) // 128) * 128
+        ex = _examples("templama_temporal", n=1)[0]
+        assert vocab.decode(ex["inputs"].tolist()) == ex["inputs_pretokenized"].decode()
+        with pytest.raises(DataError, match="already holds 100 <extra_id_N> sentinel pieces") as e:
+            tasks.configure(data_dir=data_dir, vocabulary_path=t5_style, extra_ids=100)
+        assert t5_style in str(e.value)
+        monkeypatch.setenv("TEMPLM_EXTRA_IDS", "0")  # a plain file, told to add none
+        tasks.configure(data_dir=data_dir)
+        assert tasks.current()["vocabulary"].extra_ids == 0
+    finally:
+        monkeypatch.undo()
+        tasks.configure(data_dir=data_dir)
+    assert tasks.current()["vocabulary"].extra_ids == 100
+
+
+def test_task_data_on_a_non_local_filesystem(data_dir):
+    """Task data read through tf.io.gfile: a copy in TensorFlow's ram:// filesystem (as gs:// on Cloud TPU) gives
+    the same examples as the local folder."""
+    import tensorflow as tf
+
+    remote = "ram://templm_test_tasks/data"
+    for folder, _, files in os.walk(data_dir):
+        rel = os.path.relpath(folder, data_dir)
+        if rel.split(os.sep)[0] in ("world", "splits"):
+            continue
+        tf.io.gfile.makedirs(f"{remote}/{rel}")
+        for name in files:
+            tf.io.gfile.copy(os.path.join(folder, name), f"{remote}/{rel}/{name}".replace("/./", "/"), overwrite=True)
+    local = [(ex["inputs"].tolist(), ex["targets"].tolist()) for ex in _examples("templama_temporal", "test")]
+    try:
+        manifest = tasks.configure(data_dir=remote)
+        assert manifest["years"] == [2012, 2013, 2014, 2015, 2016]
+        assert tasks.current()["vocabulary"].sentencepiece_model_file == f"{remote}/spm/vocab.model"
+        there = [(ex["inputs"].tolist(), ex["targets"].tolist()) for ex in _examples("templama_temporal", "test")]
+    finally:
+        tasks.configure(data_dir=data_dir)
+    assert there == local and len(local) > 10
+
+
+def test_a_projects_own_tasks_module_does_not_hide_the_registry(data_dir, tmp_path):
+    """A T5X project with its own tasks.py on the path first: `import templm.tasks` (what the T5X configs import)
+    still registers templm's tasks, and the project's `tasks` stays the project's."""
+    (tmp_path / "tasks.py").write_text("MINE = True\n")
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        import seqio, tasks
+        assert tasks.MINE
+        import templm.tasks
+        templm.tasks.configure(data_dir={data_dir!r})
+        print(seqio.get_mixture_or_task("temporal_mixture").name, tasks.MINE)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
+                            cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[-2:] == ["temporal_mixture", "True"]

@@ -19,9 +19,9 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-import tasks
+from templm import tasks
 from templm.cli import parse_gin
-from templm.data.task_data import TaskDataConfig
+from templm.data.task_data import TaskDataConfig, read_manifest
 from templm.data.world import WorldConfig
 from templm.errors import EXIT_PREEMPTED, ConfigError, DataError, TrainingError
 import templm.evaluation.checkpoint_eval  # noqa: F401  (registers the configurables base.gin binds)
@@ -247,13 +247,17 @@ def test_eval_and_infer_verbs_on_the_trained_checkpoint(trained, data_dir, tmp_p
     root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
     env = {**os.environ, "TEMPLM_DATA_DIR": data_dir}
     common = [*CLI_CONFIG, f"--gin.MODEL_DIR='{model_dir}'"]
+    # The data folder given as a gin binding, not in the environment: the verb applies it after parsing the configs.
+    no_env = {k: v for k, v in os.environ.items() if k != "TEMPLM_DATA_DIR"}
     result = subprocess.run([sys.executable, "-m", "templm.cli", "eval", *common, "--split=validation",
-                             "--eval_task=templama_temporal", f"--out={tmp_path}"], capture_output=True, text=True,
-                            cwd=root, env=env, timeout=600)
+                             "--eval_task=templama_temporal", f"--out={tmp_path}",
+                             f"--gin.templm.tasks.configure.data_dir='{data_dir}'"], capture_output=True, text=True,
+                            cwd=root, env=no_env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "eval_validation.json").read_text())
     metrics = report["metrics"]["templama_temporal"]
-    assert report["step"] == 40 and metrics["count"] > 0 and 0 <= metrics["f1"] <= 100
+    expected = sum(read_manifest(data_dir)["counts"]["templama"]["validation"].values())
+    assert report["step"] == 40 and metrics["count"] == expected > 0 and 0 <= metrics["f1"] <= 100
     assert metrics["seen_count"] + metrics["future_count"] == metrics["count"]
     assert "| templama_temporal |" in (tmp_path / "eval_validation.md").read_text()
 

@@ -9,8 +9,8 @@ Task names (every one has the splits train, validation and test):
     templama_uniform, templama_temporal, templama_yearly_YYYY      TempLAMA cloze queries, same regimes
 
 The training split of the every-year tasks (uniform, temporal, and so their mixtures) holds only the TRAINING years:
-the seen years of the task data's manifest unless configured otherwise (`tasks.configure(train_years=...)`, gin
-`tasks.configure.train_years`, or $TEMPLM_TRAIN_YEARS as "2010-2018" or "2010,2012"), so a model trained through
+the seen years of the task data's manifest unless configured otherwise (`templm.tasks.configure(train_years=...)`, gin
+`templm.tasks.configure.train_years`, or $TEMPLM_TRAIN_YEARS as "2010-2018" or "2010,2012"), so a model trained through
 `gin_configs/{uniform,temporal}.gin` never sees the future years it is tested on (Dhingra et al. train on 2010-2018
 and test 2019-2020 as the future). Their validation and test splits hold every year; a yearly task holds its year.
 
@@ -69,16 +69,30 @@ class PreparedSource(seqio.TFExampleDataSource):
         return super().list_shards(split)
 
 
-class PreparedVocabulary(seqio.SentencePieceVocabulary):
-    """A SentencePiece vocabulary whose model file is built on first use."""
+# Hooks that build a vocabulary's model file on first use, by file path. Kept outside the vocabulary objects, whose
+# state seqio compares (T5X refuses a task whose vocabulary differs from the model's) and gin deep-copies.
+_PREPARE: Dict[str, Callable[[], object]] = {}
 
-    def __init__(self, path: str, ensure: Callable[[], object], extra_ids: int = 100):
-        self._ensure = ensure
-        super().__init__(path, extra_ids=extra_ids)
+
+class PreparedVocabulary(seqio.SentencePieceVocabulary):
+    """A SentencePiece vocabulary whose model file is built on first use (the embedded world, before its first run).
+
+    It carries no state of its own: it equals, and pickles like, `seqio.SentencePieceVocabulary(path, extra_ids)`."""
 
     def _model_context(self):
-        self._ensure()
+        _PREPARE.get(self._sentencepiece_model_file, lambda: None)()
         return super()._model_context()
+
+
+def task_vocabulary(path: str, extra_ids: int, ensure: Optional[Callable[[], object]] = None
+                    ) -> seqio.SentencePieceVocabulary:
+    """The tasks' vocabulary: `seqio.SentencePieceVocabulary(path, extra_ids)` as T5X's model configs build theirs;
+    with `ensure`, one that runs it before the file is first read."""
+    if ensure is None:
+        _PREPARE.pop(path, None)
+        return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
+    _PREPARE[path] = ensure
+    return PreparedVocabulary(path, extra_ids=extra_ids)
 
 
 def _parse(dataset: tf.data.Dataset) -> tf.data.Dataset:

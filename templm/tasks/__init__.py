@@ -1,0 +1,131 @@
+"""`import templm.tasks` registers every templm SeqIO task and mixture; see templm/tasks/registry.py for their names.
+(`import tasks` does the same; `templm.tasks` is the name a project's own tasks.py cannot shadow.)
+
+Where the data comes from, in order: `configure(data_dir=...)` (gin: `templm.tasks.configure.data_dir = '...'`, applied
+by templm's verbs after their configs are parsed), the `TEMPLM_DATA_DIR` environment variable (a folder written by
+`templm data tasks --out DIR`; any path tf.io.gfile reads, gs:// included), or by default the embedded world,
+prepared on first use in `$TEMPLM_CACHE` (default `~/.cache/templm`) under a lock.
+"""
+
+import functools
+import os
+
+import gin
+
+from templm.data import task_data, vocab
+from templm.errors import DataError
+from templm.tasks import registry
+from templm.tasks.registry import adapt_mixture, adapt_mixture_name
+
+__all__ = ["adapt_mixture", "adapt_mixture_name", "configure", "current", "padded_vocab_size", "parse_years",
+           "temporal_adapt_mixture", "uniform_adapt_mixture", "vocabulary", "yearly_mixture"]
+
+_current = {}
+
+
+def configure(data_dir=None, vocabulary_path=None, extra_ids=None, train_years=None):
+    """Registers the tasks over `data_dir` (default: $TEMPLM_DATA_DIR, else the embedded world's cache folder).
+
+    `vocabulary_path` (default: $TEMPLM_VOCABULARY) replaces the folder's own SentencePiece model, e.g. T5's public
+    cc_all.32000.100extra model, which upstream T5X's model configs and the paper's checkpoints use.
+    `extra_ids` (default: $TEMPLM_EXTRA_IDS, else detected): the sentinels seqio appends, 100, or 0 for a file that
+    holds its own (as T5's public vocabulary), so that the vocabulary equals the one T5X's model configs build.
+    `train_years` (default: $TEMPLM_TRAIN_YEARS, "2010-2018" or "2010,2011", else the manifest's seen years) are the
+    years the training split of the every-year tasks and mixtures holds: the future years stay out of training.
+    Returns the manifest (for the default world before its first use: the years it will have).
+    """
+    data_dir = data_dir or os.environ.get("TEMPLM_DATA_DIR")
+    vocabulary_path = vocabulary_path or os.environ.get("TEMPLM_VOCABULARY")
+    if extra_ids is None and os.environ.get("TEMPLM_EXTRA_IDS"):
+        try:
+            extra_ids = int(os.environ["TEMPLM_EXTRA_IDS"])
+        except ValueError:
+            raise ValueError(f"TEMPLM_EXTRA_IDS: expected a number of sentinels such as 100 or 0, got "
+                             f"{os.environ['TEMPLM_EXTRA_IDS']!r}") from None
+    default = data_dir is None
+    data_dir = data_dir or task_data.default_data_dir()
+    manifest = task_data.read_manifest(data_dir)
+    if manifest is None and not default:
+        raise DataError("no task data here (no manifest.json): build it with `templm data tasks --out DIR`", data_dir)
+    ensure = None
+    if manifest is None:
+        config = task_data.TaskDataConfig()
+        years = list(range(config.world.start_year, config.world.end_year + 1))
+        manifest = {"years": years, "seen_years": years[:-config.future_years],
+                    "future_years": years[-config.future_years:], "vocabulary": "spm/vocab.model", "counts": None}
+        ensure = functools.partial(task_data.ensure_task_data, data_dir, config)
+    path = vocabulary_path or f"{data_dir.rstrip('/')}/{manifest['vocabulary']}"
+    if ensure is not None and not vocabulary_path:  # the embedded world's own model: no sentinels, built later
+        extra_ids = vocab.DEFAULT_EXTRA_IDS if extra_ids is None else extra_ids
+    else:
+        extra_ids = vocab.task_extra_ids(path, extra_ids)
+    vocabulary = registry.task_vocabulary(path, extra_ids, ensure)
+    ensure = ensure or (lambda: None)
+    if train_years is None and os.environ.get("TEMPLM_TRAIN_YEARS"):
+        train_years = parse_years(os.environ["TEMPLM_TRAIN_YEARS"], "TEMPLM_TRAIN_YEARS")
+    train_years = list(manifest["seen_years"] if train_years is None else train_years)
+    registry.register(data_dir, manifest["years"], manifest["seen_years"], manifest["future_years"], vocabulary,
+                      ensure, manifest.get("counts"), train_years=train_years)
+    _current.clear()
+    _current.update(data_dir=data_dir, manifest=manifest, vocabulary=vocabulary, ensure=ensure,
+                    train_years=sorted(int(y) for y in train_years))
+    return manifest
+
+
+def parse_years(text, where="years"):
+    """Years written as "2010-2018", "2010,2012" or a mix ("2010-2012,2015")."""
+    years = []
+    try:
+        for part in str(text).split(","):
+            first, _, last = part.strip().partition("-")
+            years += list(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise ValueError(f"{where}: expected years such as 2010-2018 or 2010,2012, got {text!r}") from None
+    return years
+
+
+def yearly_mixture(year):
+    """The name of year `year`'s mixture (CustomNews 1000 : TempLAMA 1), for gin: `@tasks.yearly_mixture()`."""
+    name = f"yearly_{year}_mixture"
+    if name not in registry.registered():
+        raise ValueError(f"no yearly mixture for {year}: the task data has years {_current['manifest']['years']}")
+    return name
+
+
+def temporal_adapt_mixture(year, alpha):
+    """The alpha adaptation mixture of `year` (registered on demand), for gin: `@tasks.temporal_adapt_mixture()`."""
+    return adapt_mixture(year, alpha, "temporal")
+
+
+def uniform_adapt_mixture(year, alpha):
+    """The same without the year prefix, to adapt a Uniform model: `@tasks.uniform_adapt_mixture()`."""
+    return adapt_mixture(year, alpha, "uniform")
+
+
+def vocabulary():
+    """The tasks' vocabulary, for a model config: `VOCABULARY = @templm.tasks.vocabulary()` (gin_configs/t5x/
+    templm_vocab.gin), so that the model reads and writes the ids the tasks produce."""
+    return _current["vocabulary"]
+
+
+def padded_vocab_size(multiple=128):
+    """The tasks' vocabulary size (sentinels included) rounded up to `multiple`, as T5X's configs size the embedding
+    (32,100 -> 32,128): `network.T5Config.vocab_size = @templm.tasks.padded_vocab_size()`."""
+    size = _current["vocabulary"].vocab_size
+    return -(-size // multiple) * multiple
+
+
+for _fn in ("configure", "yearly_mixture", "temporal_adapt_mixture", "uniform_adapt_mixture", "vocabulary",
+            "padded_vocab_size"):
+    try:
+        globals()[_fn] = gin.configurable(globals()[_fn], module="templm.tasks")
+    except ValueError:  # already registered: this module is being reloaded (importlib.reload); keep the first
+        pass
+
+
+def current():
+    """What `configure` last set up: data_dir, manifest, vocabulary, train_years and the `ensure` hook."""
+    return dict(_current)
+
+
+configure()
