@@ -2,25 +2,118 @@
 
 Orbax writes each step into a temporary folder and renames it when complete, so a run killed mid-save leaves the
 previous step as the latest: a half-written checkpoint is never the one restored.
+
+Bytes changed after the save (a disk error, a partial copy, a file overwritten or deleted) are caught by a digest:
+every save writes `integrity/<step>.json` beside the steps, the SHA-256 of each file of the step, and every restore
+checks the step against it first. A damaged step is named with its first bad file; restoring "the latest" then falls
+back to the newest intact step (with a warning), restoring a given step stops with a DataError.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any, Optional, Tuple
+import hashlib
+import json
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
 
+from templm import console
 from templm.errors import DataError
+
+INTEGRITY = "integrity"
+
+
+def _path(directory: str) -> epath.Path:
+    """The checkpoint folder as an absolute path (local) or as it is (gs://, other file systems)."""
+    path = epath.Path(directory)
+    return path if "://" in str(directory) else path.absolute()
+
+
+def _digest(path: epath.Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _files(step_dir: epath.Path) -> Dict[str, epath.Path]:
+    """Every file under `step_dir`, by its path relative to it."""
+    found, folders = {}, [step_dir]
+    while folders:
+        for entry in sorted(folders.pop().iterdir()):
+            if entry.is_dir():
+                folders.append(entry)
+            else:
+                found[str(entry.relative_to(step_dir))] = entry
+    return found
+
+
+def write_digests(directory: epath.Path, step: int) -> None:
+    """Records the SHA-256 of every file of `step` in directory/integrity/<step>.json (written whole or not at all)."""
+    digests = {name: _digest(p) for name, p in _files(directory / str(step)).items()}
+    folder = directory / INTEGRITY
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{step}.json.tmp"
+    tmp.write_text(json.dumps({"step": step, "sha256": digests}, indent=1, sort_keys=True))
+    tmp.rename(folder / f"{step}.json")
+
+
+def damage(directory: epath.Path, step: int) -> Optional[str]:
+    """None where `step` matches its digests; otherwise what is wrong, naming the first bad file. A step saved before
+    templm wrote digests has none: it is taken as it is."""
+    record = directory / INTEGRITY / f"{step}.json"
+    if not record.exists():
+        return None
+    try:
+        expected = json.loads(record.read_text())["sha256"]
+    except (ValueError, KeyError) as e:
+        return f"its digest record {record} is unreadable ({e})"
+    step_dir = directory / str(step)
+    found = _files(step_dir)
+    for name, digest in sorted(expected.items()):
+        if name not in found:
+            return f"{step_dir / name} is missing"
+        if _digest(found[name]) != digest:
+            return f"{step_dir / name} does not match the digest written when it was saved"
+    extra = sorted(set(found) - set(expected))
+    if extra:
+        return f"{step_dir / extra[0]} was not part of the checkpoint when it was saved"
+    return None
+
+
+def _restore_intact(directory: epath.Path, steps: List[int], step: Optional[int],
+                    restore: Callable[[int], Any]) -> Any:
+    """restore(s) for the requested step, or for the newest intact one of `steps` (newest first) when `step` is None;
+    damaged steps are named and skipped (a requested one is an error)."""
+    if step is not None:
+        steps = [step]
+    if not steps:
+        raise DataError("no checkpoint to restore", str(directory))
+    problems = []
+    for s in steps:
+        problem = damage(directory, s)
+        if problem is None:
+            try:
+                return s, restore(s)
+            except Exception as e:  # noqa: BLE001  (orbax and tensorstore raise many kinds for unreadable bytes)
+                problem = f"it cannot be read: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        problems.append(f"checkpoint {s}: {problem}")
+        if step is not None:
+            break
+        console.warn(f"checkpoint {s} in {directory} is damaged ({problem}); trying the one before it")
+    raise DataError("no intact checkpoint to restore: " + "; ".join(problems), str(directory))
 
 
 class Checkpointer:
-    """Saves every `save_period` steps (and on demand), keeps the last `keep`, restores the latest."""
+    """Saves every `save_period` steps (and on demand), keeps the last `keep`, restores the latest intact one."""
 
     def __init__(self, directory: str, save_period: int = 1000, keep: Optional[int] = 3):
-        self.directory = os.path.abspath(directory)
+        self.path = _path(directory)
+        self.directory = str(self.path)
         self.save_period = save_period
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False, create=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
@@ -37,18 +130,22 @@ class Checkpointer:
         self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                         meta=ocp.args.JsonSave(meta)), force=True)
         self.manager.wait_until_finished()
+        if jax.process_index() == 0:
+            write_digests(self.path, step)
+            kept = {f"{s}.json" for s in self.manager.all_steps()}
+            for record in (self.path / INTEGRITY).glob("*.json"):
+                if record.name not in kept:  # the step itself was removed (keep)
+                    record.unlink()
         logging.info("saved checkpoint %d in %s", step, self.directory)
 
     def restore(self, abstract_state: Any, step: Optional[int] = None) -> Tuple[Any, dict]:
-        """The state laid out as `abstract_state` (ShapeDtypeStructs with shardings) and the JSON record."""
-        step = self.latest_step() if step is None else step
-        if step is None:
-            raise DataError("no checkpoint to restore", self.directory)
-        try:
-            restored = self.manager.restore(step, args=ocp.args.Composite(
+        """The state laid out as `abstract_state` (ShapeDtypeStructs with shardings) and the JSON record of `step`,
+        by default of the newest intact checkpoint."""
+        def restore(s):
+            return self.manager.restore(s, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
-        except (ValueError, KeyError, OSError) as e:
-            raise DataError(f"checkpoint {step} cannot be restored: {e}", self.directory) from None
+
+        _, restored = _restore_intact(self.path, sorted(self.manager.all_steps(), reverse=True), step, restore)
         return restored["state"], restored["meta"]
 
     def close(self) -> None:
@@ -61,16 +158,18 @@ def abstract_like(tree: Any) -> Any:
 
 
 def load_params(directory: str, step: Optional[int] = None) -> Tuple[Any, dict]:
-    """Parameters (host numpy arrays) of a templm checkpoint folder, e.g. to initialise an adaptation run."""
-    manager = ocp.CheckpointManager(os.path.abspath(directory), item_names=("state", "meta"))
+    """Parameters (host numpy arrays) of a templm checkpoint folder (the newest intact step unless `step`), e.g. to
+    evaluate it or to initialise an adaptation run."""
+    path = _path(directory)
+    if not path.is_dir():
+        raise DataError("no checkpoint folder here", str(directory))
+    manager = ocp.CheckpointManager(str(path), item_names=("state", "meta"))
     try:
-        step = manager.latest_step() if step is None else step
-        if step is None:
-            raise DataError("no checkpoint here", directory)
-        restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
-                                                                 meta=ocp.args.JsonRestore()))
-    except (ValueError, KeyError, OSError, FileNotFoundError) as e:
-        raise DataError(f"checkpoint cannot be restored: {e}", directory) from None
+        def restore(s):
+            return manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
+                                                              meta=ocp.args.JsonRestore()))
+
+        _, restored = _restore_intact(path, sorted(manager.all_steps(), reverse=True), step, restore)
     finally:
         manager.close()
     return restored["state"]["params"], restored["meta"]

@@ -46,3 +46,38 @@ def with_sentinels(model_path, out_path, count=100):
     with open(out_path, "wb") as f:
         f.write(model.SerializeToString())
     return base
+
+
+def toy_step(state, batch, rng):
+    """The toy step: adds the batch to the parameter; the loss is the new parameter (NaN when the batch is NaN)."""
+    import jax.numpy as jnp
+
+    params = state["params"] + batch["x"]
+    return {"step": state["step"] + 1, "params": params}, {"loss": params, "param_norm": jnp.abs(params)}
+
+
+def toy_run(tmp_path, start_state, train_steps, batches=None, start_step=0, **kwargs):
+    """The training loop (templm.training.loop.run) on a toy step into tmp_path: after step s, params = 1 + ... + s
+    (the batch of position p is p + 1 unless `batches` says otherwise); checkpoints in tmp_path/checkpoints."""
+    import jax
+    import jax.numpy as jnp
+
+    from templm.training import loop
+    from templm.training.checkpoints import Checkpointer
+
+    checkpointer = Checkpointer(str(tmp_path / "checkpoints"), kwargs.pop("save_period", 0), None)
+    log = loop.MetricsLog(str(tmp_path))
+    try:
+        return loop.run(toy_step, start_state, batches or (lambda position: {"x": jnp.float32(position + 1)}),
+                        rng=jax.random.key(0), start_step=start_step, train_steps=train_steps,
+                        checkpointer=checkpointer, log=log, meta={"run": "test"}, log_period=2, tokens_per_step=8,
+                        **kwargs)
+    finally:
+        log.close()
+        checkpointer.close()
+
+
+def toy_state():
+    import jax.numpy as jnp
+
+    return {"step": jnp.zeros((), jnp.int32), "params": jnp.zeros((), jnp.float32)}

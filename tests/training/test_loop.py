@@ -6,37 +6,21 @@ import json
 import os
 import signal
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from templm.errors import Preempted, TrainingError, sigterm_received, watch_sigterm
-from templm.training import loop
 from templm.training.checkpoints import Checkpointer, abstract_like
+from templm_testing import toy_run as run, toy_state as zero_state
 
 
-def step_fn(state, batch, rng):
-    """Adds the batch to the parameter; the loss is the new parameter (NaN when the batch is NaN)."""
-    params = state["params"] + batch["x"]
-    return {"step": state["step"] + 1, "params": params}, {"loss": params, "param_norm": jnp.abs(params)}
-
-
-def run(tmp_path, start_state, train_steps, batches=None, start_step=0, **kwargs):
-    checkpointer = Checkpointer(str(tmp_path / "checkpoints"), kwargs.pop("save_period", 0), None)
-    log = loop.MetricsLog(str(tmp_path))
-    try:
-        return loop.run(step_fn, start_state, batches or (lambda position: {"x": jnp.float32(position + 1)}),
-                        rng=jax.random.key(0), start_step=start_step, train_steps=train_steps,
-                        checkpointer=checkpointer, log=log, meta={"run": "test"}, log_period=2, tokens_per_step=8,
-                        **kwargs)
-    finally:
-        log.close()
-        checkpointer.close()
-
-
-def zero_state():
-    return {"step": jnp.zeros((), jnp.int32), "params": jnp.zeros((), jnp.float32)}
+def steps(checkpoints):
+    """The saved steps in a checkpoint folder, and the same steps' digest records (integrity/<step>.json)."""
+    saved = sorted((name for name in os.listdir(checkpoints) if name.isdigit()), key=int)
+    assert sorted(os.listdir(os.path.join(checkpoints, "integrity")), key=lambda n: int(n.split(".")[0])) == [
+        f"{s}.json" for s in saved]
+    return saved
 
 
 def rows(path):
@@ -51,7 +35,7 @@ def test_logs_saves_and_evaluates_on_their_periods(tmp_path, capsys):
     assert float(state["params"]) == 1 + 2 + 3 + 4 + 5 and last["loss"] == 15.0
     assert [r["step"] for r in rows(tmp_path / "metrics.jsonl")] == [2, 4, 5]  # every 2 steps and the last
     assert evaluated == [(2, 3.0), (4, 10.0), (5, 15.0)]
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "4", "5"]
+    assert steps(tmp_path / "checkpoints") == ["2", "4", "5"]
     err = capsys.readouterr().err
     assert "toy step 4/5  loss 10  " in err and "tokens/s" in err and "ETA" in err
 
@@ -87,7 +71,7 @@ def test_sigterm_between_two_trainings_stops_the_next_one_at_its_first_step(tmp_
         with pytest.raises(Preempted, match=r"at step 1 \("):
             run(tmp_path / "second", zero_state(), 100)
     assert signal.getsignal(signal.SIGTERM) is previous and not sigterm_received()
-    assert sorted(os.listdir(tmp_path / "second" / "checkpoints")) == ["1"]
+    assert steps(tmp_path / "second" / "checkpoints") == ["1"]
 
 
 def test_a_nan_loss_stops_before_it_is_saved(tmp_path):
@@ -96,4 +80,4 @@ def test_a_nan_loss_stops_before_it_is_saved(tmp_path):
 
     with pytest.raises(TrainingError, match="at step 4: stopping; the last good checkpoint is step 2"):
         run(tmp_path, zero_state(), 10, batches, save_period=2)
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]
+    assert steps(tmp_path / "checkpoints") == ["2"]

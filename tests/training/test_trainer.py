@@ -81,7 +81,7 @@ def test_loss_falls_and_metrics_are_written(trained):
     assert np.mean(losses[-5:]) < 0.6 * losses[0]
     assert result["step"] == 40 and result["train"]["loss"] == pytest.approx(losses[-1])
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path))  # TensorBoard
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["20", "40"]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["20", "40", "integrity"]
 
 
 def test_one_device_and_a_4x2_mesh_agree_and_shardings_follow_the_rules(data_dir, tmp_path):
@@ -136,7 +136,7 @@ def test_nan_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
     blow_up = optax.chain(optax.sgd(0.01), optax.scale_by_schedule(lambda step: jnp.where(step >= 3, 1e38, 1.0)))
     with pytest.raises(TrainingError, match="last good checkpoint is step 3"):
         _train(tmp_path, 10, optimizer=blow_up, save_period=1)
-    assert sorted(int(s) for s in os.listdir(tmp_path / "checkpoints")) == [1, 2, 3]
+    assert sorted(int(s) for s in os.listdir(tmp_path / "checkpoints") if s.isdigit()) == [1, 2, 3]
     params, meta = load_params(str(tmp_path / "checkpoints"))
     assert meta["step"] == 3
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))

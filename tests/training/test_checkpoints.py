@@ -1,0 +1,101 @@
+"""Checkpoint integrity: every save records the SHA-256 of its files; a restore checks them, names a damaged file,
+and falls back to the newest intact step (or stops with a message when a given step, or every step, is damaged)."""
+
+import os
+
+import jax.numpy as jnp
+import pytest
+
+from templm.errors import DataError
+from templm.training.checkpoints import Checkpointer, abstract_like, load_params
+
+from templm_testing import toy_run as run, toy_state as zero_state
+
+
+@pytest.fixture
+def saved(tmp_path):
+    """Steps 2, 4 and 5 of the toy run (params 3, 10 and 15)."""
+    run(tmp_path, zero_state(), 5, save_period=2)
+    return tmp_path / "checkpoints"
+
+
+def _largest_file(step_dir):
+    files = [os.path.join(root, name) for root, _, names in os.walk(step_dir) for name in names]
+    return max(files, key=os.path.getsize)
+
+
+def _restore(checkpoints, step=None):
+    checkpointer = Checkpointer(str(checkpoints))
+    try:
+        return checkpointer.restore(abstract_like(zero_state()), step)
+    finally:
+        checkpointer.close()
+
+
+def _flip(path, offset=None):
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        at = len(data) // 2 if offset is None else offset
+        data[at] ^= 0xFF
+        f.seek(0)
+        f.write(data)
+
+
+def test_overwritten_bytes_in_the_newest_checkpoint_fall_back_to_the_one_before(saved, tmp_path, capsys):
+    bad = _largest_file(saved / "5")
+    _flip(bad)
+    state, meta = _restore(saved)
+    assert meta["step"] == 4 and float(state["params"]) == 10.0
+    err = capsys.readouterr().err
+    assert "checkpoint 5" in err and bad in err and "does not match the digest" in err
+    # The resumed run ends where the uninterrupted one did.
+    resumed, _ = run(tmp_path, state, 5, start_step=4)
+    assert float(resumed["params"]) == 15.0
+    with pytest.raises(DataError, match="checkpoint 5: .*does not match the digest"):
+        _restore(saved, step=5)  # the step asked for is damaged: no silent substitute
+    params, meta = load_params(str(saved))  # evaluation and adaptation read checkpoints the same way
+    assert meta["step"] == 4 and float(params) == 10.0
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete_metadata", "add"])
+def test_truncated_missing_or_added_files_are_named(saved, damage):
+    step_dir = saved / "5"
+    if damage == "truncate":
+        target = _largest_file(step_dir)
+        with open(target, "r+b") as f:
+            f.truncate(os.path.getsize(target) // 2)
+        expected = "does not match the digest"
+    elif damage == "delete_metadata":
+        target = str(step_dir / "_CHECKPOINT_METADATA")
+        os.remove(target)
+        expected = "is missing"
+    else:
+        target = str(step_dir / "state" / "stray.bin")
+        with open(target, "wb") as f:
+            f.write(b"x")
+        expected = "was not part of the checkpoint"
+    with pytest.raises(DataError) as e:
+        _restore(saved, step=5)
+    assert target in str(e.value) and expected in str(e.value)
+    _, meta = _restore(saved)
+    assert meta["step"] == 4
+
+
+def test_every_checkpoint_damaged_is_one_clear_error(saved):
+    for step in ("2", "4", "5"):
+        _flip(_largest_file(saved / step))
+    with pytest.raises(DataError, match=r"no intact checkpoint to restore: checkpoint 5: .*; checkpoint 4: .*; "
+                                        r"checkpoint 2: .*") as e:
+        _restore(saved)
+    assert str(saved) in str(e.value)
+
+
+def test_digest_records_follow_the_kept_steps(tmp_path):
+    checkpointer = Checkpointer(str(tmp_path / "ck"), save_period=1, keep=2)
+    try:
+        for step in (1, 2, 3):
+            checkpointer.save(step, {"step": jnp.int32(step), "params": jnp.float32(step)}, {"step": step})
+    finally:
+        checkpointer.close()
+    assert sorted(os.listdir(tmp_path / "ck")) == ["2", "3", "integrity"]
+    assert sorted(os.listdir(tmp_path / "ck" / "integrity")) == ["2.json", "3.json"]
