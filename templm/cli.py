@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import difflib
 import functools
 import json
 import os
+import re
 import sys
 import tokenize
 import warnings
@@ -89,9 +91,49 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
         gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=False)
     except (ValueError, KeyError, SyntaxError, TypeError) as e:  # gin names the file/binding and line
         raise ConfigError(f"gin: {e}") from None
+    except OSError as e:  # an `include` of a file that is not there (gin names the including file)
+        raise ConfigError(f"gin: {e}") from None
     except tokenize.TokenError as e:  # an unclosed bracket: the tokenizer gives up before gin can name the line
         raise ConfigError(f"gin: {e.args[0]} (an unclosed bracket or quote?) in the config files {resolved} or "
                           f"the bindings {list(bindings)}") from None
+    _check_macros_are_used(bindings)
+
+
+_MACRO_BINDING = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=")
+
+
+def _check_macros_are_used(bindings: Sequence[str]) -> None:
+    """A macro bound on the command line (`--gin.TRAIN_STEP=3`) that no config uses would be silently ignored: it is a
+    ConfigError naming it, with the closest macro the configs do use."""
+    from gin import config as gin_config
+
+    bound = [m.group(1) for m in map(_MACRO_BINDING.match, bindings) if m]
+    if not bound:
+        return
+    used, defined = set(), set()
+
+    def walk(value):
+        if isinstance(value, gin_config.ConfigurableReference):
+            text = repr(value)
+            if text.startswith("%"):
+                used.add(text[1:])
+        elif isinstance(value, (list, tuple, set)):
+            for item in value:
+                walk(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+
+    for (scope, selector), parameters in gin_config._CONFIG.items():  # gin keeps no public index of references
+        if selector == "gin.macro":
+            defined.add(scope)
+        for value in parameters.values():
+            walk(value)
+    for name in bound:
+        if name not in used:
+            near = difflib.get_close_matches(name, sorted(used | (defined - set(bound))), n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            raise ConfigError(f"gin macro {name} is bound on the command line but no config uses it{hint}")
 
 
 # -- data verbs ---------------------------------------------------------------------------------------------------

@@ -154,3 +154,18 @@ def test_data_templama_from_the_test_dump(tmp_path):
     bad.write_text('[\n{"id": "Q1", "labels": {}},\n{not json\n]\n')
     broken = templm("data", "templama", f"--dump={bad}", f"--out={tmp_path / 'b'}")
     assert broken.returncode == 1 and f"{bad}:3" in broken.stderr
+
+
+def test_a_macro_no_config_uses_and_a_missing_include_are_named(tmp_path):
+    """`--gin.TRAIN_STEP=3` (for TRAIN_STEPS) used to be accepted and the default used."""
+    misspelt = templm("train", "--gin_file=gin_configs/temporal.gin", "--gin_file=gin_configs/runs/cpu_demo.gin",
+                      f"--gin.MODEL_DIR='{tmp_path / 'm'}'", "--gin.TRAIN_STEP=3")
+    assert misspelt.returncode == 1
+    assert "gin macro TRAIN_STEP is bound on the command line but no config uses it (did you mean TRAIN_STEPS?)" \
+        in misspelt.stderr and "Traceback" not in misspelt.stderr
+    assert not (tmp_path / "m").exists()
+    config = tmp_path / "includes.gin"
+    config.write_text("include 'no_such_file.gin'\n")
+    missing = templm("train", f"--gin_file={config}")
+    assert missing.returncode == 1 and "no_such_file.gin" in missing.stderr and str(config) in missing.stderr
+    assert "Traceback" not in missing.stderr

@@ -11,8 +11,10 @@ import os
 from typing import Any, Dict, Mapping, Optional
 
 import gin
+import seqio
 
 from templm import tasks
+from templm.errors import ConfigError
 from templm.evaluation.inference import ModelFns, evaluate, infer_texts
 from templm.metrics.qa import strip_sentinels
 from templm.training import partitioning
@@ -35,12 +37,20 @@ def evaluate_checkpoint(model_dir: str = gin.REQUIRED, mixture_or_task_name: str
                         split: str = "test", step: Optional[int] = None, num_examples: Optional[int] = None,
                         batch_size: int = 32, eval_mixture_or_task_name: Optional[str] = None) -> Dict[str, Any]:
     """Every task's metrics for the checkpoint in `model_dir` (latest unless `step`) on `split`."""
+    name = eval_mixture_or_task_name or mixture_or_task_name
+    try:
+        provider = seqio.get_mixture_or_task(name)
+    except ValueError:
+        raise ConfigError(f"no task or mixture named {name!r} is registered (see templm/tasks/registry.py)") from None
+    if split not in provider.splits:
+        raise ConfigError(f"split {split!r}: {name} has the splits {', '.join(sorted(provider.splits))}")
+    if num_examples is not None and num_examples < 1:
+        raise ConfigError(f"num_examples must be at least 1, got {num_examples} (leave it unset for every example)")
     lengths = dict(task_feature_lengths)
     mesh = partitioning.make_mesh()
     with mesh_rules(mesh, partitioning.logical_axis_rules()):
         params, meta = restore_params(model, os.path.join(model_dir, "checkpoints"), step, mesh)
-        results = evaluate_params(model, params, eval_mixture_or_task_name or mixture_or_task_name, lengths, split,
-                                  num_examples, batch_size, meta["step"])
+        results = evaluate_params(model, params, name, lengths, split, num_examples, batch_size, meta["step"])
     return {"model_dir": model_dir, "step": meta["step"], "split": split, "metrics": results}
 
 
