@@ -389,8 +389,13 @@ def build_templama(dump_path: str, out_dir: str, start_year: int = 2010, end_yea
         splits={name: len(splits[name]) for name in SPLITS},
         split_subjects={name: len({q.subject_id for q in splits[name]}) for name in SPLITS},
         seconds=round(time.monotonic() - begun, 3))
-    if not queries:
-        console.warn(f"wikidata {dump_path}: no queries for {start_year}..{end_year}; check the relations and years")
+    if not queries:  # an empty release would look like a result: nothing is written
+        drops = ", ".join(f"{key} {stats[key]}" for key in _DROPS if stats.get(key))
+        raise DataError(f"no TempLAMA queries for {start_year}..{end_year}: {stats['entities']} entities read, "
+                        f"{stats['statements']} statements of the relations {', '.join(relations)}, "
+                        f"{stats['statements_kept']} kept" + (f" ({drops})" if drops else "") +
+                        f", {stats['subject_relations_one_object']} subject-relations with a single object; check "
+                        "the dump, the relations and the years (nothing was written)", dump_path)
     _write_all(out_dir, splits, stats)
     logging.info("wikidata %s: %d queries (%s) about %d subjects written to %s", dump_path, len(queries),
                  ", ".join(f"{name} {stats['splits'][name]}" for name in SPLITS), stats["subjects"], out_dir)

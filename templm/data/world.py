@@ -25,7 +25,7 @@ import os
 import random
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from templm.data.records import Query
+from templm.data.records import MAX_DATE, MIN_DATE, Query
 from templm.data.templama import TEMPLATES, Fact, queries_from_facts, split_by_subject, write_queries
 from templm.io import build_folder
 
@@ -44,6 +44,9 @@ class WorldConfig:
     def __post_init__(self):
         if self.end_year < self.start_year:
             raise ValueError(f"end_year {self.end_year} is before start_year {self.start_year}")
+        if self.start_year < MIN_DATE.year or self.end_year > MAX_DATE.year:
+            raise ValueError(f"years {self.start_year}-{self.end_year}: templm's readers accept dates from "
+                             f"{MIN_DATE.year} to {MAX_DATE.year} only, so the world must lie within them")
         if self.subjects_per_relation < 4:
             raise ValueError("subjects_per_relation must be at least 4")
         if self.docs_per_month < 1:

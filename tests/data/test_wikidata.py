@@ -325,3 +325,15 @@ def test_merge_statements():
     assert merged == [("A", d(2010, 1, 1), d(2012, 3, 31)), ("A", d(2014, 1, 1), d(2015, 12, 31)),
                       ("B", d(2016, 1, 1), None), ("A", d(2019, 1, 1), None)]
     assert merges == 2
+
+
+@pytest.mark.parametrize("lines", [[], ["{\"type\": \"item\", \"id\": \"Q1\", \"labels\": {}, \"claims\": {}}"]])
+def test_a_dump_with_no_queries_is_an_error_and_writes_nothing(tmp_path, lines):
+    """An empty release used to be written (and exit 0), which looks like a result."""
+    dump = str(tmp_path / "empty.json")
+    write_dump(dump, lines)
+    out = tmp_path / "out"
+    with pytest.raises(DataError, match=r"no TempLAMA queries for 2010..2020: \d+ entities read, 0 statements") as e:
+        build_templama(dump, str(out))
+    assert e.value.path == dump and "nothing was written" in str(e.value)
+    assert not out.exists()

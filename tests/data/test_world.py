@@ -208,3 +208,10 @@ def test_entity_names_are_unique(world):
 def test_bad_config_is_refused():
     with pytest.raises(ValueError, match="end_year"):
         WorldConfig(start_year=2015, end_year=2010)
+
+
+@pytest.mark.parametrize("years", [(1850, 1852), (2099, 2101)])
+def test_a_world_outside_the_readers_dates_is_refused(tmp_path, years):
+    """A world its own readers reject (dates before 1900 or after 2100) used to be written."""
+    with pytest.raises(ValueError, match=r"readers accept dates from 1900 to 2100 only"):
+        WorldConfig(start_year=years[0], end_year=years[1])
