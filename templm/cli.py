@@ -239,6 +239,8 @@ def _define_data_splits():
                         "empty: keep every language.")
     flags.DEFINE_float("near_duplicate_threshold", 0.8, "Leave out a document whose word 5-gram Jaccard similarity "
                        "with an earlier one reaches this (MinHash LSH); 0: keep near-duplicates.")
+    flags.DEFINE_boolean("allow_degenerate", False, "Write splits with empty test months or a CONTROL train nearly "
+                         "all outside the test period (warned and listed in stats.json) instead of refusing them.")
 
 
 def _main_data_splits():
@@ -261,7 +263,8 @@ def _main_data_splits():
         stats = make_splits(FLAGS.corpus, FLAGS.out, cutoff=cutoff, test_months=FLAGS.test_months,
                             validation_months=FLAGS.validation_months,
                             test_docs_per_month=FLAGS.test_docs_per_month, validation_docs=FLAGS.validation_docs,
-                            seed=FLAGS.seed, format=FLAGS.format, on_error=FLAGS.on_error, clean=clean)
+                            seed=FLAGS.seed, format=FLAGS.format, on_error=FLAGS.on_error, clean=clean,
+                            allow_degenerate=FLAGS.allow_degenerate)
         summary["splits"] = {k: v["documents"] for k, v in stats["splits"].items()}
         summary["control_train_test_period_share"] = stats["control_train_test_period_share"]
     if FLAGS.yearly:

@@ -290,7 +290,8 @@ def _check_positive(name: str, value: int, minimum: int = 1) -> None:
 def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime.date(2017, 9, 30),
                 test_months: int = 24, validation_months: int = 3, test_docs_per_month: int = 1000,
                 validation_docs: Optional[int] = None, seed: int = 0, format: str = "auto",
-                on_error: str = "raise", clean: Optional[FilterConfig] = FilterConfig()) -> dict:
+                on_error: str = "raise", clean: Optional[FilterConfig] = FilterConfig(),
+                min_control_test_share: float = 0.02, allow_degenerate: bool = False) -> dict:
     """Writes the TIME-STRATIFIED and CONTROL splits of a corpus and returns their statistics.
 
     Args:
@@ -308,6 +309,10 @@ def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime
       on_error: "raise" (default) or "skip" bad corpus lines, as in `read_documents`.
       clean: the paper's clean-up before splitting (templm.data.filters): documents in another language than
         English and near-duplicates of an earlier document are left out of every split. None: none.
+      min_control_test_share: the least share of CONTROL train that must lie in the test period; below it the two
+        training sets are nearly the same documents and the comparison says nothing.
+      allow_degenerate: write degenerate splits (empty test months, CONTROL train below `min_control_test_share` in
+        the test period) with a warning instead of refusing them; stats.json lists the problems either way.
 
     Returns:
       The statistics written to stats.json: `splits` (per split: documents, first_date, last_date), `periods`
@@ -318,7 +323,8 @@ def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime
 
     Raises:
       DataError (naming the corpus) if it has no document on or before the cut-off, none in the validation window or
-      none in the test period; ValueError on bad arguments.
+      none in the test period, or if the splits are degenerate (unless `allow_degenerate`); ValueError on bad
+      arguments.
     """
     if not isinstance(cutoff, datetime.date) or isinstance(cutoff, datetime.datetime):
         raise ValueError(f"cutoff must be a datetime.date, got {cutoff!r}")
@@ -367,8 +373,6 @@ def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime
         raise DataError(f"no document dated {test_first.isoformat()}..{test_last.isoformat()} for the test "
                         f"period; {corpus_span}", corpus_path)
     empty = [label for label, count in test_per_month.items() if count == 0]
-    if empty:
-        console.warn(f"{corpus_path}: no documents in test month(s) {', '.join(empty)}")
 
     # CONTROL validation: from the test period, excluding test documents (drawn before CONTROL train takes the rest).
     test_lo, test_hi = index.span(test_first, test_last)
@@ -391,6 +395,21 @@ def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime
     control_train = candidates[len(candidates) - len(ts_train):].astype(np.int64)
     del candidates
     in_test_period = int(np.count_nonzero(control_train >= test_lo))
+    share = in_test_period / len(control_train)
+    degenerate = []
+    if empty:
+        degenerate.append(f"{len(empty)} of {test_months} test months have no documents ({', '.join(empty[:6])}"
+                          + (", ..." if len(empty) > 6 else "") + ")")
+    if share < min_control_test_share:
+        degenerate.append(f"only {in_test_period} documents ({share:.1%}) of CONTROL train lie in the test period, "
+                          f"below {min_control_test_share:.0%}: CONTROL and TIME-STRATIFIED train are nearly the same "
+                          "documents")
+    if degenerate and not allow_degenerate:
+        raise DataError(f"degenerate splits with the cut-off {cutoff.isoformat()}: " + "; ".join(degenerate) +
+                        f"; {corpus_span}; choose an earlier cut-off or fewer test months, or allow it "
+                        "(--allow_degenerate); nothing was written", corpus_path)
+    for problem in degenerate:
+        console.warn(f"{corpus_path}: degenerate splits: {problem}")
 
     splits = {
         "time_stratified_train": ts_train,
@@ -420,7 +439,9 @@ def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime
         "splits": {name: _range_stats(index, positions) for name, positions in splits.items()},
         "test_per_month": test_per_month,
         "control_train_test_period_documents": in_test_period,
-        "control_train_test_period_share": in_test_period / len(control_train),
+        "control_train_test_period_share": share,
+        "min_control_test_share": float(min_control_test_share),
+        "degenerate": degenerate,
     }
 
     stats = _load_stats(out_dir)

@@ -253,7 +253,8 @@ def test_duplicate_ids_keep_the_first_document(tmp_path):
     docs = [(D(2017, 9, 1), "a"), (D(2017, 9, 2), "b"), (D(2017, 10, 5), "c"), (D(2018, 1, 3), "d"),
             (D(2018, 2, 3), "a"), (D(2018, 2, 4), "e")]
     corpus = _write_corpus(tmp_path / "dup.jsonl", docs)
-    stats = make_splits(corpus, str(tmp_path / "out"), test_months=2, validation_months=3)
+    stats = make_splits(corpus, str(tmp_path / "out"), test_months=2, validation_months=3,
+                        allow_degenerate=True)  # a tiny corpus: every test-period document is a test document
     assert stats["duplicates_dropped"] == 1
     read = {n: read_split_file(str(tmp_path / "out" / f"{n}.gz")) for n in SPLIT_NAMES}
     assert read["time_stratified_train"] == [(D(2017, 9, 1), "a"), (D(2017, 9, 2), "b")]
@@ -262,3 +263,26 @@ def test_duplicate_ids_keep_the_first_document(tmp_path):
     assert read["control_validation"] == []
     assert read["control_train"] == [(D(2017, 9, 2), "b"), (D(2017, 10, 5), "c")]
     assert stats["control_train_test_period_share"] == 0.0
+
+
+def test_degenerate_splits_are_refused_unless_allowed_and_then_recorded(corpus, tmp_path, capsys):
+    """A cut-off near the end of the corpus used to give most test months empty and two near-identical training
+    sets, with exit 0."""
+    with pytest.raises(DataError, match=r"degenerate splits with the cut-off 2020-03-31: 18 of 24 test months have "
+                                        r"no documents \(2021-01, .*choose an earlier cut-off") as e:
+        make_splits(corpus, str(tmp_path / "late"), cutoff=D(2020, 3, 31), test_docs_per_month=PER_MONTH)
+    assert e.value.path == corpus and not (tmp_path / "late").exists()
+    # Every document of the one test month is a test document: CONTROL train has none from the test period.
+    with pytest.raises(DataError, match=r"only 0 documents \(0.0%\) of CONTROL train lie in the test period"):
+        make_splits(corpus, str(tmp_path / "same"), cutoff=D(2020, 6, 30), test_months=1, test_docs_per_month=1000)
+    assert not (tmp_path / "same").exists()
+    stats = make_splits(corpus, str(tmp_path / "allowed"), cutoff=D(2020, 3, 31), test_docs_per_month=PER_MONTH,
+                        allow_degenerate=True)
+    assert len(stats["degenerate"]) == 2 and stats["degenerate"][0].startswith("18 of 24 test months")
+    with open(tmp_path / "allowed" / "stats.json") as f:
+        assert json.load(f)["degenerate"] == stats["degenerate"]
+    assert "degenerate splits: 18 of 24 test months" in capsys.readouterr().err
+
+
+def test_sound_splits_record_no_problem(splits):
+    assert splits[1]["degenerate"] == [] and splits[1]["min_control_test_share"] == 0.02
