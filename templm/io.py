@@ -7,7 +7,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
 import tempfile
 from typing import Any, Callable, Mapping, Union
 
@@ -91,22 +90,3 @@ def lookup(value: Any, *path: Any, default: Any = None) -> Any:
             return default
         value = value[key]
     return value
-
-
-def build_folder(out_dir: str, build: Callable[[str], Any]) -> Any:
-    """Runs build(tmp) in a fresh folder beside `out_dir` (`out_dir` + ".partial"), then puts that folder in the
-    place of `out_dir`: nothing half-built is ever at `out_dir`, and a failure removes the partial folder and leaves
-    `out_dir` as it was. Returns what build returned."""
-    out_dir = os.fspath(out_dir).rstrip("/\\") or os.fspath(out_dir)
-    tmp = out_dir + ".partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    try:
-        result = build(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if os.path.exists(out_dir):
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
-    return result

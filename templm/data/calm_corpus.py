@@ -56,7 +56,8 @@ from absl import logging
 from templm import console
 from templm.data.world import BURST_TEMPLATES, NEWS_TEMPLATES, START_TEMPLATES, TOPICS, WorldConfig, generate_world
 from templm.errors import DataError
-from templm.io import atomic_write, build_folder
+from templm.io import atomic_write
+from templm.outputs import build_output_folder
 
 UNK = "<unk>"
 UNK_ID = 0
@@ -276,10 +277,12 @@ def _vocab_counts(text: str, level: str) -> List[Tuple[str, int]]:
 _CLASS_NAME = re.compile(r"^[^/\\\x00]+$")
 
 
-def write_calm_corpus(texts: Mapping[str, str], out_dir: str, level: str) -> Dict[str, Dict[str, int]]:
+def write_calm_corpus(texts: Mapping[str, str], out_dir: str, level: str, overwrite: bool = False
+                      ) -> Dict[str, Dict[str, int]]:
     """Writes `texts` ({class name: text}) as a CALM corpus at `out_dir`: `<class>.txt` and `vocab/<class>.vocab`
     (token<TAB>count, most frequent first). Built in `<out_dir>.partial` and renamed, so nothing half-written stays;
-    an existing `out_dir` is replaced only when it is empty or a CALM corpus (has vocab/). Returns per-class counts."""
+    an existing `out_dir` is replaced only when it is empty or a CALM corpus, unless `overwrite`. Returns per-class
+    counts."""
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     if len(texts) < 1:
@@ -287,10 +290,6 @@ def write_calm_corpus(texts: Mapping[str, str], out_dir: str, level: str) -> Dic
     for name in texts:
         if not _CLASS_NAME.match(name) or name in (".", "..") or name.startswith("."):
             raise ValueError(f"class name {name!r} cannot be a file stem")
-    out_dir = out_dir.rstrip("/\\") or out_dir
-    if os.path.exists(out_dir):
-        if not os.path.isdir(out_dir) or (os.listdir(out_dir) and not os.path.isdir(os.path.join(out_dir, "vocab"))):
-            raise FileExistsError(f"{out_dir} exists and is not a CALM corpus; refusing to replace it")
     vocab = CalmVocabulary([UNK] + (list(CHAR_SPECIALS) if level == "char" else [EOL]), level)
 
     def build(tmp: str) -> Dict[str, Dict[str, int]]:
@@ -308,10 +307,11 @@ def write_calm_corpus(texts: Mapping[str, str], out_dir: str, level: str) -> Dic
             stats[name] = {"lines": n_lines, "tokens": len(vocab.split(text)), "types": len(counts)}
         return stats
 
-    return build_folder(out_dir, build)
+    return build_output_folder(out_dir, "CALM corpus", build, overwrite)
 
 
-def build_calm_corpus_from_texts(src_dir: str, out_dir: str, level: str) -> Dict[str, Dict[str, int]]:
+def build_calm_corpus_from_texts(src_dir: str, out_dir: str, level: str, overwrite: bool = False
+                                 ) -> Dict[str, Dict[str, int]]:
     """A CALM corpus at `out_dir` from the `*.txt` files of `src_dir` (one class per file, class = file stem).
 
     The texts are copied newline-normalised; an empty (or whitespace-only) file is a DataError naming it. Returns
@@ -326,7 +326,7 @@ def build_calm_corpus_from_texts(src_dir: str, out_dir: str, level: str) -> Dict
         if not text.strip():
             raise DataError("empty class file; expected text", path)
         texts[os.path.splitext(os.path.basename(path))[0]] = text
-    return write_calm_corpus(texts, out_dir, level)
+    return write_calm_corpus(texts, out_dir, level, overwrite)
 
 
 # The embedded world's sentences come from templates; each template source belongs to at most one domain.
@@ -398,7 +398,8 @@ _SENTENCE_SPLIT = re.compile(r"(?<=\.)\s+")
 
 
 def build_calm_corpus_from_world(world_dir: str, out_dir: str, level: str = "word",
-                                 domains: Optional[Mapping[str, Sequence[str]]] = None) -> Dict[str, Any]:
+                                 domains: Optional[Mapping[str, Sequence[str]]] = None, overwrite: bool = False
+                                 ) -> Dict[str, Any]:
     """A CALM corpus with one class per news domain of the embedded world at `world_dir` (its news.jsonl).
 
     Each document is cut into sentences after every full stop (the world's sentences end with one and its names hold
@@ -451,7 +452,7 @@ def build_calm_corpus_from_world(world_dir: str, out_dir: str, level: str = "wor
     if not lines:
         raise DataError("no sentence of the world's news falls in any domain", path)
     texts = {domain: "\n".join(ls) + "\n" for domain, ls in lines.items()}
-    classes = write_calm_corpus(texts, out_dir, level)
+    classes = write_calm_corpus(texts, out_dir, level, overwrite)
     return {"classes": classes, "sentences": total, "left_out": dict(sorted(left_out.items()))}
 
 
@@ -468,7 +469,7 @@ def world_domains(names: Optional[Sequence[str]] = None) -> Dict[str, Tuple[str,
 
 
 def build_world_corpus(world_dir: str, out_dir: str, level: str = "word", domains: Optional[Sequence[str]] = None,
-                       world: Any = None) -> Dict[str, Any]:
+                       world: Any = None, overwrite: bool = False) -> Dict[str, Any]:
     """A CALM corpus at `out_dir` from the embedded world at `world_dir`, one class per domain.
 
     When `world_dir` does not exist the world is generated there first from `world` (a `WorldConfig`; default
@@ -486,7 +487,7 @@ def build_world_corpus(world_dir: str, out_dir: str, level: str = "word", domain
     elif not os.path.isfile(os.path.join(world_dir, "news.jsonl")):
         raise DataError("exists but holds no news.jsonl; expected a world folder (`templm data world`), or a path "
                         "that does not exist yet (the world is then generated there)", world_dir)
-    stats = build_calm_corpus_from_world(world_dir, out_dir, level, world_domains(domains))
+    stats = build_calm_corpus_from_world(world_dir, out_dir, level, world_domains(domains), overwrite)
     if len(stats["classes"]) < 2:
         raise DataError(f"the world's news fill only {sorted(stats['classes'])}; CALM needs two or more classes",
                         world_dir)

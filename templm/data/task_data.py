@@ -19,10 +19,8 @@ same time do not both build it; everything is written under `out_dir.partial` an
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import datetime
-import fcntl
 import itertools
 import json
 import os
@@ -39,7 +37,8 @@ from templm.data.splits import read_split_file, yearly_buckets
 from templm.data.vocab import train_spm
 from templm.data.world import WorldConfig, generate_world
 from templm.errors import DataError
-from templm.io import build_folder
+from templm.io import write_json
+from templm.outputs import build_output_folder, locked
 
 SPLITS = ("train", "validation", "test")
 MANIFEST = "manifest.json"
@@ -119,20 +118,38 @@ def _training_documents(corpus: str, fmt: str, split_of: Dict[str, str]) -> Iter
     return (doc for doc in read_documents(corpus, fmt) if doc.id not in split_of)
 
 
-def prepare_task_data(config: TaskDataConfig, out_dir: str) -> dict:
-    """Builds the task folder for `config` at `out_dir` (see the module docstring). Returns the manifest."""
-    return build_folder(out_dir, lambda tmp: _prepare(config, tmp))
+def prepare_task_data(config: TaskDataConfig, out_dir: str, overwrite: bool = False) -> dict:
+    """Builds the task folder for `config` at `out_dir` (see the module docstring). Returns the manifest. `out_dir`
+    is replaced only when it is absent, empty or templm task data, unless `overwrite`."""
+    final = os.path.abspath(out_dir)
+    return build_output_folder(out_dir, "task data", lambda tmp: _prepare(config, tmp, final), overwrite)
 
 
-def _prepare(config: TaskDataConfig, root: str) -> dict:
+def _retarget(value, tmp: str, final: str):
+    """`value` with every path under the partial folder `tmp` named where it will be once the folder is in place."""
+    if isinstance(value, dict):
+        return {k: _retarget(v, tmp, final) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_retarget(v, tmp, final) for v in value]
+    if isinstance(value, str) and (value == tmp or value.startswith(tmp + os.sep)):
+        return final + value[len(tmp):]
+    return value
+
+
+def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None) -> dict:
     corpus, templama_dir, fmt = config.corpus, config.templama_dir, config.corpus_format
     if corpus is None:
-        generate_world(config.world, os.path.join(root, "world"))
+        generate_world(config.world, os.path.join(root, "world"), lock=False)  # inside our own partial folder
         corpus, fmt = os.path.join(root, "world", "news.jsonl"), "jsonl"
         templama_dir = templama_dir or os.path.join(root, "world", "templama")
     buckets = yearly_buckets(corpus, os.path.join(root, "splits"), heldout_per_year=config.heldout_per_year,
                              heldout_fraction=config.heldout_fraction, seed=config.seed, format=fmt,
                              clean=config.clean)
+    if final is not None:  # the world's corpus sits in this partial folder: stats.json names its final place
+        stats_path = os.path.join(root, "splits", "stats.json")
+        with open(stats_path, encoding="utf-8") as f:
+            stats = json.load(f)
+        write_json(stats_path, _retarget(stats, os.path.abspath(root), final))
     years = sorted(int(y) for y in buckets["years"])
     split_of = _split_of_documents(os.path.join(root, "splits"), years)
     logging.info("task data: %d years (%d-%d), %d held-out documents", len(years), years[0], years[-1],
@@ -219,23 +236,12 @@ def read_manifest(data_dir: str) -> Optional[dict]:
     return manifest
 
 
-@contextlib.contextmanager
-def _locked(path: str):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def ensure_task_data(data_dir: str, config: TaskDataConfig = TaskDataConfig()) -> dict:
     """The manifest of `data_dir`, preparing the folder first (once, under a lock) when it has none."""
     manifest = read_manifest(data_dir)
     if manifest is not None:
         return manifest
-    with _locked(data_dir.rstrip("/") + ".lock"):
+    with locked(data_dir.rstrip("/") + ".lock", f"the task data folder {data_dir}", wait=True):
         manifest = read_manifest(data_dir)  # another process may have built it while we waited
         if manifest is None:
             logging.info("preparing task data in %s (first use)", data_dir)

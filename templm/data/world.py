@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from templm.data.records import MAX_DATE, MIN_DATE, Query
 from templm.data.templama import TEMPLATES, Fact, queries_from_facts, split_by_subject, write_queries
-from templm.io import build_folder
+from templm.outputs import build_output_folder, check_output_folder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -450,13 +450,17 @@ def _stats(builder: _Builder, docs_by_year, queries: List[Query], splits) -> dic
     }
 
 
-def generate_world(config: WorldConfig, out_dir: str) -> dict:
-    """Draws the world for `config` and writes it to `out_dir` (see the module docstring). Returns stats.json."""
+def generate_world(config: WorldConfig, out_dir: str, overwrite: bool = False, lock: bool = True) -> dict:
+    """Draws the world for `config` and writes it to `out_dir` (see the module docstring). Returns stats.json.
+
+    `out_dir` is replaced only when it is absent, empty or a templm world, unless `overwrite`
+    (templm.outputs.build_output_folder); `lock` = False when it is built inside a folder whose own lock is held."""
+    check_output_folder(out_dir, "world", overwrite)  # before the work
     builder = _Builder(config)
     builder.make_entities()
     builder.make_facts()
     names = {e.id: e.name for e in builder.entities}
-    return build_folder(out_dir, lambda tmp: _write_world(builder, names, tmp))
+    return build_output_folder(out_dir, "world", lambda tmp: _write_world(builder, names, tmp), overwrite, lock)
 
 
 def _write_world(builder: _Builder, names: Dict[str, str], tmp: str) -> dict:

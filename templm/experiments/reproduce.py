@@ -64,6 +64,7 @@ from templm.metrics.findings import CLAIMS, DIRECTIONS, combine_findings, findin
 from templm.metrics.statistics import mean_interval
 from templm.metrics.stream import STREAM_DIRECTIONS
 from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, count_parameters
+from templm.outputs import check_output_folder, lock_inside, mark
 from templm.training import partitioning, trainer
 from templm.training.optimizers import make_optimizer
 
@@ -520,6 +521,7 @@ def _years(years: Sequence[int]) -> str:
 
 
 RUN_RECORD = "run.json"
+REPRODUCTION = "reproduction"  # the kind of output folder (templm.outputs)
 
 
 def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[ExtraStage]) -> bool:
@@ -546,22 +548,30 @@ def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[Ex
 
 
 def reproduce(preset: Union[str, Preset], out_dir: str, seed: int = 0,
-              extra_stages: Optional[Sequence[ExtraStage]] = None) -> Dict[str, Any]:
+              extra_stages: Optional[Sequence[ExtraStage]] = None, overwrite: bool = False) -> Dict[str, Any]:
     """Runs the whole study for `preset` (a name in PRESETS or a Preset) into `out_dir`; writes results.json (with
     the findings) and returns the results dict as it holds them.
 
     `extra_stages` default to the registered `EXTRA_STAGES`. A rerun of the same preset, seed and stages resumes the
     models of the earlier run; any other run starts them afresh (`_start_or_resume`). SIGTERM raises Preempted from
-    the stage that was training, after its checkpoint: nothing is written then.
+    the stage that was training, after its checkpoint: nothing is written then. `out_dir` must be absent, empty or a
+    templm reproduction (unless `overwrite`), and is locked while the run writes it.
     """
     if isinstance(preset, str):
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}: expected one of {', '.join(PRESETS)}")
         preset = PRESETS[preset]
     extra = list(EXTRA_STAGES if extra_stages is None else extra_stages)
-    _enable_compilation_cache()
     out_dir = os.path.abspath(out_dir)
+    check_output_folder(out_dir, REPRODUCTION, overwrite)
     os.makedirs(out_dir, exist_ok=True)
+    with lock_inside(out_dir, f"the reproduction folder {out_dir}"):
+        mark(out_dir, REPRODUCTION)
+        return _reproduce(preset, out_dir, seed, extra)
+
+
+def _reproduce(preset: Preset, out_dir: str, seed: int, extra: List[ExtraStage]) -> Dict[str, Any]:
+    _enable_compilation_cache()
     if _start_or_resume(out_dir, preset, seed, extra):
         console.say(f"reproduce: resuming the run in {out_dir} (same preset and seed)")
     previous_data_dir = tasks.current().get("data_dir")
@@ -614,7 +624,7 @@ def seed_dir(out_dir: str, seed: int) -> str:
 
 
 def reproduce_seeds(preset: Union[str, Preset], out_dir: str, seeds: Sequence[int],
-                    extra_stages: Optional[Sequence[ExtraStage]] = None) -> Dict[str, Any]:
+                    extra_stages: Optional[Sequence[ExtraStage]] = None, overwrite: bool = False) -> Dict[str, Any]:
     """The whole study once per seed, each into out_dir/seed_<S> (its own results.json, resumable as one run), then
     the seeds combined into out_dir/results.json (`combine_seeds`): every finding tested over the per-seed effects,
     every summary number as its mean and 95 % interval over the seeds, and every seed's results whole. The seeds run
@@ -623,16 +633,19 @@ def reproduce_seeds(preset: Union[str, Preset], out_dir: str, seeds: Sequence[in
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct and at least one, got {seeds}")
     out_dir = os.path.abspath(out_dir)
+    check_output_folder(out_dir, REPRODUCTION, overwrite)
     os.makedirs(out_dir, exist_ok=True)
-    t0 = time.time()
-    per_seed = {}
-    for i, seed in enumerate(seeds):
-        console.say(f"reproduce: seed {seed} ({i + 1} of {len(seeds)}) into {seed_dir(out_dir, seed)}")
-        per_seed[str(seed)] = reproduce(preset, seed_dir(out_dir, seed), seed, extra_stages)
-    results = combine_seeds(per_seed)
-    results["timing"] = {"total_s": time.time() - t0, "machine": _machine(),
-                         "per_seed_s": {s: r["timing"]["total_s"] for s, r in per_seed.items()}}
-    write_json(os.path.join(out_dir, "results.json"), results, sort_keys=True)
+    with lock_inside(out_dir, f"the reproduction folder {out_dir}"):
+        mark(out_dir, REPRODUCTION)
+        t0 = time.time()
+        per_seed = {}
+        for i, seed in enumerate(seeds):
+            console.say(f"reproduce: seed {seed} ({i + 1} of {len(seeds)}) into {seed_dir(out_dir, seed)}")
+            per_seed[str(seed)] = reproduce(preset, seed_dir(out_dir, seed), seed, extra_stages, overwrite)
+        results = combine_seeds(per_seed)
+        results["timing"] = {"total_s": time.time() - t0, "machine": _machine(),
+                             "per_seed_s": {s: r["timing"]["total_s"] for s, r in per_seed.items()}}
+        write_json(os.path.join(out_dir, "results.json"), results, sort_keys=True)
     return results
 
 

@@ -29,6 +29,7 @@ Multi-host: every process tokenises the same documents and puts its own rows of 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import Any, Dict, Optional, Tuple, Union
@@ -247,6 +248,8 @@ def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_fi
             "seed": seed, "data_seed": data_seed, "data_order": data_order, "batch_size": batch_size,
             "tgt_len": config.tgt_len, "mem_len": mem_len, "data_fingerprint": data.fingerprint(), "data": data_stats}
     os.makedirs(model_dir, exist_ok=True)
+    held = contextlib.ExitStack()
+    held.enter_context(loop.model_dir_lock(model_dir))
     checkpointer = Checkpointer(os.path.join(model_dir, "checkpoints"), save_period, keep_checkpoints)
     log = loop.MetricsLog(model_dir)
     try:
@@ -292,6 +295,7 @@ def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_fi
     finally:
         log.close()
         checkpointer.close()
+        held.close()
     result: Dict[str, Any] = {"start_step": start_step, "data": data_stats}
     train = logged if logged is not None else last  # a resumed run with nothing left reports its checkpoint's
     if train is not None:

@@ -16,6 +16,7 @@ Each step takes the batch of its data position and applies the step; then
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
@@ -26,6 +27,7 @@ from clu import metric_writers
 
 from templm import console
 from templm.errors import Preempted, TrainingError, sigterm_received, watch_sigterm
+from templm.outputs import lock_inside
 from templm.training.checkpoints import Checkpointer
 
 
@@ -48,6 +50,14 @@ class MetricsLog:
     def close(self) -> None:
         self.writer.flush()
         self.writer.close()
+
+
+def model_dir_lock(model_dir: str) -> contextlib.AbstractContextManager:
+    """One run at a time per MODEL_DIR: process 0 holds MODEL_DIR/.templm.lock while it trains (a second run on the
+    same folder is refused with the first one's pid and host; the system releases the lock of a killed run)."""
+    if jax.process_index() != 0:
+        return contextlib.nullcontext()
+    return lock_inside(model_dir, f"MODEL_DIR {model_dir}")
 
 
 def check_finite(metrics: Mapping[str, Any], step: int, checkpointer: Checkpointer) -> None:

@@ -17,6 +17,7 @@ templm.evaluation.checkpoint_eval.evaluate_params): evaluation sits above traini
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 from typing import Any, Callable, Dict, Mapping, Optional
@@ -184,6 +185,8 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
                          f"({microbatches}) and by the number of processes ({jax.process_count()})")
     lengths = dict(task_feature_lengths)
     os.makedirs(model_dir, exist_ok=True)
+    held = contextlib.ExitStack()
+    held.enter_context(loop.model_dir_lock(model_dir))
     checkpointer = Checkpointer(os.path.join(model_dir, "checkpoints"), save_period, keep_checkpoints)
     log = loop.MetricsLog(model_dir)
     iterator = None
@@ -248,6 +251,7 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
         iterator = None  # an iterator left alive at exit can hang the process (tf.data)
         log.close()
         checkpointer.close()
+        held.close()
     train = logged if logged is not None else last  # a resumed run with nothing left reports its checkpoint's
     if train is not None:
         result["train"] = train

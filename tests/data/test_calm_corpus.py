@@ -88,7 +88,7 @@ def test_build_from_texts(tmp_path):
     (src / "fr.txt").write_text("le chat\r\nle chapeau é\n", encoding="utf-8")
     out = tmp_path / "out"
     stats = build_calm_corpus_from_texts(str(src), str(out), "char")
-    assert sorted(os.listdir(out)) == ["en.txt", "fr.txt", "vocab"]
+    assert sorted(os.listdir(out)) == [".templm.json", "en.txt", "fr.txt", "vocab"]
     assert (out / "fr.txt").read_text(encoding="utf-8") == "le chat\nle chapeau é\n"
     lines = (out / "vocab" / "en.vocab").read_text(encoding="utf-8").splitlines()
     assert lines[:2] == ["t\t4", "h\t3"] and "a\t2" in lines and not any(l.startswith(" ") for l in lines)
@@ -101,8 +101,9 @@ def test_build_from_texts(tmp_path):
     assert read_vocabulary(str(out), "word").tokens[:2] == (UNK, EOL)
     (tmp_path / "keep").mkdir()
     (tmp_path / "keep" / "notes.md").write_text("mine")
-    with pytest.raises(FileExistsError):
+    with pytest.raises(DataError, match=r"not a templm output, not a CALM corpus \(notes.md\)"):
         build_calm_corpus_from_texts(str(src), str(tmp_path / "keep"), "word")
+    assert (tmp_path / "keep" / "notes.md").read_text() == "mine"
     (src / "empty.txt").write_text("\n\n")
     with pytest.raises(DataError, match="empty.txt"):
         build_calm_corpus_from_texts(str(src), str(tmp_path / "out2"), "word")

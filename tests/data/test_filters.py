@@ -71,7 +71,9 @@ def _split_ids(out):
 
 
 def _make(corpus, out, **kwargs):
-    return make_splits(corpus, str(out), cutoff=D(2017, 9, 30), test_docs_per_month=100, **kwargs)
+    # A small corpus whose test months are all test documents: degenerate on purpose, the clean-up is the subject.
+    return make_splits(corpus, str(out), cutoff=D(2017, 9, 30), test_docs_per_month=100, allow_degenerate=True,
+                       **kwargs)
 
 
 def test_other_languages_and_near_duplicates_are_in_no_split_and_counted(tmp_path):
@@ -120,7 +122,7 @@ def test_shingles_are_word_five_grams_of_the_lowercased_text():
 def test_the_verb_takes_the_clean_up_flags_and_names_a_bad_one(tmp_path):
     corpus, _ = _corpus(tmp_path / "news.jsonl")
     base = [sys.executable, "-m", "templm.cli", "data", "splits", f"--corpus={corpus}", "--cutoff=2017-09-30",
-            "--test_docs_per_month=100", "--noyearly"]
+            "--test_docs_per_month=100", "--noyearly", "--allow_degenerate"]
     ok = subprocess.run(base + [f"--out={tmp_path / 'out'}", "--near_duplicate_threshold=0"], capture_output=True,
                         text=True, cwd=REPO, timeout=300)
     assert ok.returncode == 0, ok.stderr[-3000:]

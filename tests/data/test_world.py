@@ -50,7 +50,7 @@ def test_same_seed_same_bytes_and_other_seed_differs(tmp_path):
     generate_world(SMALL, b)
     generate_world(WorldConfig(**{**SMALL.__dict__, "seed": 8}), c)
     files = _all_files(a)
-    assert files == ["calibration.jsonl", "mentions.jsonl", "news.jsonl", "stats.json",
+    assert files == [".templm.json", "calibration.jsonl", "mentions.jsonl", "news.jsonl", "stats.json",
                      "templama/test.jsonl", "templama/train.jsonl", "templama/val.jsonl", "world.json"]
     match, mismatch, errors = filecmp.cmpfiles(a, b, files, shallow=False)
     assert mismatch == [] and errors == []

@@ -81,3 +81,20 @@ def toy_state():
     import jax.numpy as jnp
 
     return {"step": jnp.zeros((), jnp.int32), "params": jnp.zeros((), jnp.float32)}
+
+
+def lock_holder(lock_path, what):
+    """A process that holds the templm lock `lock_path` until it is killed; returned once it holds the lock."""
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import sys, time
+        from templm.outputs import locked
+        with locked({lock_path!r}, {what!r}):
+            print("held", flush=True)
+            time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "held", proc.stderr.read()
+    return proc

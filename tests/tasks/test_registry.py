@@ -45,6 +45,8 @@ def test_manifest_years_slices_and_counts(data_dir):
     assert sum(templama["validation"].values()) == world_stats["templama_splits"]["val"]
     news = manifest["counts"]["customnews"]
     assert all(news[split][str(y)] > 0 for split in ("train", "validation", "test") for y in manifest["years"])
+    with open(os.path.join(data_dir, "splits", "stats.json")) as f:  # the corpus where it is, not where it was built
+        assert json.load(f)["yearly"]["corpus"] == os.path.join(os.path.abspath(data_dir), "world", "news.jsonl")
 
 
 def test_year_prefix_only_in_temporal_tasks(data_dir):

@@ -1,0 +1,176 @@
+"""Output folders: what templm may write over, and locks that keep two runs out of one folder.
+
+* Every folder templm builds carries a marker (`.templm.json`, its kind). A run replaces a folder only when it is
+  absent, empty or a templm output of the same kind (folders written before the markers are known by their files);
+  anything else is refused, naming what is there, unless the caller passes `overwrite` (`--overwrite`).
+* A run that writes a folder holds a lock file while it does: `<folder>.lock` beside a folder that is rebuilt whole,
+  `<folder>/.templm.lock` inside one a run keeps adding to (a MODEL_DIR, a reproduction). The lock is an advisory
+  `flock` that the system releases when its holder ends, kill -9 included, so a lock left by a dead run never blocks
+  the next one; the file names its holder (command, pid, host, start) for the message a second run gets, and is
+  removed when the run ends (a killed run leaves it behind, harmless).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import shutil
+import socket
+import sys
+from typing import Any, Callable, Dict, Iterator, Sequence
+
+from templm.errors import DataError
+from templm.io import atomic_write
+
+MARKER = ".templm.json"
+LOCK = ".templm.lock"
+# Files that mark a folder of each kind written before the markers existed.
+_SIGNATURES: Dict[str, Sequence[str]] = {
+    "world": ("news.jsonl", "stats.json"),
+    "task data": ("manifest.json",),
+    "CALM corpus": ("vocab",),
+    "reproduction": ("run.json",),
+}
+_HELD: Dict[str, list] = {}  # lock path -> [open file, depth]: a process may take its own lock again
+
+
+def kind_of(folder: str) -> str:
+    """The kind of templm output `folder` is ("" when none: absent, empty, or something else)."""
+    try:
+        with open(os.path.join(folder, MARKER), encoding="utf-8") as f:
+            return str(json.load(f).get("kind", ""))
+    except (OSError, ValueError):
+        pass
+    for kind, names in _SIGNATURES.items():
+        if all(os.path.exists(os.path.join(folder, name)) for name in names):
+            return kind
+    return ""
+
+
+def check_output_folder(folder: str, kind: str, overwrite: bool = False) -> None:
+    """Raises DataError unless templm may write a `kind` output at `folder`: it is absent, empty, a templm output of
+    the same kind, or `overwrite` is set. The message names what is there."""
+    if not os.path.lexists(folder):
+        return
+    if not os.path.isdir(folder):
+        raise DataError(f"is a file, not a folder: choose another output folder for the {kind}", folder)
+    entries = sorted(name for name in os.listdir(folder) if name != LOCK)  # a lock alone: a run starting here
+    if not entries or overwrite:
+        return
+    found = kind_of(folder)
+    if found == kind:
+        return
+    what = f"a templm {found}" if found else "not a templm output"
+    shown = ", ".join(entries[:6]) + (f", ... ({len(entries)} entries)" if len(entries) > 6 else "")
+    raise DataError(f"the output folder is not empty and is {what}, not a {kind} ({shown}); nothing was changed: "
+                    "choose another folder, or pass --overwrite to replace it", folder)
+
+
+def mark(folder: str, kind: str) -> None:
+    """Writes the marker that says `folder` is a templm output of `kind`."""
+    atomic_write(os.path.join(folder, MARKER), json.dumps({"kind": kind, "written_by": "templm"}) + "\n")
+
+
+def _holder() -> Dict[str, Any]:
+    return {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv[:3]) or "python",
+            "since": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+def _acquire(lock_path: str, what: str, wait: bool):
+    """The open lock file, flock-ed. A file unlinked by its last holder between our open and our flock is not the
+    lock any more: open the path again."""
+    while True:
+        f = open(lock_path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            f.seek(0)
+            try:
+                holder = json.loads(f.read() or "{}")
+            except ValueError:
+                holder = {}
+            f.close()
+            by = (f"`{holder.get('command', 'templm')}` (pid {holder.get('pid', '?')} on {holder.get('host', '?')}, "
+                  f"since {holder.get('since', '?')})")
+            raise DataError(f"{what} is in use by {by}; wait for it to end, or stop it (the lock of a run that was "
+                            "killed is released by the system)", lock_path) from None
+        try:
+            if os.fstat(f.fileno()).st_ino == os.stat(lock_path).st_ino:
+                return f
+        except FileNotFoundError:
+            pass
+        f.close()
+
+
+@contextlib.contextmanager
+def locked(lock_path: str, what: str, wait: bool = False) -> Iterator[None]:
+    """Holds the lock file `lock_path` for the block: a second holder is refused with a DataError naming the first
+    (or, with `wait`, waits for it). Taking a lock this process already holds is allowed (nested stages). The file
+    is removed when the lock is released (still holding it, so that no one else can take a stale copy)."""
+    lock_path = os.path.abspath(lock_path)
+    if lock_path in _HELD:
+        _HELD[lock_path][1] += 1
+        try:
+            yield
+        finally:
+            _HELD[lock_path][1] -= 1
+        return
+    os.makedirs(os.path.dirname(lock_path), exist_ok=True)
+    f = _acquire(lock_path, what, wait)
+    try:
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps(_holder()) + "\n")
+        f.flush()
+        _HELD[lock_path] = [f, 1]
+        try:
+            yield
+        finally:
+            del _HELD[lock_path]
+            try:
+                os.unlink(lock_path)
+            except FileNotFoundError:
+                pass
+            fcntl.flock(f, fcntl.LOCK_UN)
+    finally:
+        f.close()
+
+
+def lock_inside(folder: str, what: str) -> contextlib.AbstractContextManager:
+    """The lock of a folder a run keeps adding to (MODEL_DIR, a reproduction): `<folder>/.templm.lock`. Folders on
+    other file systems (gs://) are not locked: flock needs a local or NFS path."""
+    if "://" in str(folder):
+        return contextlib.nullcontext()
+    return locked(os.path.join(folder, LOCK), what)
+
+
+def build_output_folder(out_dir: str, kind: str, build: Callable[[str], Any], overwrite: bool = False,
+                        lock: bool = True) -> Any:
+    """Runs build(tmp) in a fresh folder beside `out_dir` (`out_dir` + ".partial"), marks it as a `kind` output and
+    puts it in the place of `out_dir`, all under the lock `out_dir` + ".lock": nothing half-built is ever at
+    `out_dir`, a failure removes the partial folder and leaves `out_dir` as it was, and a folder that is not a
+    templm `kind` output is never replaced unless `overwrite` (check_output_folder). `lock` = False inside a folder
+    that is itself being built under a lock (its partial folder is this run's alone). Returns what build returned."""
+    out_dir = os.fspath(out_dir).rstrip("/\\") or os.fspath(out_dir)
+    check_output_folder(out_dir, kind, overwrite)
+    with locked(out_dir + ".lock", f"the {kind} folder {out_dir}") if lock else contextlib.nullcontext():
+        tmp = out_dir + ".partial"
+        shutil.rmtree(tmp, ignore_errors=True)  # a partial folder of a run that died: ours, under our lock
+        os.makedirs(tmp)
+        try:
+            result = build(tmp)
+            mark(tmp, kind)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        check_output_folder(out_dir, kind, overwrite)  # still ours to replace after the build
+        old = f"{out_dir}.old"
+        if os.path.lexists(out_dir):
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    return result

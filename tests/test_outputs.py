@@ -1,0 +1,144 @@
+"""Output folders and locks (templm/outputs.py): a folder that is not templm's output of the same kind is never
+replaced without --overwrite (its files stay), two runs never write one folder at once, and the lock of a run killed
+with kill -9 does not block the next one."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from templm.data.task_data import TaskDataConfig, prepare_task_data
+from templm.data.world import WorldConfig, generate_world
+from templm.errors import DataError
+from templm.outputs import MARKER, build_output_folder, check_output_folder, kind_of, locked
+from templm_testing import lock_holder, run_templm as templm
+
+TINY_WORLD = WorldConfig(start_year=2014, end_year=2015, subjects_per_relation=4, docs_per_month=3)
+WORLD_FLAGS = ("--start_year=2014", "--end_year=2015", "--subjects_per_relation=4", "--docs_per_month=3")
+
+
+def _mine(folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "notes.md").write_text("my notes")
+    (folder / "sub").mkdir(exist_ok=True)
+    (folder / "sub" / "data.csv").write_text("1,2\n")
+    return folder
+
+
+def test_a_folder_of_someone_elses_files_is_refused_and_left_as_it_was(tmp_path):
+    mine = _mine(tmp_path / "mine")
+    with pytest.raises(DataError, match=r"not empty and is not a templm output, not a world \(notes.md, sub\)") as e:
+        generate_world(TINY_WORLD, str(mine))
+    assert e.value.path == str(mine) and "--overwrite" in str(e.value)
+    assert sorted(os.listdir(mine)) == ["notes.md", "sub"] and (mine / "notes.md").read_text() == "my notes"
+    assert not os.path.exists(str(mine) + ".partial")
+    # Another kind of templm output is refused too; the same kind is rebuilt in place.
+    world = tmp_path / "world"
+    generate_world(TINY_WORLD, str(world))
+    assert kind_of(str(world)) == "world" and json.loads((world / MARKER).read_text())["kind"] == "world"
+    with pytest.raises(DataError, match="is a templm world, not a task data"):
+        prepare_task_data(TaskDataConfig(world=TINY_WORLD, vocab_size=200), str(world))
+    stats = generate_world(WorldConfig(seed=1, start_year=2014, end_year=2015, subjects_per_relation=4,
+                                       docs_per_month=3), str(world))
+    assert json.loads((world / "stats.json").read_text()) == stats and stats["config"]["seed"] == 1
+    # --overwrite: the caller asked for it.
+    generate_world(TINY_WORLD, str(mine), overwrite=True)
+    assert kind_of(str(mine)) == "world" and not (mine / "notes.md").exists()
+
+
+def test_folders_written_before_the_markers_are_known_by_their_files(tmp_path):
+    old = tmp_path / "old_world"
+    generate_world(TINY_WORLD, str(old))
+    os.remove(old / MARKER)
+    assert kind_of(str(old)) == "world"
+    check_output_folder(str(old), "world")
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(DataError, match="is a file, not a folder"):
+        check_output_folder(str(a_file), "world")
+
+
+def test_a_failed_build_leaves_the_earlier_output_and_no_partial_folder(tmp_path):
+    out = tmp_path / "out"
+    build_output_folder(str(out), "thing", lambda tmp: open(os.path.join(tmp, "a.txt"), "w").write("first"))
+
+    def fail(tmp):
+        open(os.path.join(tmp, "a.txt"), "w").write("second")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        build_output_folder(str(out), "thing", fail)
+    assert (out / "a.txt").read_text() == "first" and not os.path.exists(str(out) + ".partial")
+    assert sorted(os.listdir(tmp_path)) == ["out"]  # no partial folder, no lock file left
+
+
+def test_a_second_writer_is_refused_naming_the_first_and_a_killed_holder_frees_the_lock(tmp_path):
+    lock = str(tmp_path / "out.lock")
+    proc = lock_holder(lock, "the thing")
+    try:
+        with pytest.raises(DataError, match=rf"the thing is in use by `.*` \(pid {proc.pid} on "):
+            with locked(lock, "the thing"):
+                pass
+        with pytest.raises(DataError, match="in use by"):  # the same for a whole build
+            build_output_folder(str(tmp_path / "out"), "thing", lambda tmp: None)
+        assert not (tmp_path / "out").exists()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert os.path.exists(lock)  # kill -9 left the file, not the lock
+    with locked(lock, "the thing"):
+        with open(lock) as f:
+            assert json.loads(f.read())["pid"] == os.getpid()
+    assert not os.path.exists(lock)  # released: the file goes with it
+    with locked(lock, "the thing"):
+        with locked(lock, "the thing"):  # the holder may take its own lock again (nested stages)
+            pass
+
+
+def test_two_task_data_builds_on_one_folder_at_once_one_is_refused_and_the_folder_is_whole(tmp_path):
+    """Two `templm data tasks --out S` a moment apart could leave S with record files missing and exit 0."""
+    out = tmp_path / "data"
+    args = ("data", "tasks", f"--out={out}", "--vocab_size=200", "--gin.WorldConfig.start_year=2014",
+            "--gin.WorldConfig.end_year=2015", "--gin.WorldConfig.subjects_per_relation=4",
+            "--gin.WorldConfig.docs_per_month=3")
+    first = subprocess.Popen([sys.executable, "-m", "templm.cli", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not os.path.exists(str(out) + ".partial") and first.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    first.send_signal(signal.SIGSTOP)  # held mid-build (with its lock) while the second one runs
+    try:
+        second = templm(*args)
+    finally:
+        first.send_signal(signal.SIGCONT)
+    out1, err1 = first.communicate(timeout=600)
+    assert first.returncode == 0, err1[-2000:]
+    assert second.returncode == 1 and "is in use by" in second.stderr and f"pid {first.pid}" in second.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    for folder, splits in manifest["counts"].items():
+        for split, years in splits.items():
+            for year in years:
+                assert (out / folder / f"{split}-{year}.tfrecord").exists()
+
+
+def test_reproduce_refuses_a_folder_of_other_files_before_any_work(tmp_path):
+    mine = _mine(tmp_path / "mine")
+    result = templm("reproduce", "--preset=tiny_test", f"--out={mine}", "--nostreaming")
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "not a templm output, not a reproduction (notes.md, sub)" in result.stderr
+    assert sorted(os.listdir(mine)) == ["notes.md", "sub"]
+
+
+@pytest.mark.e2e
+def test_data_world_refuses_then_overwrites_when_asked(tmp_path):
+    mine = _mine(tmp_path / "mine")
+    refused = templm("data", "world", f"--out={mine}", *WORLD_FLAGS)
+    assert refused.returncode == 1 and "--overwrite" in refused.stderr and "Traceback" not in refused.stderr
+    assert (mine / "notes.md").read_text() == "my notes"
+    done = templm("data", "world", f"--out={mine}", "--overwrite", *WORLD_FLAGS)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert kind_of(str(mine)) == "world" and not (mine / "notes.md").exists()
