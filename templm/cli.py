@@ -22,11 +22,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 import difflib
+import errno
 import functools
 import json
 import os
 import re
 import sys
+import tempfile
 import tokenize
 import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -34,8 +36,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from absl import app, flags, logging
 
 from templm import console
-from templm.errors import (EXIT_BAD_INPUT, EXIT_PREEMPTED, EXIT_TRAINING, EXIT_USAGE, ConfigError, Preempted,
-                           TrainingError)
+from templm.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_SYSTEM, EXIT_TRAINING, EXIT_USAGE,
+                           ConfigError, Preempted, TrainingError)
 
 
 FLAGS = flags.FLAGS
@@ -138,8 +140,14 @@ def _check_macros_are_used(bindings: Sequence[str]) -> None:
 
 # -- data verbs ---------------------------------------------------------------------------------------------------
 
+def _define_overwrite():
+    flags.DEFINE_boolean("overwrite", False, "Replace --out even when it is not empty and not a templm output of "
+                         "this kind (what is in it is deleted); without it such a folder is refused.")
+
+
 def _define_data_world():
     flags.DEFINE_string("out", None, "Output folder.", required=True)
+    _define_overwrite()
     flags.DEFINE_integer("seed", None, "Random seed (default 0, or the gin binding WorldConfig.seed).")
     flags.DEFINE_integer("start_year", None, "First year (default 2010).")
     flags.DEFINE_integer("end_year", None, "Last year (default 2020).")
@@ -167,7 +175,7 @@ def _main_data_world():
         config = dataclasses.replace(make_config(), **overrides)
     except ValueError as e:
         raise ConfigError(f"WorldConfig: {e}") from None
-    stats = generate_world(config, FLAGS.out)
+    stats = generate_world(config, FLAGS.out, overwrite=FLAGS.overwrite)
     print(format_world_summary(stats, FLAGS.out))
 
 
@@ -313,6 +321,7 @@ def _main_data_templama():
 def _define_data_tasks():
     flags.DEFINE_string("out", None, "Output folder: point TEMPLM_DATA_DIR (or templm.tasks.configure.data_dir) at it.",
                         required=True)
+    _define_overwrite()
     flags.DEFINE_string("corpus", None, "News corpus; default: the embedded world (drawn with --seed and the "
                         "WorldConfig gin bindings).")
     flags.DEFINE_enum("format", "auto", ["auto", "jsonl", "wmt", "arxiv"], "Corpus format.")
@@ -338,11 +347,24 @@ def _main_data_tasks():
         vocab_size=FLAGS.vocab_size, max_spm_sentences=FLAGS.max_spm_sentences, detector=FLAGS.detector,
         one_span_per_sentence=FLAGS.one_span_per_sentence, heldout_per_year=FLAGS.heldout_per_year,
         heldout_fraction=FLAGS.heldout_fraction, future_years=FLAGS.future_years, seed=FLAGS.seed)
-    manifest = prepare_task_data(config, FLAGS.out)
+    manifest = prepare_task_data(config, FLAGS.out, overwrite=FLAGS.overwrite)
     totals = {folder: {split: sum(by_year.values()) for split, by_year in splits.items()}
               for folder, splits in manifest["counts"].items()}
     print(json.dumps({"out": FLAGS.out, "years": manifest["years"], "future_years": manifest["future_years"],
                       "examples": totals}))
+
+
+def _writable_folder(folder: str, what: str) -> None:
+    """Creates `folder` if needed and checks a file can be written there, so a bad output path fails before the work
+    (ConfigError naming it)."""
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ConfigError(f"{what} {folder} is a file; expected a folder")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{what} {folder}: cannot write there: {e.strerror or e}") from None
 
 
 def _configure_tasks():
@@ -392,6 +414,8 @@ def _main_eval():
     from templm.reports.evaluation import metrics_table, write_eval_report
 
     _configure_tasks()
+    if FLAGS.out:
+        _writable_folder(FLAGS.out, "--out")  # before the evaluation, not after it
     result = evaluate_checkpoint(split=FLAGS.split, step=FLAGS.step, num_examples=FLAGS.num_examples,
                                  eval_mixture_or_task_name=FLAGS.eval_task)
     base = os.path.join(FLAGS.out or result["model_dir"], f"eval_{FLAGS.split}")
@@ -442,6 +466,9 @@ def _main_infer():
     from templm.evaluation.checkpoint_eval import infer_checkpoint
     from templm.io import atomic_write
 
+    if os.path.isdir(FLAGS.output):
+        raise ConfigError(f"--output {FLAGS.output} is a folder; expected the path of a JSON lines file")
+    _writable_folder(os.path.dirname(os.path.abspath(FLAGS.output)), "--output's folder")  # before the inference
     rows, texts = _read_inference_inputs(FLAGS.input, FLAGS.regime)
     _configure_tasks()
     predictions = infer_checkpoint(texts, method=FLAGS.method)
@@ -454,6 +481,7 @@ def _main_infer():
 def _define_data_calm():
     flags.DEFINE_string("out", None, "Output folder: the CALM corpus (<class>.txt and vocab/<class>.vocab).",
                         required=True)
+    _define_overwrite()
     flags.DEFINE_string("world_dir", None, "Build from the embedded world in this folder (one class per news "
                         "domain); a folder that does not exist gets a world generated first (--seed, WorldConfig "
                         "gin bindings).")
@@ -473,12 +501,14 @@ def _main_data_calm():
     if FLAGS.texts:
         if FLAGS.domains or FLAGS.seed is not None:
             raise ConfigError("--domains and --seed apply to --world_dir only")
-        summary = {"classes": build_calm_corpus_from_texts(FLAGS.texts, FLAGS.out, FLAGS.level)}
+        summary = {"classes": build_calm_corpus_from_texts(FLAGS.texts, FLAGS.out, FLAGS.level,
+                                                           overwrite=FLAGS.overwrite)}
     else:
         world = _world_configurable()()
         if FLAGS.seed is not None:
             world = dataclasses.replace(world, seed=FLAGS.seed)
-        summary = build_world_corpus(FLAGS.world_dir, FLAGS.out, FLAGS.level, FLAGS.domains, world)
+        summary = build_world_corpus(FLAGS.world_dir, FLAGS.out, FLAGS.level, FLAGS.domains, world,
+                                     overwrite=FLAGS.overwrite)
     print(json.dumps({"out": FLAGS.out, "level": FLAGS.level, **summary}))
 
 
@@ -544,6 +574,7 @@ def _define_reproduce():
     flags.DEFINE_integer("num_seeds", None, "The same as --seeds 0,1,...,N-1.")
     flags.DEFINE_boolean("streaming", True, "Also run the Transformer-XL half (TIME-STRATIFIED vs CONTROL streaming "
                          "perplexity, dynamic evaluation) after the T5 stages.")
+    _define_overwrite()
 
 
 def _reproduce_seeds() -> Optional[List[int]]:
@@ -567,20 +598,27 @@ def _reproduce_seeds() -> Optional[List[int]]:
 
 
 def _main_reproduce():
-    from templm.experiments.reproduce import reproduce, reproduce_seeds
+    from templm.experiments.reproduce import REPRODUCTION, reproduce, reproduce_seeds
+    from templm.outputs import check_output_folder, lock_inside
     from templm.reports.reproduction import write_report, write_seeds_report
 
     extra = None if FLAGS.streaming else []
     seeds = _reproduce_seeds()
+    out = os.path.abspath(FLAGS.out)
+    check_output_folder(out, REPRODUCTION, FLAGS.overwrite)  # before any work; the report is written under the lock
+    os.makedirs(out, exist_ok=True)
+    with lock_inside(out, f"the reproduction folder {out}"):
+        if seeds is None:
+            results = reproduce(FLAGS.preset, out, FLAGS.seed, extra_stages=extra, overwrite=FLAGS.overwrite)
+            paths = write_report(results, out)
+        else:
+            results = reproduce_seeds(FLAGS.preset, out, seeds, extra_stages=extra, overwrite=FLAGS.overwrite)
+            paths = write_seeds_report(results, out)
     if seeds is None:
-        results = reproduce(FLAGS.preset, FLAGS.out, FLAGS.seed, extra_stages=extra)
-        paths = write_report(results, FLAGS.out)
         print(f"templm reproduce: {FLAGS.preset} preset, seed {FLAGS.seed}: {paths['report']}")
         findings, extra_findings = results["findings"], {
             stage: value.get("findings") or {} for stage, value in (results.get("extra") or {}).items()}
     else:
-        results = reproduce_seeds(FLAGS.preset, FLAGS.out, seeds, extra_stages=extra)
-        paths = write_seeds_report(results, FLAGS.out)
         print(f"templm reproduce: {FLAGS.preset} preset, seeds {','.join(map(str, seeds))}: {paths['report']}")
         findings, extra_findings = results["findings"], results["extra_findings"]
     rows = list(findings.items()) + [(f"{stage}_{name}", item) for stage, items in extra_findings.items()
@@ -732,6 +770,11 @@ def _verb_help(v: Verb) -> str:
     return "\n".join(lines)
 
 
+# errno values that are the machine's, not the input's: a full disk, a quota or file-size limit, an I/O error, a
+# read-only file system.
+_SYSTEM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
+
+
 def _message(error: BaseException) -> str:
     """The error's message without the lines gin adds on the way out of a configurable ("In call to configurable
     'train' (<function ...>)"): the command line already names the verb."""
@@ -768,6 +811,20 @@ def run(argv: Optional[Sequence[str]] = None) -> None:
         print(f"templm {name}: error: {e}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
 
+    # Error lines go through a copy of standard error taken now: after a failed checkpoint save the library's
+    # threads are silenced on standard error itself (templm.training.checkpoints).
+    err = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1, encoding="utf-8", errors="replace")
+
+    def last_words(status):
+        """After the error line, the process ends: library threads that fail on the way out (orbax's writes after
+        a failed save print a traceback each) are not shown, unless --verbosity asks for library output."""
+        if status and verbosity < 1:
+            err.flush()
+            sys.stderr.flush()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 2)
+        return status
+
     def main(_):
         if verbosity < 1:  # absl would log at INFO; --verbosity=1 keeps its own setting (INFO and debug lines)
             logging.set_verbosity(logging.FATAL)  # libraries' errors surface as exceptions, which we print
@@ -776,15 +833,29 @@ def run(argv: Optional[Sequence[str]] = None) -> None:
                 parse_gin(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
             return v.main() or 0
         except Preempted as e:
-            print(f"templm {name}: {_message(e)}", file=sys.stderr)
-            return EXIT_PREEMPTED
+            print(f"templm {name}: {_message(e)}", file=err)
+            return last_words(EXIT_PREEMPTED)
         except TrainingError as e:
-            print(f"templm {name}: error: {_message(e)}", file=sys.stderr)
-            return EXIT_TRAINING
+            print(f"templm {name}: error: {_message(e)}", file=err)
+            return last_words(EXIT_TRAINING)
         except (ValueError, FileNotFoundError) as e:  # DataError, ConfigError and bad values: the input's fault
             logging.debug("templm %s failed", name, exc_info=True)  # the traceback, with --verbosity=1
-            print(f"templm {name}: error: {_message(e)}", file=sys.stderr)
-            return EXIT_BAD_INPUT
+            print(f"templm {name}: error: {_message(e)}", file=err)
+            return last_words(EXIT_BAD_INPUT)
+        except OSError as e:  # the file system: a path of the wrong kind, no permission, a full disk
+            logging.debug("templm %s failed", name, exc_info=True)
+            where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+            print(f"templm {name}: error: {where}{e.strerror or _message(e)} (nothing half-written was left)",
+                  file=err)
+            code = e.errno
+            if code is None:  # gin re-raises an error from inside a configurable as a copy without its errno
+                match = re.match(r"\[Errno (\d+)\]", str(e))
+                code = int(match.group(1)) if match else None
+            return last_words(EXIT_SYSTEM if code in _SYSTEM_ERRNOS else EXIT_BAD_INPUT)
+        except KeyboardInterrupt:
+            print(f"templm {name}: interrupted; nothing half-written was left (a training run resumes from its last "
+                  "checkpoint when run again)", file=err)
+            return last_words(EXIT_INTERRUPTED)
 
     app.run(main, argv=[f"templm {name}"] + rest)
 

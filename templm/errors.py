@@ -19,6 +19,8 @@ EXIT_OK = 0
 EXIT_BAD_INPUT = 1  # DataError, ConfigError, a missing file or a bad value: the message names it
 EXIT_USAGE = 2  # an unknown verb or a malformed flag
 EXIT_TRAINING = 3  # TrainingError: a non-finite loss; the message names the last good checkpoint
+EXIT_SYSTEM = 4  # the machine refused: a full disk, a read-only file system, an I/O error; the message names the path
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT): nothing half-written is left; a training run resumes from its last save
 EXIT_PREEMPTED = 75  # Preempted: SIGTERM, checkpoint saved, nothing reported; rerun the command to resume (EX_TEMPFAIL)
 
 

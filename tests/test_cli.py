@@ -169,3 +169,64 @@ def test_a_macro_no_config_uses_and_a_missing_include_are_named(tmp_path):
     missing = templm("train", f"--gin_file={config}")
     assert missing.returncode == 1 and "no_such_file.gin" in missing.stderr and str(config) in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+def _no_leftovers(folder):
+    parent, name = os.path.dirname(str(folder)), os.path.basename(str(folder))
+    return [n for n in os.listdir(parent) if n.startswith(name)] == []
+
+
+def test_paths_of_the_wrong_kind_are_one_message(tmp_path):
+    a_dir = tmp_path / "a_dir"
+    a_dir.mkdir()
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    cases = [
+        (("data", "stats", f"--corpus={a_dir}"), f"{a_dir}: is a folder; expected a file"),
+        (("data", "templama", f"--dump={a_dir}", f"--out={tmp_path / 'tl'}"), f"{a_dir}: is a folder"),
+        (("data", "world", f"--out={a_file}", *WORLD_FLAGS), f"{a_file}: is a file, not a folder"),
+    ]
+    for args, message in cases:
+        result = templm(*args)
+        assert result.returncode == 1 and message in result.stderr, (args, result.stderr[-1500:])
+        assert "Traceback" not in result.stderr
+    assert a_file.read_text() == "x" and not (tmp_path / "tl").exists()
+
+
+def test_a_full_disk_is_one_message_and_leaves_nothing_half_written(tmp_path):
+    """A file-size limit stands in for a full disk: the write fails the same way, in the middle of the output."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    out = tmp_path / "world"
+    result = subprocess.run([sys.executable, "-m", "templm.cli", "data", "world", f"--out={out}", *WORLD_FLAGS],
+                            capture_output=True, text=True, preexec_fn=limit, timeout=300)
+    assert result.returncode == 4, result.stderr[-2000:]
+    assert "File too large" in result.stderr and "Traceback" not in result.stderr
+    assert _no_leftovers(out)  # no world, no world.partial, no lock
+
+
+def test_ctrl_c_stops_with_its_own_status_and_removes_the_partial_folder(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "world"
+    proc = subprocess.Popen([sys.executable, "-m", "templm.cli", "data", "world", f"--out={out}",
+                             "--start_year=2010", "--end_year=2020", "--subjects_per_relation=40",
+                             "--docs_per_month=200"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not os.path.exists(str(out) + ".partial") and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted; nothing half-written was left" in err and "Traceback" not in err
+    assert _no_leftovers(out)

@@ -31,6 +31,8 @@ def open_text(path: str, mode: str = "rb"):
     path = os.fspath(path)
     if "r" in mode and not os.path.exists(path):
         raise DataError("no such file", path)
+    if os.path.isdir(path):
+        raise DataError("is a folder; expected a file", path)
     if path.endswith(".gz"):
         return gzip.open(path, mode)
     if path.endswith(".bz2"):

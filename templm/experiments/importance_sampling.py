@@ -43,6 +43,14 @@ def make_is_eval_problem(seed: int = 0, num_states: int = 6, vocab_size: int = 1
     Documents are drawn from the HMM with lengths uniform in [T/2, T]; sentence boundaries fall after each token with
     probability 1 / mean_sentence_length.
     """
+    for name, value, least in (("num_states", num_states, 1), ("vocab_size", vocab_size, 1), ("num_docs", num_docs, 1),
+                               ("doc_length", doc_length, 2)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+            raise ValueError(f"{name} must be a whole number of at least {least}, got {value!r}")
+    if not mean_sentence_length >= 1.0:
+        raise ValueError(f"mean_sentence_length must be at least 1 token, got {mean_sentence_length!r}")
+    if not peakedness > 0:
+        raise ValueError(f"peakedness must be > 0, got {peakedness!r}")
     rng = np.random.default_rng(seed)
     hmm = random_hmm(rng, num_states, vocab_size, peakedness)
     tokens, _ = sample_sequences(rng, hmm, num_docs, doc_length)
@@ -79,10 +87,9 @@ def run_is_eval(out_dir: str, seed: int = 0, *, ks: Sequence[int] = tuple(2 ** i
         if not tau > 0:
             raise ValueError(f"temperatures must be > 0, got {tau}")
     start = time.time()
-    os.makedirs(out_dir, exist_ok=True)
-
     prob = make_is_eval_problem(seed, num_states, vocab_size, num_docs, doc_length, mean_sentence_length,
-                                peakedness)
+                                peakedness)  # checks its sizes before anything is written
+    os.makedirs(out_dir, exist_ok=True)
     hmm, tokens, counts, seg = prob["hmm"], prob["tokens"], prob["token_counts"], prob["segment_ids"]
     proposals: List[Tuple[str, float]] = [("prior", 1.0)] + [("tempered", float(t)) for t in temperatures] + \
         [("posterior", 1.0)]

@@ -11,8 +11,12 @@ back to the newest intact step (with a warning), restoring a given step stops wi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import re
+import shutil
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import jax
@@ -24,6 +28,32 @@ from templm import console
 from templm.errors import DataError
 
 INTEGRITY = "integrity"
+_OS_ERROR_CODE = re.compile(r"os_error_code='(\d+)'")
+
+
+def _as_os_error(error: Exception, step: int, directory: str) -> Exception:
+    """A failed save as the OSError it is (tensorstore reports a full disk as text with the errno in it), so the
+    command names the folder and exits with the file system's status; other errors as they are."""
+    match = _OS_ERROR_CODE.search(str(error))
+    if match is None:
+        return error
+    code = int(match.group(1))
+    return OSError(code, f"{os.strerror(code)} while saving checkpoint {step}", directory)
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Standard error (the file descriptor, where orbax's and tensorstore's threads write) silenced for the block:
+    after a failed save, closing the manager makes each pending write print a traceback of its closed event loop."""
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _path(directory: str) -> epath.Path:
@@ -115,8 +145,11 @@ class Checkpointer:
         self.path = _path(directory)
         self.directory = str(self.path)
         self.save_period = save_period
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False, create=True)
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False, create=True,
+                                               cleanup_tmp_directories=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+        self.failed = False
+        self._quiet = None
 
     def latest_step(self) -> Optional[int]:
         return self.manager.latest_step()
@@ -127,9 +160,20 @@ class Checkpointer:
     def save(self, step: int, state: Any, meta: dict) -> None:
         if step in self.manager.all_steps():
             return
-        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                        meta=ocp.args.JsonSave(meta)), force=True)
-        self.manager.wait_until_finished()
+        # With library logs off, the save runs with standard error silenced: a failing write makes orbax's threads
+        # print a traceback each, until the process ends, so after a failed save it stays silenced (`templm` prints
+        # its error line through its own copy of standard error); the error raised here says it once.
+        quiet = _quiet_stderr() if logging.get_verbosity() <= logging.ERROR else contextlib.nullcontext()
+        quiet.__enter__()
+        try:
+            self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                            meta=ocp.args.JsonSave(meta)), force=True)
+            self.manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001  (re-raised, as an OSError where it is one)
+            self.failed = True
+            self._quiet = quiet
+            raise _as_os_error(e, step, self.directory) from None
+        quiet.__exit__(None, None, None)
         if jax.process_index() == 0:
             write_digests(self.path, step)
             kept = {f"{s}.json" for s in self.manager.all_steps()}
@@ -150,6 +194,11 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
+        if self.failed:  # the half-written step of the failed save, now that no thread writes to it
+            for partial in self.path.glob("*.orbax-checkpoint-tmp*"):
+                shutil.rmtree(partial, ignore_errors=True) if partial.is_dir() else partial.unlink(missing_ok=True)
+        # After a failed save standard error stays silenced: orbax's threads report their closed event loop until
+        # the process ends (the command line prints its error through its own copy of standard error).
 
 
 def abstract_like(tree: Any) -> Any:

@@ -86,3 +86,7 @@ def test_is_eval_end_to_end(tmp_path):
 def test_is_eval_bad_input_is_a_message_and_a_non_zero_exit(tmp_path):
     bad_ks = templm("is-eval", f"--out={tmp_path / 'y'}", "--ks=1,two")
     assert bad_ks.returncode == 1 and "--ks" in bad_ks.stderr
+    no_states = templm("is-eval", f"--out={tmp_path / 'z'}", "--num_states=0")
+    assert no_states.returncode == 1 and "Traceback" not in no_states.stderr
+    assert "num_states must be a whole number of at least 1, got 0" in no_states.stderr  # was "zero-size array ..."
+    assert not (tmp_path / "z").exists()

@@ -28,6 +28,7 @@ import templm.evaluation.checkpoint_eval  # noqa: F401  (registers the configura
 from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, save_hf_checkpoint
 from templm.training import partitioning, trainer
 from templm.training.checkpoints import load_params
+from templm_testing import lock_holder
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LENGTHS = {"inputs": 32, "targets": 8}
@@ -279,3 +280,41 @@ def test_eval_and_infer_verbs_on_the_trained_checkpoint(trained, data_dir, tmp_p
                             env=env, timeout=600)
     assert result.returncode == 1 and f"{bad}:1" in result.stderr
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_a_second_run_on_a_model_dir_in_use_is_refused(data_dir, tmp_path):
+    """Two runs on one MODEL_DIR used to write over each other's checkpoints until one crashed."""
+    model_dir = tmp_path / "shared"
+    holder = lock_holder(str(model_dir / ".templm.lock"), f"MODEL_DIR {model_dir}")
+    try:
+        with pytest.raises(DataError, match=rf"MODEL_DIR .*shared is in use by .*\(pid {holder.pid} on "):
+            _train(model_dir, 2)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    assert not (model_dir / "checkpoints").exists()
+    assert _train(model_dir, 2)["step"] == 2  # the holder was killed: its lock went with it
+
+
+
+@pytest.mark.e2e
+def test_a_full_disk_during_a_save_is_one_message_and_no_half_written_checkpoint(data_dir, tmp_path):
+    """It used to print some 180 lines of tracebacks from orbax's threads before the last line, and leave the
+    step's temporary folder."""
+    import resource
+
+    def limit():  # a file-size limit stands in for a full disk: the checkpoint's write fails the same way
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+
+    model_dir = tmp_path / "m"
+    proc = _cli(f"--gin.MODEL_DIR='{model_dir}'", "--gin.TRAIN_STEPS=2", env={"TEMPLM_DATA_DIR": data_dir},
+                preexec_fn=limit)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 4, err[-3000:]
+    lines = err.strip().splitlines()
+    assert "File too large while saving checkpoint 2" in lines[-1] and str(model_dir) in lines[-1]
+    assert "Traceback" not in err, err[-3000:]
+    others = [line for line in lines if " step " not in line]  # besides the progress lines: the error alone
+    assert len(others) == 1, err[-3000:]
+    assert sorted(os.listdir(model_dir / "checkpoints")) == []  # no step, no temporary folder
