@@ -470,8 +470,9 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
     for name, split, tokenizer in setups:
         t0 = time.time()
         train_lm(os.path.join(out_dir, name), data["corpus"], split_dir=data["split_dir"], split=split,
-                 spm_model=data["spm_models"][tokenizer], config=config, train_steps=p.train_steps, batch_size=p.batch_size,
-                 learning_rate=p.learning_rate, warmup_steps=min(100, p.train_steps // 10), seed=seed,
+                 spm_model=data["spm_models"][tokenizer], config=config, train_steps=p.train_steps,
+                 batch_size=p.batch_size, learning_rate=p.learning_rate, warmup_steps=min(100, p.train_steps // 10),
+                 seed=seed,
                  data_order="shuffle", save_period=0, keep_checkpoints=1, log_period=max(1, p.train_steps // 10),
                  mesh=mesh, progress=False)
         timings[f"train_{name}"] = time.time() - t0
