@@ -399,6 +399,66 @@ def _main_train():
         print(json.dumps(jsonable({k: v for k, v in result.items() if k != "params"})))
 
 
+def _define_plan():
+    from templm.training.plan import DEVICE_MEMORY_GIB
+
+    flags.DEFINE_enum("device_kind", None, list(DEVICE_MEMORY_GIB), "The accelerator, for its memory per device "
+                      "(default: from the mesh config's name: tpu_v3, tpu_v4, gpu -> a100_80).")
+    flags.DEFINE_integer("devices", None, "Devices in the mesh, where the mesh config sets only num_partitions.")
+    flags.DEFINE_boolean("compile", True, "Compile the step for its temporary memory (slow for XL/XXL on a laptop); "
+                         "without it, only parameters, optimizer state and batch.")
+    import templm.evaluation.checkpoint_eval  # noqa: F401  (registers every configurable the T5 configs bind)
+
+
+def _main_plan():
+    import gin
+    import numpy as np
+
+    bindings = gin.get_bindings("templm.train")
+    mesh_bindings = gin.get_bindings("templm.make_mesh")
+    if mesh_bindings.get("mesh_shape"):
+        shape = tuple(int(d) for d in mesh_bindings["mesh_shape"])
+    elif FLAGS.devices:
+        partitions = int(mesh_bindings.get("num_partitions", 1))
+        if FLAGS.devices % partitions:
+            raise ConfigError(f"--devices {FLAGS.devices} does not divide into num_partitions {partitions}")
+        shape = (FLAGS.devices // partitions, partitions)
+    else:
+        raise ConfigError("the mesh config sets no templm.make_mesh.mesh_shape: give --devices N (e.g. 8 for "
+                          "gin_configs/mesh/gpu_8.gin)")
+    kind = FLAGS.device_kind
+    if kind is None:
+        names = " ".join(FLAGS.gin_file)
+        kind = next((k for key, k in (("tpu_v3", "tpu_v3"), ("tpu_v4", "tpu_v4"), ("gpu", "a100_80")) if key in names),
+                    None)
+        if kind is None:
+            raise ConfigError("give --device_kind (no tpu_v3, tpu_v4 or gpu in the mesh config's name)")
+    # Fake CPU devices laid out as the mesh: set before JAX starts its backend (nothing has used it yet).
+    n = int(np.prod(shape))
+    flags_now = [f for f in os.environ.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
+    os.environ["XLA_FLAGS"] = " ".join(flags_now + [f"--xla_force_host_platform_device_count={n}"])
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+
+    from templm.training import partitioning
+    from templm.training.optimizers import make_optimizer
+    from templm.training.plan import describe, plan
+
+    devices = jax.devices("cpu")
+    if len(devices) < n:  # JAX had started already (a library touched it while the configs were read): start again
+        if os.environ.get("TEMPLM_PLAN_DEVICES") == str(n):
+            raise ConfigError(f"the mesh needs {n} devices and JAX started with {len(devices)}")
+        os.environ["TEMPLM_PLAN_DEVICES"] = str(n)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "templm.cli", *sys.argv[1:]])
+    mesh = partitioning.make_mesh(mesh_shape=shape, devices=devices[:n])
+    optimizer = bindings.get("optimizer") or make_optimizer()
+    result = plan(bindings["model"], optimizer, bindings["task_feature_lengths"], int(bindings["batch_size"]), mesh,
+                  partitioning.logical_axis_rules(), int(bindings.get("microbatches", 1)), kind, FLAGS.compile)
+    print(describe(result, " + ".join(os.path.basename(f) for f in FLAGS.gin_file)))
+
+
 def _define_eval():
     flags.DEFINE_string("split", "test", "Which split to evaluate.")
     flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
@@ -668,6 +728,8 @@ VERBS: Dict[str, Verb] = {v.name: v for v in [
          _define_data_templama, _main_data_templama),
     Verb("train", "Train a T5 model from gin configs (T5X style), sharded over the device mesh, resumable.",
          _define_train, _main_train, takes_gin=True, tensorflow=True),
+    Verb("plan", "Per-device memory of a T5 training config on a mesh (parameters, optimizer, compiled step) and "
+         "whether it fits, without allocating it.", _define_plan, _main_plan, takes_gin=True),
     Verb("eval", "Evaluate a trained checkpoint on a task's split: EM/F1 and perplexity by year and slice.",
          _define_eval, _main_eval, takes_gin=True, tensorflow=True),
     Verb("reproduce", "The time-aware T5 study end to end on the embedded world: data, Uniform/Temporal/Yearly models, "

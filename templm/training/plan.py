@@ -1,0 +1,134 @@
+"""`templm plan`: will a T5 training configuration fit a device mesh? Answered before launching, on this machine.
+
+The train step of the configuration (model, optimizer, batch, lengths, microbatches, mesh and logical-axis rules, as
+`templm.train` binds them) is lowered and compiled for fake CPU devices laid out as the mesh, on abstract inputs:
+no parameter is allocated. Per device: the bytes of the parameters and of the optimizer state (from each array's
+shard), of one batch, and the compiled step's temporary memory (XLA's memory analysis), against the memory of the
+device kind. Arrays whose sharded dimensions do not divide the mesh axes are reported instead (jit refuses them).
+
+CPU compilation approximates the accelerator's: XLA's temporary memory differs between backends (fusion, layouts),
+so the verdict keeps a margin (`HEADROOM`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from templm.training import partitioning
+from templm.training.state import mesh_rules
+
+GIB = 1 << 30
+# Memory of one JAX device of each kind (a TPU v3 core has half of its chip's 32 GiB; a v4 chip is one device).
+DEVICE_MEMORY_GIB: Dict[str, float] = {"tpu_v3": 16, "tpu_v4": 32, "tpu_v5e": 16, "tpu_v5p": 95, "a100_40": 40,
+                                       "a100_80": 80, "h100": 80, "h200": 141, "cpu": 16}
+HEADROOM = 0.9  # the verdict "fits" leaves this share of the device's memory as the most the estimate may take
+BATCH_KEYS = ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions", "decoder_input_tokens",
+              "decoder_target_tokens", "decoder_loss_weights", "decoder_segment_ids", "decoder_positions")
+
+
+def _axis_size(mesh, axes) -> int:
+    return int(np.prod([mesh.shape[a] for a in (axes if isinstance(axes, tuple) else (axes,))]))
+
+
+def _device_bytes(tree: Any, mesh) -> int:
+    """Bytes one device holds of a pytree of ShapeDtypeStructs with NamedShardings (the largest shard: a dimension
+    the axes do not divide is rounded up)."""
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        spec = tuple(getattr(leaf.sharding, "spec", None) or ())
+        shape = [-(-size // _axis_size(mesh, spec[d])) if d < len(spec) and spec[d] is not None else size
+                 for d, size in enumerate(leaf.shape)]
+        total += int(np.prod(shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+    return total
+
+
+def _uneven(tree: Any, mesh) -> List[str]:
+    """The arrays whose sharded dimensions the mesh axes do not divide, as "path: dimension d of size n over axis
+    a of size k"."""
+    problems = []
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        spec = getattr(leaf.sharding, "spec", None) or ()
+        for dim, axes in enumerate(spec):
+            if axes is None:
+                continue
+            size = _axis_size(mesh, axes)
+            if leaf.shape[dim] % size:
+                problems.append(f"{jax.tree_util.keystr(path)}: dimension {dim} of size {leaf.shape[dim]} over "
+                                f"{axes} of size {size}")
+    return problems
+
+
+def plan(model: Any, tx: Any, lengths: Mapping[str, int], batch_size: int, mesh, rules,
+         microbatches: int = 1, device_kind: str = "tpu_v4", compile_step: bool = True) -> Dict[str, Any]:
+    """The memory plan of one train step (module docstring) as a dict: mesh, device_kind, device_memory, bytes
+    per device (params, opt_state, batch, temp, total), uneven (arrays the mesh cannot shard), fits (bool, or None
+    when the step was not compiled) and parameters (the model's parameter count)."""
+    from templm.training.trainer import make_train_step  # the step templm trains with
+
+    if device_kind not in DEVICE_MEMORY_GIB:
+        raise ValueError(f"device kind {device_kind!r}: expected one of {', '.join(DEVICE_MEMORY_GIB)}")
+    with mesh_rules(mesh, rules):
+        param_shardings = partitioning.logical_shardings(model.logical_partition_specs(), mesh, rules)
+        shapes = jax.eval_shape(lambda rng: model.init(rng, lengths["inputs"], lengths["targets"]),
+                                jax.random.key(0))
+        params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes,
+                              param_shardings)
+        replicated = partitioning.replicated(mesh)
+        opt_shapes = jax.eval_shape(tx.init, params)
+        # The optimizer's state beside its parameter where it has the parameter's shape (Adam's moments), otherwise
+        # replicated (Adafactor's factored rows and columns, counters): as training lays it out.
+        flat_params = {(p.shape, p.dtype): p.sharding for p in jax.tree.leaves(params)}
+        opt_state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+            a.shape, a.dtype, sharding=flat_params.get((a.shape, a.dtype), replicated)), opt_shapes)
+        state = {"step": jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated), "params": params,
+                 "opt_state": opt_state}
+        data = partitioning.data_sharding(mesh)
+        batch = {key: jax.ShapeDtypeStruct((batch_size, lengths["targets" if key.startswith("decoder") else
+                                                                "inputs"]), jnp.int32, sharding=data)
+                 for key in BATCH_KEYS}
+        uneven = _uneven(state, mesh) + _uneven(batch, mesh)
+        memory = DEVICE_MEMORY_GIB[device_kind] * GIB
+        result: Dict[str, Any] = {
+            "mesh": dict(mesh.shape), "devices": int(mesh.size), "device_kind": device_kind, "device_memory": memory,
+            "parameters": int(sum(np.prod(p.shape, dtype=np.int64) for p in jax.tree.leaves(shapes))),
+            "bytes": {"params": _device_bytes(params, mesh), "opt_state": _device_bytes(opt_state, mesh),
+                      "batch": _device_bytes(batch, mesh), "temp": None, "total": None},
+            "uneven": uneven, "fits": None}
+        if uneven or not compile_step:
+            return result
+        step = jax.jit(make_train_step(model, tx, microbatches), in_shardings=(
+            jax.tree.map(lambda x: x.sharding, state), data, replicated),
+            out_shardings=(jax.tree.map(lambda x: x.sharding, state), replicated), donate_argnums=0)
+        rng = jax.ShapeDtypeStruct(jax.random.key(0).shape, jax.random.key(0).dtype, sharding=replicated)
+        compiled = step.lower(state, batch, rng).compile()
+        analysis = compiled.memory_analysis()
+        temp = int(getattr(analysis, "temp_size_in_bytes", 0) or 0)
+    b = result["bytes"]
+    b["temp"] = temp
+    b["total"] = b["params"] + b["opt_state"] + b["batch"] + temp
+    result["fits"] = b["total"] <= HEADROOM * memory
+    return result
+
+
+def describe(result: Mapping[str, Any], name: Optional[str] = None) -> str:
+    """The plan as the lines `templm plan` prints."""
+    mesh = " x ".join(f"{axis} {size}" for axis, size in result["mesh"].items())
+    lines = [f"{name + ': ' if name else ''}{result['parameters']:,} parameters on {result['devices']} "
+             f"{result['device_kind']} devices ({mesh}), {result['device_memory'] / GIB:.0f} GiB each"]
+    b = result["bytes"]
+    for key, label in (("params", "parameters"), ("opt_state", "optimizer state"), ("batch", "batch"),
+                       ("temp", "step temporaries (compiled)"), ("total", "total")):
+        if b[key] is not None:
+            lines.append(f"  {label:30s} {b[key] / GIB:9.3f} GiB per device")
+    if result["uneven"]:
+        lines.append("  does not shard: " + "; ".join(result["uneven"][:5]) +
+                     (f"; ... ({len(result['uneven'])} arrays)" if len(result["uneven"]) > 5 else ""))
+    elif result["fits"] is not None:
+        share = b["total"] / result["device_memory"]
+        lines.append(f"  {'fits' if result['fits'] else 'does not fit'}: {100 * share:.1f}% of the device's memory "
+                     f"(the verdict allows {100 * HEADROOM:.0f}%)")
+    return "\n".join(lines)

@@ -1,0 +1,64 @@
+"""`templm plan` (templm/training/plan.py): per-device bytes of a configuration on a mesh, from abstract shapes and a
+compiled step, without allocating the model."""
+
+import dataclasses
+import os
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, count_parameters
+from templm.training import partitioning
+from templm.training.plan import GIB, describe, plan
+from templm_testing import run_templm as templm
+
+LENGTHS = {"inputs": 32, "targets": 8}
+
+
+def _mesh(shape):
+    return partitioning.make_mesh(mesh_shape=shape, devices=jax.devices()[:int(np.prod(shape))])
+
+
+def test_parameter_and_optimizer_bytes_follow_the_parameter_count_and_the_mesh():
+    model = EncoderDecoderModel(T5_1_1_CONFIGS["tiny"])
+    count = count_parameters(T5_1_1_CONFIGS["tiny"])
+    rules = partitioning.logical_axis_rules()
+    replicated = plan(model, optax.adam(1e-3), LENGTHS, 16, _mesh((8, 1)), rules, compile_step=False)
+    assert replicated["parameters"] == count
+    assert replicated["bytes"]["params"] == 4 * count  # float32, every device holds all of them
+    assert replicated["bytes"]["opt_state"] == 2 * 4 * count + 4  # Adam's two moments and its step count
+    # 2 rows a device; 3 int32 encoder features of the input length, 5 decoder ones of the target length.
+    assert replicated["bytes"]["batch"] == (16 // 8) * 4 * (3 * LENGTHS["inputs"] + 5 * LENGTHS["targets"])
+    sharded = plan(model, optax.adam(1e-3), LENGTHS, 16, _mesh((4, 2)), rules)
+    assert 4 * count / 2 <= sharded["bytes"]["params"] < 4 * count  # the model axis halves the sharded matrices
+    assert sharded["uneven"] == [] and sharded["bytes"]["temp"] > 0
+    b = sharded["bytes"]
+    assert b["total"] == b["params"] + b["opt_state"] + b["batch"] + b["temp"] and sharded["fits"]
+    text = describe(sharded, "tiny")
+    assert f"tiny: {count:,} parameters on 8 tpu_v4 devices (data 4 x model 2), 32 GiB each" in text
+    assert "fits:" in text
+    huge = plan(model, optax.adam(1e-3), LENGTHS, 16, _mesh((4, 2)), rules, device_kind="cpu")
+    assert huge["device_memory"] == 16 * GIB
+
+
+def test_dimensions_the_mesh_cannot_divide_are_reported_not_compiled():
+    """T5 v1.1 small's 6 heads over a model axis of 4: its relative-position bias cannot be sharded."""
+    config = dataclasses.replace(T5_1_1_CONFIGS["tiny"], num_heads=3)
+    result = plan(EncoderDecoderModel(config), optax.adam(1e-3), LENGTHS, 16, _mesh((4, 2)),
+                  partitioning.logical_axis_rules())
+    assert result["uneven"] and result["fits"] is None and result["bytes"]["temp"] is None
+    assert any("size 3 over model of size 2" in line for line in result["uneven"])
+    assert "does not shard:" in describe(result)
+
+
+@pytest.mark.e2e
+def test_the_verb_on_the_shipped_configs():
+    result = templm("plan", "--gin_file=gin_configs/temporal.gin", "--gin_file=gin_configs/runs/cpu_demo.gin",
+                    "--gin.templm.make_mesh.mesh_shape=(2, 2)", "--device_kind=a100_80",
+                    env={"XLA_FLAGS": os.environ.get("XLA_FLAGS", "")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "on 4 a100_80 devices (data 2 x model 2), 80 GiB each" in result.stdout and "fits:" in result.stdout
+    missing = templm("plan", "--gin_file=gin_configs/temporal.gin", "--gin_file=gin_configs/mesh/gpu_8.gin")
+    assert missing.returncode == 1 and "give --devices N" in missing.stderr
