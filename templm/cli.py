@@ -37,7 +37,7 @@ from absl import app, flags, logging
 
 from templm import console
 from templm.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_SYSTEM, EXIT_TRAINING, EXIT_USAGE,
-                           ConfigError, Preempted, TrainingError)
+                           ConfigError, Preempted, TrainingError, check_interrupted, note_sigint)
 
 
 FLAGS = flags.FLAGS
@@ -891,9 +891,12 @@ def run(argv: Optional[Sequence[str]] = None) -> None:
         if verbosity < 1:  # absl would log at INFO; --verbosity=1 keeps its own setting (INFO and debug lines)
             logging.set_verbosity(logging.FATAL)  # libraries' errors surface as exceptions, which we print
         try:
+            note_sigint()
             if v.takes_gin:
                 parse_gin(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
-            return v.main() or 0
+            status = v.main() or 0
+            check_interrupted()  # a Ctrl-C whose KeyboardInterrupt was dropped on the way
+            return status
         except Preempted as e:
             print(f"templm {name}: {_message(e)}", file=err)
             return last_words(EXIT_PREEMPTED)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from typing import Any, Iterator, Mapping, Optional, Tuple
 
@@ -88,6 +89,35 @@ def watch_sigterm() -> Iterator[None]:
 def sigterm_received() -> bool:
     """Whether SIGTERM arrived since the outermost `watch_sigterm` began (False outside any)."""
     return _SIGTERM["depth"] > 0 and bool(_SIGTERM["received"])
+
+
+# Ctrl-C (SIGINT), noted as well as raised: Python raises KeyboardInterrupt wherever the main thread is, and where
+# that is a garbage-collection callback the exception is only printed and dropped. The note outlives it.
+_SIGINT: dict = {"received": False}
+
+
+def note_sigint() -> None:
+    """Installs the SIGINT handler of the command line: note the signal, then raise KeyboardInterrupt as usual."""
+    def handler(signum, frame):
+        _SIGINT["received"] = True
+        raise KeyboardInterrupt
+
+    previous_hook = sys.unraisablehook
+
+    def unraisable(report):  # the dropped KeyboardInterrupt is noted above: no traceback for it
+        if not isinstance(report.exc_value, KeyboardInterrupt):
+            previous_hook(report)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, handler)
+        sys.unraisablehook = unraisable
+
+
+def check_interrupted() -> None:
+    """Raises KeyboardInterrupt if Ctrl-C arrived (even if its exception was dropped): called before a result is put
+    in place, so an interrupted command never leaves one."""
+    if _SIGINT["received"]:
+        raise KeyboardInterrupt
 
 
 def require_macros(function: str, values: Mapping[str, Tuple[str, Any]], allow_none: bool = False) -> None:

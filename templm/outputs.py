@@ -22,7 +22,7 @@ import socket
 import sys
 from typing import Any, Callable, Dict, Iterator, Sequence
 
-from templm.errors import DataError
+from templm.errors import DataError, check_interrupted
 from templm.io import atomic_write
 
 MARKER = ".templm.json"
@@ -166,6 +166,7 @@ def build_output_folder(out_dir: str, kind: str, build: Callable[[str], Any], ov
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        check_interrupted()  # Ctrl-C during the build, even one whose exception was lost, leaves no output
         check_output_folder(out_dir, kind, overwrite)  # still ours to replace after the build
         old = f"{out_dir}.old"
         if os.path.lexists(out_dir):

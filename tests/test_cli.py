@@ -218,10 +218,11 @@ def test_ctrl_c_stops_with_its_own_status_and_removes_the_partial_folder(tmp_pat
     import sys
     import time
 
-    out = tmp_path / "world"
-    proc = subprocess.Popen([sys.executable, "-m", "templm.cli", "data", "world", f"--out={out}",
-                             "--start_year=2010", "--end_year=2020", "--subjects_per_relation=40",
-                             "--docs_per_month=200"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = tmp_path / "data"  # task data: seconds of work inside data.partial (SSM examples, SentencePiece)
+    proc = subprocess.Popen([sys.executable, "-m", "templm.cli", "data", "tasks", f"--out={out}", "--vocab_size=200",
+                             "--gin.WorldConfig.start_year=2014", "--gin.WorldConfig.end_year=2016",
+                             "--gin.WorldConfig.subjects_per_relation=6", "--gin.WorldConfig.docs_per_month=6"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while not os.path.exists(str(out) + ".partial") and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
