@@ -167,18 +167,17 @@ _SENTINEL_PIECE = re.compile(r"^\u2581?<extra_id_\d+>$")
 DEFAULT_EXTRA_IDS = 100
 
 
-def sentinels_in(model_path: str) -> int:
-    """How many `<extra_id_N>` pieces the SentencePiece model file at `model_path` (any tf.io.gfile path) holds."""
+def _read_model(model_path: str) -> sentencepiece_model_pb2.ModelProto:
+    """The SentencePiece model proto at `model_path` (any tf.io.gfile path); DataError naming it when it is missing,
+    unreadable or not a model proto."""
     import tensorflow as tf
-
     from google.protobuf.message import DecodeError
 
-    model_path = os.fspath(model_path)
+    if not tf.io.gfile.exists(model_path):
+        raise DataError("no such SentencePiece model file", model_path)
     try:
         with tf.io.gfile.GFile(model_path, "rb") as f:
             data = f.read()
-    except tf.errors.NotFoundError:
-        raise DataError("no such SentencePiece model file", model_path) from None
     except tf.errors.OpError as e:
         raise DataError(f"cannot read SentencePiece model: {e.message}", model_path) from None
     model = sentencepiece_model_pb2.ModelProto()
@@ -186,6 +185,12 @@ def sentinels_in(model_path: str) -> int:
         model.ParseFromString(data)
     except DecodeError as e:
         raise DataError(f"not a SentencePiece model (corrupt or truncated): {e}", model_path) from None
+    return model
+
+
+def sentinels_in(model_path: str) -> int:
+    """How many `<extra_id_N>` pieces the SentencePiece model file at `model_path` (any tf.io.gfile path) holds."""
+    model = _read_model(os.fspath(model_path))
     return sum(1 for piece in model.pieces if _SENTINEL_PIECE.match(piece.piece))
 
 
@@ -216,18 +221,7 @@ def load_vocabulary(model_path: str, extra_ids: int = 100) -> "seqio.SentencePie
     from google.protobuf.message import DecodeError
 
     model_path = os.fspath(model_path)
-    if not tf.io.gfile.exists(model_path):
-        raise DataError("no such SentencePiece model file", model_path)
-    try:
-        with tf.io.gfile.GFile(model_path, "rb") as f:
-            data = f.read()
-    except tf.errors.OpError as e:
-        raise DataError(f"cannot read SentencePiece model: {e.message}", model_path) from None
-    model = sentencepiece_model_pb2.ModelProto()
-    try:
-        model.ParseFromString(data)
-    except DecodeError as e:
-        raise DataError(f"not a SentencePiece model (corrupt or truncated): {e}", model_path) from None
+    model = _read_model(model_path)
     if not model.pieces or not model.HasField("trainer_spec") or not model.HasField("normalizer_spec"):
         raise DataError("not a SentencePiece model (corrupt or truncated): missing pieces, trainer or normalizer spec",
                         model_path)
