@@ -226,7 +226,9 @@ def test_ctrl_c_stops_with_its_own_status_and_removes_the_partial_folder(tmp_pat
     deadline = time.time() + 120
     while not os.path.exists(str(out) + ".partial") and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
+    proc.send_signal(signal.SIGSTOP)  # held mid-build, so the Ctrl-C lands in the build whatever the machine's load
     proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGCONT)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted; nothing half-written was left" in err and "Traceback" not in err
