@@ -6,18 +6,28 @@ previous step as the latest: a half-written checkpoint is never the one restored
 Bytes changed after the save (a disk error, a partial copy, a file overwritten or deleted) are caught by a digest:
 every save writes `integrity/<step>.json` beside the steps, the SHA-256 of each file of the step, and every restore
 checks the step against it first. A damaged step is named with its first bad file; restoring "the latest" then falls
-back to the newest intact step (with a warning), restoring a given step stops with a DataError.
+back to the newest intact step (with a warning), restoring a given step stops with a DataError. With asynchronous
+saves a step's digests are written once its write has finished (at the next save, or when the run waits for it or
+closes); a step killed in between has none and is taken as it is, as a step saved before templm wrote digests.
+
+Saves are asynchronous by default (orbax's AsyncCheckpointer): `save` returns once the arrays are copied off the
+devices and the files are written by background threads while training goes on; a save starts only after the
+previous one has finished, and `save(..., wait=True)` (the last step, SIGTERM) and `close` block until everything is
+on disk. Beside the state and its JSON record, a step can hold the input pipelines' states (`input`, one record per
+data shard, templm/training/input_pipeline.py), written by every process for its own shards.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
 import re
 import shutil
-from typing import Any, Callable, Dict, List, Optional, Tuple
+import threading
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import jax
 import orbax.checkpoint as ocp
@@ -28,16 +38,20 @@ from templm import console
 from templm.errors import DataError
 
 INTEGRITY = "integrity"
+INPUT = "input"  # the item holding the input pipelines' states
 _OS_ERROR_CODE = re.compile(r"os_error_code='(\d+)'")
 
 
 def _as_os_error(error: Exception, step: int, directory: str) -> Exception:
     """A failed save as the OSError it is (tensorstore reports a full disk as text with the errno in it), so the
     command names the folder and exits with the file system's status; other errors as they are."""
-    match = _OS_ERROR_CODE.search(str(error))
-    if match is None:
-        return error
-    code = int(match.group(1))
+    if isinstance(error, OSError) and error.errno:
+        code = error.errno
+    else:
+        match = _OS_ERROR_CODE.search(str(error))
+        if match is None:
+            return error
+        code = int(match.group(1))
     return OSError(code, f"{os.strerror(code)} while saving checkpoint {step}", directory)
 
 
@@ -60,6 +74,34 @@ def _path(directory: str) -> epath.Path:
     """The checkpoint folder as an absolute path (local) or as it is (gs://, other file systems)."""
     path = epath.Path(directory)
     return path if "://" in str(directory) else path.absolute()
+
+
+class InputStateHandler(ocp.CheckpointHandler):
+    """The input pipelines' states of a step: one `<shard>.state` file of bytes per data shard; each process writes
+    and reads only its own shards."""
+
+    def save(self, directory: epath.Path, args: "InputStateSave") -> None:
+        for name, data in args.states.items():
+            (directory / f"{name}.state").write_bytes(data)
+
+    def restore(self, directory: epath.Path, args: "InputStateRestore" = None) -> Dict[str, bytes]:
+        return {name: (directory / f"{name}.state").read_bytes() for name in args.names
+                if (directory / f"{name}.state").exists()}
+
+    def metadata(self, directory: epath.Path) -> None:
+        return None
+
+
+@ocp.args.register_with_handler(InputStateHandler, for_save=True)
+@dataclasses.dataclass
+class InputStateSave(ocp.args.CheckpointArgs):
+    states: Mapping[str, bytes]
+
+
+@ocp.args.register_with_handler(InputStateHandler, for_restore=True)
+@dataclasses.dataclass
+class InputStateRestore(ocp.args.CheckpointArgs):
+    names: Tuple[str, ...]
 
 
 def _digest(path: epath.Path) -> str:
@@ -141,15 +183,19 @@ def _restore_intact(directory: epath.Path, steps: List[int], step: Optional[int]
 class Checkpointer:
     """Saves every `save_period` steps (and on demand), keeps the last `keep`, restores the latest intact one."""
 
-    def __init__(self, directory: str, save_period: int = 1000, keep: Optional[int] = 3):
+    def __init__(self, directory: str, save_period: int = 1000, keep: Optional[int] = 3, async_save: bool = True):
         self.path = _path(directory)
         self.directory = str(self.path)
         self.save_period = save_period
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False, create=True,
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True,
                                                cleanup_tmp_directories=True)
-        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+        self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                             item_names=("state", "meta", INPUT))
         self.failed = False
         self._quiet = None
+        self._unrecorded: Optional[int] = None  # a step whose write may still run; its digests are not yet written
+        self._recorder: Optional[threading.Thread] = None  # writes the digests of a finished step
+        self._record_error: Optional[BaseException] = None
 
     def latest_step(self) -> Optional[int]:
         return self.manager.latest_step()
@@ -157,34 +203,86 @@ class Checkpointer:
     def should_save(self, step: int) -> bool:
         return self.save_period > 0 and step % self.save_period == 0
 
-    def save(self, step: int, state: Any, meta: dict) -> None:
-        if step in self.manager.all_steps():
-            return
-        # With library logs off, the save runs with standard error silenced: a failing write makes orbax's threads
-        # print a traceback each, until the process ends, so after a failed save it stays silenced (`templm` prints
-        # its error line through its own copy of standard error); the error raised here says it once.
-        quiet = _quiet_stderr() if logging.get_verbosity() <= logging.ERROR else contextlib.nullcontext()
+    def _silenced(self):
+        # With library logs off, orbax runs with standard error silenced: a failing write makes its threads print a
+        # traceback each, until the process ends, so after a failed save it stays silenced (`templm` prints its error
+        # line through its own copy of standard error); the error raised here says it once.
+        return _quiet_stderr() if logging.get_verbosity() <= logging.ERROR else contextlib.nullcontext()
+
+    def _orbax(self, call: Callable[[], Any], step: int) -> None:
+        """Runs a save or a wait of orbax's, raising its failure (as an OSError where it is one)."""
+        quiet = self._silenced()
         quiet.__enter__()
         try:
-            self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                            meta=ocp.args.JsonSave(meta)), force=True)
-            self.manager.wait_until_finished()
+            call()
         except Exception as e:  # noqa: BLE001  (re-raised, as an OSError where it is one)
             self.failed = True
             self._quiet = quiet
             raise _as_os_error(e, step, self.directory) from None
         quiet.__exit__(None, None, None)
-        if jax.process_index() == 0:
-            write_digests(self.path, step)
-            kept = {f"{s}.json" for s in self.manager.all_steps()}
-            for record in (self.path / INTEGRITY).glob("*.json"):
-                if record.name not in kept:  # the step itself was removed (keep)
-                    record.unlink()
-        logging.info("saved checkpoint %d in %s", step, self.directory)
+
+    def _record(self) -> None:
+        """Once the last save has finished: its digests, written by a thread (reading the files does not hold up
+        training), and the records of steps orbax removed (keep) deleted."""
+        self.join()
+        step, self._unrecorded = self._unrecorded, None
+        if step is None or jax.process_index() != 0:
+            return
+
+        def record():
+            try:
+                write_digests(self.path, step)
+            except FileNotFoundError:  # the step was removed meanwhile (keep): nothing to record
+                pass
+            except BaseException as e:  # noqa: BLE001  (raised in the main thread by `join`)
+                self._record_error = e
+
+        kept = {f"{s}.json" for s in self.manager.all_steps()} | {f"{step}.json"}
+        for old in (self.path / INTEGRITY).glob("*.json") if (self.path / INTEGRITY).exists() else []:
+            if old.name not in kept:  # the step itself was removed (keep)
+                old.unlink(missing_ok=True)
+        self._recorder = threading.Thread(target=record, name=f"digests-{step}", daemon=True)
+        self._recorder.start()
+
+    def join(self) -> None:
+        """Waits for the digest writer; raises its error, if any."""
+        if self._recorder is not None:
+            self._recorder.join()
+            self._recorder = None
+        if self._record_error is not None:
+            error, self._record_error = self._record_error, None
+            raise error
+
+    def save(self, step: int, state: Any, meta: dict, inputs: Optional[Mapping[str, bytes]] = None,
+             wait: bool = False) -> None:
+        """Saves `step` (the state, its JSON record and, with `inputs`, this process's input pipeline states);
+        returns once the arrays are copied, unless `wait`: then once the step is on disk with its digests."""
+        if step in self.manager.all_steps():
+            if wait:
+                self.wait()
+            return
+        self.wait()  # the previous save, finished before this one starts (and its digests recorded)
+        items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
+        if inputs is not None:
+            items[INPUT] = InputStateSave(dict(inputs))
+        self._orbax(lambda: self.manager.save(step, args=ocp.args.Composite(**items), force=True), step)
+        self._unrecorded = step
+        logging.info("saving checkpoint %d in %s", step, self.directory)
+        if wait:
+            self.wait()
+            self.join()
+
+    def wait(self) -> None:
+        """Blocks until the last save is on disk and starts writing its digests."""
+        if self._unrecorded is not None:
+            self._orbax(self.manager.wait_until_finished, self._unrecorded)
+            self._record()
 
     def restore(self, abstract_state: Any, step: Optional[int] = None) -> Tuple[Any, dict]:
         """The state laid out as `abstract_state` (ShapeDtypeStructs with shardings) and the JSON record of `step`,
-        by default of the newest intact checkpoint."""
+        by default of the newest intact checkpoint (the record's "step" says which)."""
+        self.wait()
+
         def restore(s):
             return self.manager.restore(s, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
@@ -192,11 +290,24 @@ class Checkpointer:
         _, restored = _restore_intact(self.path, sorted(self.manager.all_steps(), reverse=True), step, restore)
         return restored["state"], restored["meta"]
 
+    def restore_inputs(self, step: int, names: Tuple[str, ...]) -> Dict[str, bytes]:
+        """The input states of the named shards that `step` holds ({} for a step saved without input states)."""
+        if not (self.path / str(step) / INPUT).exists():
+            return {}
+        return dict(self.manager.restore(step, args=ocp.args.Composite(
+            **{INPUT: InputStateRestore(tuple(names))}))[INPUT])
+
     def close(self) -> None:
-        self.manager.close()
-        if self.failed:  # the half-written step of the failed save, now that no thread writes to it
-            for partial in self.path.glob("*.orbax-checkpoint-tmp*"):
-                shutil.rmtree(partial, ignore_errors=True) if partial.is_dir() else partial.unlink(missing_ok=True)
+        """Waits for the last save (its digests included) and closes the manager."""
+        try:
+            if not self.failed:
+                self.wait()
+                self.join()
+        finally:
+            self.manager.close()
+            if self.failed:  # the half-written step of the failed save, now that no thread writes to it
+                for partial in self.path.glob("*.orbax-checkpoint-tmp*"):
+                    shutil.rmtree(partial, ignore_errors=True) if partial.is_dir() else partial.unlink(missing_ok=True)
         # After a failed save standard error stays silenced: orbax's threads report their closed event loop until
         # the process ends (the command line prints its error through its own copy of standard error).
 
@@ -212,7 +323,7 @@ def load_params(directory: str, step: Optional[int] = None) -> Tuple[Any, dict]:
     path = _path(directory)
     if not path.is_dir():
         raise DataError("no checkpoint folder here", str(directory))
-    manager = ocp.CheckpointManager(str(path), item_names=("state", "meta"))
+    manager = ocp.CheckpointManager(str(path), item_names=("state", "meta", INPUT))
     try:
         def restore(s):
             return manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore(),

@@ -1,18 +1,30 @@
 """The T5 trainer's input: a SeqIO task's or mixture's training examples as batches of the model's features.
 
-The examples come from a seeded SeqIO pipeline (shuffled, repeated); every process reads the same example stream and
-keeps every `process_count`-th example, so the global batch is the same examples whatever the number of processes.
-A resumed run skips exactly the batches it had consumed (the data position in the checkpoint), so it sees the same
-examples as a run that never stopped.
+The global batch is assembled from `data_shards` independent pipelines (by default one per process). Shard s reads
+its own part of the task's files (seqio's `ShardInfo`; at the example level, reading everything, where a split has
+fewer files than shards), shuffles them with its own seed and contributes batch_size / data_shards consecutive rows
+of each global batch. A process runs only the pipelines of its shards (data_shards / process_count of them), so no
+process reads or preprocesses another's examples, and the global batch depends on (seed, data_shards) only: the same
+examples in the same order for any number of processes that divides data_shards. One shard is exactly one seqio
+pipeline with the run's seed (the stream of a single-process run).
+
+Resume is constant in the step: each pipeline's tf.data iterator state (its position, shuffle buffer and
+prefetched elements) is saved with every checkpoint, one record per shard, and restored without reading a single
+consumed example. A checkpoint written without it (before templm saved the input state) is resumed by replaying the
+consumed batches, with a warning.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import jax
+import numpy as np
 import seqio
 import tensorflow as tf
+
+from templm import console
+from templm.errors import ConfigError, DataError
 
 
 def training_features(ds: tf.data.Dataset, task_feature_lengths: Mapping[str, int], pack: bool) -> tf.data.Dataset:
@@ -28,16 +40,100 @@ def training_features(ds: tf.data.Dataset, task_feature_lengths: Mapping[str, in
     return ds.with_options(options)
 
 
-def training_batches(mixture_or_task_name: str, task_feature_lengths: Mapping[str, int], local_batch: int,
-                     seed: int, pack: bool, start_batch: int = 0, split: str = "train") -> tf.data.Dataset:
-    """This process's rows of the training batches: the examples (shuffled, repeated), `training_features`, this
-    process's share, batched by `local_batch`, skipped to `start_batch`."""
+def shard_seed(seed: int, shard: int, data_shards: int) -> int:
+    """The seed of one shard's pipeline: the run's seed for a single shard, a distinct one derived from (seed, shard)
+    otherwise, so that the shards do not shuffle in step."""
+    if data_shards == 1:
+        return seed
+    return int(np.random.SeedSequence([seed, shard]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def training_batches(mixture_or_task_name: str, task_feature_lengths: Mapping[str, int], rows: int, seed: int,
+                     pack: bool, start_batch: int = 0, split: str = "train",
+                     shard: Optional[seqio.ShardInfo] = None) -> tf.data.Dataset:
+    """One pipeline's batches of `rows` rows: the examples of `shard` (all with None; shuffled, repeated),
+    `training_features`, batched, skipped to `start_batch` (the replay of a resume without an input state)."""
     ds = seqio.get_mixture_or_task(mixture_or_task_name).get_dataset(
-        task_feature_lengths, split=split, shuffle=True, num_epochs=None, seed=seed)
+        task_feature_lengths, split=split, shuffle=True, num_epochs=None, seed=seed, shard_info=shard)
     ds = training_features(ds, task_feature_lengths, pack)
-    if jax.process_count() > 1:
-        ds = ds.shard(jax.process_count(), jax.process_index())
-    ds = ds.batch(local_batch, drop_remainder=True)
+    ds = ds.batch(rows, drop_remainder=True)
     if start_batch:
-        ds = ds.skip(start_batch)  # resume: the exact batches an uninterrupted run would see next
+        ds = ds.skip(start_batch)
     return ds.prefetch(2)
+
+
+def files_per_shard(mixture_or_task_name: str, data_shards: int, split: str = "train") -> Dict[str, int]:
+    """The tasks of a mixture (or the task) whose `split` has fewer files than `data_shards`, with their number of
+    files: each of their shards reads every file and keeps its share of the examples."""
+    provider = seqio.get_mixture_or_task(mixture_or_task_name)
+    tasks = provider.tasks if isinstance(provider, seqio.Mixture) else [provider]
+    few = {}
+    for task in tasks:
+        if split in task.splits and not task.source.supports_arbitrary_sharding:
+            count = len(task.source.list_shards(split))
+            if count < data_shards:
+                few[task.name] = count
+    return few
+
+
+class TrainingInput:
+    """This process's rows of each global batch, from the pipelines of its shards (module docstring)."""
+
+    def __init__(self, mixture_or_task_name: str, task_feature_lengths: Mapping[str, int], batch_size: int,
+                 seed: int, pack: bool, data_shards: int = 0, split: str = "train",
+                 process: Optional[Tuple[int, int]] = None):
+        """process: (index, count), by default this process's (jax.process_index(), jax.process_count())."""
+        index, processes = process or (jax.process_index(), jax.process_count())
+        self.data_shards = data_shards or processes
+        if self.data_shards % processes or batch_size % self.data_shards:
+            raise ConfigError(f"templm.train.data_shards {self.data_shards} must be a multiple of the number of "
+                              f"processes ({processes}) and divide batch_size ({batch_size})")
+        per_process = self.data_shards // processes
+        self.shards = list(range(index * per_process, (index + 1) * per_process))
+        self.rows = batch_size // self.data_shards
+        self._args = (mixture_or_task_name, dict(task_feature_lengths), self.rows, seed, pack)
+        self._split = split
+        if self.data_shards > 1:
+            few = files_per_shard(mixture_or_task_name, self.data_shards, split)
+            if few and index == 0:
+                console.warn(f"{', '.join(f'{t} ({n})' for t, n in sorted(few.items()))}: fewer {split} files than "
+                             f"the {self.data_shards} data shards, so each shard reads all of those files and keeps "
+                             "its share of the examples")
+        self._iterators: List = [self._pipeline(s, 0) for s in self.shards]
+
+    def _pipeline(self, shard: int, start_batch: int):
+        name, lengths, rows, seed, pack = self._args
+        info = seqio.ShardInfo(shard, self.data_shards) if self.data_shards > 1 else None
+        return iter(training_batches(name, lengths, rows, shard_seed(seed, shard, self.data_shards), pack,
+                                     start_batch, self._split, info))
+
+    def next(self) -> Dict[str, np.ndarray]:
+        """This process's rows of the next global batch (its shards' rows, in shard order)."""
+        parts = [next(it) for it in self._iterators]
+        return {key: np.concatenate([p[key].numpy() for p in parts]) for key in parts[0]}
+
+    def replay(self, batches: int) -> None:
+        """Positions every pipeline after `batches` batches by reading them (a checkpoint without input state)."""
+        self._iterators = [self._pipeline(s, batches) for s in self.shards]
+
+    def state(self) -> Dict[str, bytes]:
+        """Each of this process's pipelines' iterator state, by shard name (`restore` reads it back)."""
+        return {self.shard_name(s): tf.io.serialize_tensor(it._serialize_to_tensors()["_STATE"]).numpy()
+                for s, it in zip(self.shards, self._iterators)}
+
+    def restore(self, states: Mapping[str, bytes], where: str) -> None:
+        """Puts each pipeline where `state()` found it; a DataError names what is missing or unreadable."""
+        for s, it in zip(self.shards, self._iterators):
+            name = self.shard_name(s)
+            if name not in states:
+                raise DataError(f"the checkpoint holds no input state for {name} (it has {sorted(states)})", where)
+            try:
+                it._restore_from_tensors({"_STATE": tf.io.parse_tensor(states[name], tf.variant)})
+            except (tf.errors.OpError, ValueError) as e:
+                raise DataError(f"the input state {name} cannot be restored: {str(e).splitlines()[0]}", where) from None
+
+    def shard_name(self, shard: int) -> str:
+        return f"shard-{shard:05d}-of-{self.data_shards:05d}"
+
+    def close(self) -> None:
+        self._iterators = []  # an iterator left alive at exit can hang the process (tf.data)

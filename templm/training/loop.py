@@ -7,10 +7,12 @@ Each step takes the batch of its data position and applies the step; then
   (a non-finite loss or parameter norm raises TrainingError naming the last good checkpoint, before anything is
   saved), written to TensorBoard and `metrics.jsonl` with the rate, and shown as a progress line;
 * every `save_period` steps and at the last step: a checkpoint of the state with the data position, the run's
-  record (`meta`) and the last train metrics (so a resumed run that has nothing left to do still reports them);
+  record (`meta`), the last train metrics (so a resumed run that has nothing left to do still reports them) and the
+  input pipelines' states where the caller has them. Saves are asynchronous (checkpoints.py): training goes on while
+  the files are written; the last step's save and a SIGTERM's save are waited for;
 * every `eval_period` steps and at the last step: the caller's `evaluate(step, state)`;
-* on SIGTERM (the usual preemption notice): a checkpoint at the current step, then `Preempted` is raised. Callers
-  let it propagate, so nothing is evaluated or reported from the unfinished run and the command exits with
+* on SIGTERM (the usual preemption notice): a checkpoint at the current step, on disk, then `Preempted` is raised.
+  Callers let it propagate, so nothing is evaluated or reported from the unfinished run and the command exits with
   templm.errors.EXIT_PREEMPTED; the same command run again resumes from that checkpoint.
 """
 
@@ -74,12 +76,14 @@ def run(step_fn: Callable, state: Any, batch_at: Callable[[int], Mapping[str, ja
         log_period: int, tokens_per_step: int, name: str = "train",
         extra_scalars: Optional[Callable[[int], Dict[str, float]]] = None, shown: Tuple[str, ...] = ("loss",),
         evaluate: Optional[Callable[[int, Any], None]] = None, eval_period: int = 0,
-        progress: bool = True) -> Tuple[Any, Optional[Dict[str, float]]]:
+        progress: bool = True, input_state: Optional[Callable[[], Mapping[str, bytes]]] = None) -> Tuple[Any, Optional[Dict[str, float]]]:
     """Runs steps start_step+1 .. train_steps (module docstring); returns (state, the last logged train metrics).
 
     batch_at(position) -> the global batch of a data position (position = the number of steps done before it).
     extra_scalars(step) -> more scalars to log beside the step's metrics (e.g. the epoch); `shown` names the metrics
-    and extra scalars the progress line shows. The caller closes `log` and `checkpointer`.
+    and extra scalars the progress line shows. input_state() -> this process's input pipeline states, saved with
+    each checkpoint (where the data position alone cannot restore the input in constant time). The caller closes
+    `log` and `checkpointer`.
     """
     rate = console.Rate(train_steps, tokens_per_step, start_step)
     last_metrics: Optional[Dict[str, float]] = None
@@ -103,7 +107,8 @@ def run(step_fn: Callable, state: Any, batch_at: Callable[[int], Mapping[str, ja
                     console.say(console.step_line(name, step, train_steps, timing,
                                                   **{k: values.get(k) for k in shown}))
             if save:
-                checkpointer.save(step, state, {**meta, "step": step, "data_position": step, "train": last_metrics})
+                checkpointer.save(step, state, {**meta, "step": step, "data_position": step, "train": last_metrics},
+                                  inputs=input_state() if input_state else None, wait=last or stopping)
             if stopping:
                 raise Preempted(f"at step {step} (checkpoint saved in {checkpointer.directory})", step)
             if evaluate is not None and eval_period and (step % eval_period == 0 or last):

@@ -3,13 +3,16 @@
 `train()` reads in sections, as big_vision's: mesh and checks, model and sharded init, resume, the update step, data,
 then the shared loop (templm/training/loop.py: metrics, progress, checkpoints, SIGTERM, the non-finite stop).
 
-Determinism: examples come from a seeded SeqIO pipeline (input_pipeline.py); the data position (batches consumed)
-and the seeds are in every checkpoint, and a resumed run skips exactly the batches it had seen, so a run killed at
+Determinism: examples come from seeded SeqIO pipelines, one per data shard (input_pipeline.py); the data position
+(batches consumed), the seeds, the number of data shards and each pipeline's iterator state are in every checkpoint,
+and a resumed run restores the pipelines where they were (in constant time: nothing is replayed), so a run killed at
 any step and restarted ends with the same parameters as one that was never stopped. Dropout keys are
 `fold_in(seed, step)`.
 
-Multi-host: every process runs this same function (after `jax.distributed.initialize`) and puts only its rows of
-each batch on its own devices.
+Multi-host: every process runs this same function (after `jax.distributed.initialize`), reads and preprocesses only
+its data shards' examples and puts only its rows of each batch on its own devices. The global batch depends on the
+seed and `data_shards` (by default the number of processes; a checkpoint's own count when resuming), not on the
+number of processes: a run can resume on any number of processes that divides its data_shards.
 
 Evaluation during training (`eval_period`) runs the `evaluator` the caller passes (the command line passes
 templm.evaluation.checkpoint_eval.evaluate_params): evaluation sits above training in the layering.
@@ -30,13 +33,14 @@ import optax
 import seqio
 from absl import logging
 
+from templm import console
 from templm.errors import ConfigError, DataError, require_macros
 from templm.io import file_sha256
 from templm.models.t5 import EncoderDecoderModel, T5Config, load_hf_checkpoint
 import templm.tasks  # noqa: F401  (registers the SeqIO tasks the configs name)
 from templm.training import loop, partitioning, state as train_state
 from templm.training.checkpoints import Checkpointer, abstract_like, load_params
-from templm.training.input_pipeline import training_batches
+from templm.training.input_pipeline import TrainingInput
 from templm.training.optimizers import make_optimizer
 
 # The model and its sizes are bound in gin (gin_configs/models/*.gin): `MODEL = @templm.EncoderDecoderModel()`.
@@ -160,9 +164,12 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
           keep_checkpoints: Optional[int] = 3, eval_period: int = 0, eval_split: str = "validation",
           eval_num_examples: Optional[int] = None, eval_batch_size: int = 32,
           eval_mixture_or_task_name: Optional[str] = None, initial_checkpoint_path: Optional[str] = None,
-          log_period: int = 10, mesh=None, evaluator: Optional[Evaluator] = None,
-          progress: bool = True) -> Dict[str, Any]:
+          log_period: int = 10, data_shards: int = 0, async_checkpoints: bool = True, mesh=None,
+          evaluator: Optional[Evaluator] = None, progress: bool = True) -> Dict[str, Any]:
     """Trains `model` on a SeqIO task or mixture; resumes from `model_dir` if it holds a run of the same seeds.
+
+    data_shards: the number of input pipelines the global batch is drawn from (input_pipeline.py); 0: the
+    checkpoint's when resuming, else the number of processes. async_checkpoints: save while training goes on.
 
     Returns {"start_step", "step", "train": the last logged metrics, "eval": the last evaluation (with eval_period),
     "params"}. Raises Preempted on SIGTERM (after saving), TrainingError on a non-finite loss.
@@ -187,9 +194,10 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
     os.makedirs(model_dir, exist_ok=True)
     held = contextlib.ExitStack()
     held.enter_context(loop.model_dir_lock(model_dir))
-    checkpointer = Checkpointer(os.path.join(model_dir, "checkpoints"), save_period, keep_checkpoints)
+    checkpointer = Checkpointer(os.path.join(model_dir, "checkpoints"), save_period, keep_checkpoints,
+                                async_checkpoints)
     log = loop.MetricsLog(model_dir)
-    iterator = None
+    inputs = None
     try:
         with train_state.mesh_rules(mesh, rules):
             # --- Model and sharded init: parameters are created already laid out on the mesh. -------------------
@@ -201,7 +209,7 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
             state, state_shardings = init_state(model, tx, lengths, seed, mesh, rules, loaded)
 
             # --- Resume. --------------------------------------------------------------------------------------------
-            start_step, last = 0, None
+            start_step, last, saved = 0, None, {}
             if checkpointer.latest_step() is not None:
                 state, saved = checkpointer.restore(abstract_like(state))
                 start_step, last = int(saved["data_position"]), saved.get("train")
@@ -209,6 +217,10 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
                     raise DataError(f"checkpoint was written with seed {saved.get('seed')}/data_seed "
                                     f"{saved.get('data_seed')}, this run has {seed}/{data_seed}",
                                     checkpointer.directory)
+                if data_shards and saved.get("data_shards", data_shards) != data_shards:
+                    raise DataError(f"checkpoint {saved['step']} drew its batches from {saved['data_shards']} data "
+                                    f"shards, this run asks for {data_shards}: set templm.train.data_shards="
+                                    f"{saved['data_shards']} (or 0) to resume it", checkpointer.directory)
                 logging.info("resumed from step %d", start_step)
 
             # --- The update step: one pure function, jitted once, the state donated. ----------------------------
@@ -223,11 +235,20 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
                     _STEP_CACHE.clear()  # keep one: a compiled step holds on to its executable
                     _STEP_CACHE[key] = (model, tx, step_fn)
 
-            # --- Data: this process's rows of each global batch. ------------------------------------------------
-            local_batch = batch_size // jax.process_count()
-            iterator = training_batches(mixture_or_task_name, lengths, local_batch,
-                                        data_seed if data_seed is not None else seed, pack,
-                                        start_step).as_numpy_iterator()
+            # --- Data: this process's shards' rows of each global batch, where the checkpoint left them. ---------
+            inputs = TrainingInput(mixture_or_task_name, lengths, batch_size,
+                                   data_seed if data_seed is not None else seed, pack,
+                                   data_shards or saved.get("data_shards", 0))
+            if start_step:
+                names = tuple(inputs.shard_name(s) for s in inputs.shards)
+                states = checkpointer.restore_inputs(saved["step"], names)
+                if states:
+                    inputs.restore(states, checkpointer.directory)
+                else:
+                    console.warn(f"checkpoint {saved['step']} in {checkpointer.directory} holds no input state "
+                                 f"(written before templm saved it): reading the {start_step} batches it had "
+                                 "consumed again to get back to its data position")
+                    inputs.replay(start_step)
 
             # --- The loop. ----------------------------------------------------------------------------------------
             result: Dict[str, Any] = {"start_step": start_step}
@@ -239,16 +260,17 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
                     log.write(step, f"{eval_split}/{task}", metrics)
 
             meta = {"seed": seed, "data_seed": data_seed, "mixture_or_task_name": mixture_or_task_name,
-                    "batch_size": batch_size, "task_feature_lengths": lengths}
+                    "batch_size": batch_size, "task_feature_lengths": lengths, "data_shards": inputs.data_shards}
             state, logged = loop.run(
-                step_fn, state, lambda position: train_state.global_batch(next(iterator), batch_sharding),
+                step_fn, state, lambda position: train_state.global_batch(inputs.next(), batch_sharding),
                 rng=jax.random.key(seed + 1), start_step=start_step, train_steps=train_steps,
                 checkpointer=checkpointer, log=log, meta=meta, log_period=log_period,
                 tokens_per_step=batch_size * (lengths["inputs"] + lengths["targets"]),
                 name=os.path.basename(os.path.normpath(model_dir)), evaluate=evaluate, eval_period=eval_period,
-                progress=progress)
+                progress=progress, input_state=inputs.state)
     finally:
-        iterator = None  # an iterator left alive at exit can hang the process (tf.data)
+        if inputs is not None:
+            inputs.close()  # an iterator left alive at exit can hang the process (tf.data)
         log.close()
         checkpointer.close()
         held.close()

@@ -1,13 +1,16 @@
 """The T5 trainer's input pipeline (templm/training/input_pipeline.py): the faster converter settings give seqio's
-batches exactly."""
+batches exactly; data shards read disjoint files, give the same global batch for any number of processes, and
+continue from a saved state."""
 
 import numpy as np
 import pytest
 import seqio
 
+from templm import tasks
 from templm.data.task_data import TaskDataConfig
 from templm.data.world import WorldConfig
-from templm.training.input_pipeline import training_batches
+from templm.errors import ConfigError, DataError
+from templm.training.input_pipeline import TrainingInput, training_batches
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +26,7 @@ def test_training_batches_are_exactly_seqios_defaults(data_dir, name, pack):
     lengths = {"inputs": 64, "targets": 16}  # room for two examples in a row
     reference = seqio.get_dataset(name, lengths, dataset_split="train", shuffle=True, num_epochs=None, seed=3,
                                   feature_converter=seqio.EncDecFeatureConverter(pack=pack)).batch(16)
-    ours = training_batches(name, lengths, 16, 3, pack, 0)
+    ours = training_batches(name, lengths, 16, 3, pack)
     expected, got = reference.as_numpy_iterator(), ours.as_numpy_iterator()
     shared_rows = 0
     for _ in range(40):
@@ -34,3 +37,57 @@ def test_training_batches_are_exactly_seqios_defaults(data_dir, name, pack):
         shared_rows += int((a.get("encoder_segment_ids", np.zeros((1, 1))).max(axis=1) > 1).sum())
     assert (shared_rows > 0) == pack  # packed batches do hold rows of several examples
     del expected, got
+
+
+def _years(vocabulary, batch):
+    """The year of each row's example, from its "year: YYYY" prefix (the Temporal regime)."""
+    return {int(vocabulary.decode(row.tolist()).split()[1]) for row in batch["encoder_input_tokens"]}
+
+
+def test_data_shards_read_disjoint_files_that_together_are_the_whole_split(data_dir):
+    """Three shards of a task with one training file per year: each process reads one year's file only, no two
+    share one, and together they read every training year."""
+    name, lengths = "customnews_ssm_temporal", {"inputs": 64, "targets": 16}
+    vocabulary = seqio.get_mixture_or_task(name).output_features["inputs"].vocabulary
+    train_years = set(tasks.current()["train_years"])
+    assert len(train_years) == 3
+    seen = []
+    for p in range(3):
+        inputs = TrainingInput(name, lengths, 6, 5, False, data_shards=3, process=(p, 3))
+        assert inputs.shards == [p] and inputs.rows == 2
+        seen.append(set().union(*(_years(vocabulary, inputs.next()) for _ in range(30))))
+        inputs.close()
+    assert all(len(years) == 1 for years in seen)
+    assert set().union(*seen) == train_years
+
+
+def test_the_global_batch_is_the_same_for_one_process_or_two(data_dir):
+    name, lengths = "temporal_mixture", {"inputs": 32, "targets": 8}
+    one = TrainingInput(name, lengths, 8, 3, True, data_shards=2, process=(0, 1))
+    two = [TrainingInput(name, lengths, 8, 3, True, data_shards=2, process=(p, 2)) for p in range(2)]
+    for _ in range(5):
+        whole, halves = one.next(), [t.next() for t in two]
+        for key in whole:
+            np.testing.assert_array_equal(whole[key], np.concatenate([h[key] for h in halves]), err_msg=key)
+    with pytest.raises(ConfigError, match="data_shards 3 must be a multiple of the number of processes"):
+        TrainingInput(name, lengths, 8, 3, True, data_shards=3, process=(0, 2))
+
+
+def test_a_saved_input_state_continues_where_it_stopped(data_dir):
+    """The state restored into a fresh pipeline gives the batches the first one gave next: no batch is replayed."""
+    name, lengths = "temporal_mixture", {"inputs": 32, "targets": 8}
+    first = TrainingInput(name, lengths, 8, 4, True, data_shards=2, process=(0, 1))
+    for _ in range(7):
+        first.next()
+    saved = first.state()
+    assert sorted(saved) == ["shard-00000-of-00002", "shard-00001-of-00002"]
+    expected = [first.next() for _ in range(3)]
+    second = TrainingInput(name, lengths, 8, 4, True, data_shards=2, process=(0, 1))
+    second.restore(saved, "test")
+    for want in expected:
+        got = second.next()
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    other = TrainingInput(name, lengths, 8, 4, True, data_shards=4, process=(0, 1))
+    with pytest.raises(DataError, match="no input state for shard-00000-of-00004"):
+        other.restore(saved, "test")

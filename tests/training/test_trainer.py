@@ -85,6 +85,30 @@ def test_loss_falls_and_metrics_are_written(trained):
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["20", "40", "integrity"]
 
 
+def test_a_checkpoint_without_input_state_is_resumed_by_replaying_its_batches(trained, tmp_path, capsys):
+    """Checkpoints hold each data shard's pipeline state; one written before they did (no `input` item) is resumed
+    by reading its batches again, with a warning, and ends with the same parameters. A run asking for another
+    number of data shards than its checkpoint's is refused."""
+    model_dir, result = trained
+    old = tmp_path / "old"
+    shutil.copytree(model_dir, old)
+    checkpoints = old / "checkpoints"
+    states = [name for name in os.listdir(checkpoints / "40" / "input") if name.endswith(".state")]
+    assert states == ["shard-00000-of-00001.state"]
+    with pytest.raises(DataError, match="drew its batches from 1 data shards, this run asks for 2"):
+        _train(old, 41, data_shards=2)
+    for step in ("20", "40"):
+        (checkpoints / "integrity" / f"{step}.json").unlink()
+    shutil.rmtree(checkpoints / "40")
+    shutil.rmtree(checkpoints / "20" / "input")
+    resumed = _train(old, 40, save_period=20)
+    assert resumed["start_step"] == 20
+    assert "holds no input state" in capsys.readouterr().err
+    same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), result["params"],
+                        resumed["params"])
+    assert all(jax.tree.leaves(same))
+
+
 def test_one_device_and_a_4x2_mesh_agree_and_shardings_follow_the_rules(data_dir, tmp_path):
     single = _train(tmp_path / "one", 5, mesh_shape=(1, 1))
     sharded = _train(tmp_path / "mesh", 5, mesh_shape=(4, 2))
@@ -209,8 +233,8 @@ def test_two_processes_of_four_devices_match_one_process(data_dir, tmp_path):
                   f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}", env=env)
              for i in range(2)]
     single = _cli(f"--gin.MODEL_DIR='{tmp_path / 'single'}'", "--gin.TRAIN_STEPS=5", "--gin.templm.make_mesh."
-                  "mesh_shape=(1, 1)", env={"TEMPLM_DATA_DIR": data_dir,
-                                           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+                  "mesh_shape=(1, 1)", "--gin.templm.train.data_shards=2",
+                  env={"TEMPLM_DATA_DIR": data_dir, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
     for proc in procs + [single]:
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-3000:]
