@@ -260,6 +260,7 @@ class Checkpointer:
         if step in self.manager.all_steps():
             if wait:
                 self.wait()
+                self.join()
             return
         self.wait()  # the previous save, finished before this one starts (and its digests recorded)
         items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}

@@ -4,6 +4,7 @@ and falls back to the newest intact step (or stops with a message when a given s
 import os
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from templm.errors import DataError
@@ -99,3 +100,31 @@ def test_digest_records_follow_the_kept_steps(tmp_path):
         checkpointer.close()
     assert sorted(os.listdir(tmp_path / "ck")) == ["2", "3", "integrity"]
     assert sorted(os.listdir(tmp_path / "ck" / "integrity")) == ["2.json", "3.json"]
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_saves_finish_in_order_and_restore_what_was_saved(tmp_path, async_save):
+    """Each save starts once the one before it is on disk; after close every step has its digests, and restores
+    to the state and input states it was given (asynchronous or not)."""
+    checkpointer = Checkpointer(str(tmp_path / "ck"), save_period=1, keep=None, async_save=async_save)
+    big = jnp.arange(200_000, dtype=jnp.float32)
+    try:
+        for step in (1, 2, 3):
+            checkpointer.save(step, {"step": jnp.int32(step), "params": big * step}, {"step": step},
+                              inputs={"shard-00000-of-00002": bytes([step]) * 100})
+            assert sorted(os.listdir(tmp_path / "ck"))[:step - 1] == [str(s) for s in range(1, step)]
+        checkpointer.save(3, {}, {}, wait=True)  # a step saved already: only waited for
+        assert (tmp_path / "ck" / "integrity" / "3.json").is_file()
+    finally:
+        checkpointer.close()
+    assert sorted(os.listdir(tmp_path / "ck" / "integrity")) == ["1.json", "2.json", "3.json"]
+    reader = Checkpointer(str(tmp_path / "ck"))
+    try:
+        for step in (1, 2, 3):
+            state, meta = reader.restore(abstract_like({"step": jnp.int32(0), "params": big}), step)
+            assert meta == {"step": step} and int(state["step"]) == step
+            np.testing.assert_array_equal(np.asarray(state["params"]), np.asarray(big * step))
+            assert reader.restore_inputs(step, ("shard-00000-of-00002", "shard-00001-of-00002")) == {
+                "shard-00000-of-00002": bytes([step]) * 100}
+    finally:
+        reader.close()

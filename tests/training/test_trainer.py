@@ -28,6 +28,7 @@ import templm.evaluation.checkpoint_eval  # noqa: F401  (registers the configura
 from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, save_hf_checkpoint
 from templm.training import partitioning, trainer
 from templm.training.checkpoints import load_params
+from templm.training.input_pipeline import TrainingInput
 from templm_testing import lock_holder
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -226,6 +227,7 @@ def test_sigterm_saves_exits_as_preempted_and_a_rerun_resumes(data_dir, tmp_path
 
 @pytest.mark.e2e
 def test_two_processes_of_four_devices_match_one_process(data_dir, tmp_path):
+    """Two processes, each reading one of two data shards, and one process reading both, train alike."""
     gin_mesh = "--gin.templm.make_mesh.mesh_shape=(4, 2)"
     env = {"TEMPLM_DATA_DIR": data_dir, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
     port = 20000 + os.getpid() % 20000
@@ -239,6 +241,23 @@ def test_two_processes_of_four_devices_match_one_process(data_dir, tmp_path):
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-3000:]
     np.testing.assert_allclose(_losses(tmp_path / "multi"), _losses(tmp_path / "single"), rtol=2e-5)
+    # Each process ran only its own shard's pipeline and saved its state; restored, the states give the batches the
+    # one-process run would have drawn next.
+    next_batches = {}
+    for run in ("multi", "single"):
+        folder = tmp_path / run / "checkpoints" / "5" / "input"
+        states = {name[:-len(".state")]: (folder / name).read_bytes() for name in os.listdir(folder)
+                  if name.endswith(".state")}
+        assert sorted(states) == ["shard-00000-of-00002", "shard-00001-of-00002"]
+        meta = json.loads((tmp_path / run / "checkpoints" / "5" / "meta" / "metadata").read_text())
+        inputs = TrainingInput(meta["mixture_or_task_name"], meta["task_feature_lengths"], meta["batch_size"],
+                               meta["seed"], True, data_shards=2, process=(0, 1))
+        inputs.restore(states, run)
+        next_batches[run] = [inputs.next() for _ in range(2)]
+        inputs.close()
+    for multi, single in zip(next_batches["multi"], next_batches["single"]):
+        for key in single:
+            np.testing.assert_array_equal(multi[key], single[key], err_msg=key)
 
 
 @pytest.mark.e2e
