@@ -9,7 +9,7 @@ DEMO_DIR ?= runs/demo
 # than 2.35 ignores it.
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
-.PHONY: venv demo test test-fast bench clean
+.PHONY: venv demo test test-fast bench bench-device clean
 
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ bench: $(STAMP)
 	bash -o pipefail -c '$(BIN)/python tools/bench_t5.py | tee -a $(BENCH_OUT)'
 	bash -o pipefail -c '$(BIN)/python tools/bench_txl.py | tee -a $(BENCH_OUT)'
 	bash -o pipefail -c '$(BIN)/python tools/bench_data.py | tee -a $(BENCH_OUT)'
+	bash -o pipefail -c '$(BIN)/python tools/bench_checkpoint.py | tee -a $(BENCH_OUT)'
+
+# On a machine with a GPU or TPU (and a jax that sees it): the accelerator figures, within 10 minutes.
+bench-device:
+	bash tools/bench_device.sh
 
 clean:
 	rm -rf $(VENV) runs
