@@ -207,7 +207,7 @@ def run_save(args, root: str) -> None:
                         f"save() blocked {blocked:.2f} s")
             finally:
                 checkpointer.close()
-            results[mode] = (stalls, blocks, base / args.window, folder_bytes(os.path.join(folder, "1")))
+            results[mode] = (stalls, blocks, base / args.window, folder_bytes(os.path.join(folder, str(args.saves))))
         inputs.close()
     config = f"t5_{args.config} batch {batch} {lengths['inputs']}+{lengths['targets']}, window {args.window} steps"
     for mode, (stalls, blocks, step_s, size) in results.items():
@@ -237,6 +237,9 @@ def main(argv=None) -> int:
     from absl import logging
 
     logging.set_verbosity(logging.ERROR)
+    import tensorflow as tf
+
+    tf.config.set_visible_devices([], "GPU")  # tf.data only: the accelerator's memory stays JAX's, as in the CLI
     root = tempfile.mkdtemp(prefix="bench_checkpoint_")
     try:
         build_data(root, args.seed)
