@@ -334,6 +334,8 @@ def _define_data_tasks():
     flags.DEFINE_integer("heldout_per_year", 2000, "Held-out (validation + test) documents per year, at most.")
     flags.DEFINE_float("heldout_fraction", 0.1, "Held-out share of each year, at most.")
     flags.DEFINE_integer("future_years", 2, "The last N years form the 'future' evaluation slice.")
+    flags.DEFINE_integer("files_per_year", 1, "Record files per split and year: at least the data shards (hosts) of "
+                         "a multi-host training run, so that each host reads files of its own.")
     flags.DEFINE_integer("seed", 0, "Seed of the world, the held-out draw and the training answers.")
     _world_configurable()
 
@@ -346,7 +348,8 @@ def _main_data_tasks():
         corpus=FLAGS.corpus, corpus_format=FLAGS.format, templama_dir=FLAGS.templama_dir, world=world,
         vocab_size=FLAGS.vocab_size, max_spm_sentences=FLAGS.max_spm_sentences, detector=FLAGS.detector,
         one_span_per_sentence=FLAGS.one_span_per_sentence, heldout_per_year=FLAGS.heldout_per_year,
-        heldout_fraction=FLAGS.heldout_fraction, future_years=FLAGS.future_years, seed=FLAGS.seed)
+        heldout_fraction=FLAGS.heldout_fraction, future_years=FLAGS.future_years,
+        files_per_year=FLAGS.files_per_year, seed=FLAGS.seed)
     manifest = prepare_task_data(config, FLAGS.out, overwrite=FLAGS.overwrite)
     totals = {folder: {split: sum(by_year.values()) for split, by_year in splits.items()}
               for folder, splits in manifest["counts"].items()}

@@ -4,11 +4,15 @@
 
     customnews/{train,validation,test}-YYYY.tfrecord   one SSM example per salient span of each document
     templama/{train,validation,test}-YYYY.tfrecord      one example per TempLAMA query
+    (with files_per_year N > 1: {split}-YYYY-0000i-of-0000N.tfrecord, the year's records dealt out in turn)
     splits/yearly/YYYY_{train,validation,test}.gz      which documents went where (split-file format)
     spm/vocab.model                                    SentencePiece model trained on the training documents
     manifest.json                                      years, seen/future slices, counts, vocabulary, config
 
-Files are split by year so a Yearly task reads only its year and a Uniform or Temporal task reads them all; records
+Files are split by year so a Yearly task reads only its year and a Uniform or Temporal task reads them all, and
+optionally each year into several files, so that a training run's data shards (one per host) can each read whole
+files of their own (templm/training/input_pipeline.py; a split with fewer files than shards is read whole by every
+shard); records
 are tf.train.Example protos with `inputs`, `targets`, `answers` (every gold answer), `year` and `id`. Record files
 (rather than a generator) make shuffling seeded and resumable, and keep seqio from re-running the extraction.
 
@@ -63,6 +67,7 @@ class TaskDataConfig:
     future_years: int = 2  # the last N years are the "future" slice; the rest are "seen"
     seed: int = 0
     clean: Optional[FilterConfig] = FilterConfig()  # other languages and near-duplicates out (None: keep all)
+    files_per_year: int = 1  # record files per split and year (>= the data shards of a multi-host training run)
 
 
 def _tf():
@@ -82,19 +87,22 @@ def _example(tf, inputs: str, targets: str, answers: Sequence[str], year: int, e
 
 
 class _Writers:
-    """One TFRecord writer per (folder, split, year), opened on first use."""
+    """`files` TFRecord writers per (folder, split, year), opened on first use; records dealt out in turn."""
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, files: int = 1):
         self.root = root
-        self.open: Dict[Tuple[str, str, int], object] = {}
+        self.files = files
+        self.open: Dict[Tuple[str, str, int, int], object] = {}
         self.counts: Dict[str, Dict[str, Dict[str, int]]] = collections.defaultdict(
             lambda: collections.defaultdict(lambda: collections.defaultdict(int)))
 
     def write(self, folder: str, split: str, year: int, record: bytes) -> None:
-        key = (folder, split, year)
+        part = self.counts[folder][split][str(year)] % self.files
+        key = (folder, split, year, part)
         if key not in self.open:
             os.makedirs(os.path.join(self.root, folder), exist_ok=True)
-            self.open[key] = _tf().io.TFRecordWriter(os.path.join(self.root, folder, f"{split}-{year}.tfrecord"))
+            name = f"{split}-{year}" + (f"-{part:05d}-of-{self.files:05d}" if self.files > 1 else "") + ".tfrecord"
+            self.open[key] = _tf().io.TFRecordWriter(os.path.join(self.root, folder, name))
         self.open[key].write(record)
         self.counts[folder][split][str(year)] += 1
 
@@ -166,7 +174,9 @@ def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None) -> 
         detector = detector.fit(sample)
 
     tf = _tf()
-    writers = _Writers(root)
+    if config.files_per_year < 1:
+        raise DataError(f"files_per_year must be at least 1, not {config.files_per_year}")
+    writers = _Writers(root, config.files_per_year)
     rng = random.Random(config.seed)
     try:
         for doc in read_documents(corpus, fmt):

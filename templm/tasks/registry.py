@@ -133,9 +133,10 @@ def _task(name: str, folder: str, pattern: str, regime: str, data_dir: str, ensu
           train_years: Optional[Sequence[int]] = None) -> None:
     """One task over `folder`'s record files of the years `pattern` matches; with `train_years`, its train split
     reads only those years' files."""
-    patterns = {split: f"{data_dir}/{folder}/{split}-{pattern}.tfrecord" for split in SPLITS}
+    # A year's records are in {split}-YYYY.tfrecord or, split further, in {split}-YYYY-0000i-of-0000N.tfrecord.
+    patterns = {split: f"{data_dir}/{folder}/{split}-{pattern}*.tfrecord" for split in SPLITS}
     if train_years is not None:
-        patterns["train"] = [f"{data_dir}/{folder}/train-{year}.tfrecord" for year in sorted(train_years)]
+        patterns["train"] = [f"{data_dir}/{folder}/train-{year}*.tfrecord" for year in sorted(train_years)]
     source = PreparedSource(ensure, split_to_filepattern=patterns, feature_description=_FEATURES,
                             num_input_examples=num_examples)
     preprocessors = [_parse]

@@ -75,8 +75,8 @@ def run(step_fn: Callable, state: Any, batch_at: Callable[[int], Mapping[str, ja
         start_step: int, train_steps: int, checkpointer: Checkpointer, log: MetricsLog, meta: Mapping[str, Any],
         log_period: int, tokens_per_step: int, name: str = "train",
         extra_scalars: Optional[Callable[[int], Dict[str, float]]] = None, shown: Tuple[str, ...] = ("loss",),
-        evaluate: Optional[Callable[[int, Any], None]] = None, eval_period: int = 0,
-        progress: bool = True, input_state: Optional[Callable[[], Mapping[str, bytes]]] = None) -> Tuple[Any, Optional[Dict[str, float]]]:
+        evaluate: Optional[Callable[[int, Any], None]] = None, eval_period: int = 0, progress: bool = True,
+        input_state: Optional[Callable[[], Mapping[str, bytes]]] = None) -> Tuple[Any, Optional[Dict[str, float]]]:
     """Runs steps start_step+1 .. train_steps (module docstring); returns (state, the last logged train metrics).
 
     batch_at(position) -> the global batch of a data position (position = the number of steps done before it).

@@ -2,6 +2,8 @@
 batches exactly; data shards read disjoint files, give the same global batch for any number of processes, and
 continue from a saved state."""
 
+import os
+
 import numpy as np
 import pytest
 import seqio
@@ -91,3 +93,33 @@ def test_a_saved_input_state_continues_where_it_stopped(data_dir):
     other = TrainingInput(name, lengths, 8, 4, True, data_shards=4, process=(0, 1))
     with pytest.raises(DataError, match="no input state for shard-00000-of-00004"):
         other.restore(saved, "test")
+
+
+def _ids(path):
+    import tensorflow as tf
+
+    return [tf.train.Example.FromString(r.numpy()).features.feature["id"].bytes_list.value[0]
+            for r in tf.data.TFRecordDataset(path)]
+
+
+def test_a_year_written_in_several_files_gives_each_data_shard_files_of_its_own(task_data_for, data_dir, capsys):
+    """`files_per_year=2` deals each year's records into two files (the same records as one file holds), and two
+    data shards then read files of their own; with more shards than files, each reads them all, with a warning."""
+    split = task_data_for("files", TaskDataConfig(world=WorldConfig(seed=2, start_year=2013, end_year=2016,
+                                                                    subjects_per_relation=6, docs_per_month=10),
+                                                  vocab_size=300, future_years=1, files_per_year=2))
+    try:
+        folder = os.path.join(split, "customnews")
+        parts = [os.path.join(folder, f"train-2014-0000{i}-of-00002.tfrecord") for i in range(2)]
+        assert not os.path.exists(os.path.join(folder, "train-2014.tfrecord"))
+        ids = [_ids(p) for p in parts]
+        assert abs(len(ids[0]) - len(ids[1])) <= 1 and not set(ids[0]) & set(ids[1])
+        assert sorted(ids[0] + ids[1]) == sorted(_ids(os.path.join(data_dir, "customnews", "train-2014.tfrecord")))
+        lengths = {"inputs": 32, "targets": 8}
+        TrainingInput("temporal_mixture", lengths, 8, 3, True, data_shards=2, process=(0, 2)).close()
+        assert "fewer train files" not in capsys.readouterr().err
+        TrainingInput("temporal_mixture", lengths, 8, 3, True, data_shards=8, process=(0, 2)).close()
+        err = capsys.readouterr().err
+        assert "customnews_ssm_temporal (6), templama_temporal (6): fewer train files than the 8 data shards" in err
+    finally:
+        tasks.configure(data_dir=data_dir)
