@@ -263,7 +263,7 @@ class Reproduction:
         return dict(task_feature_lengths=self.lengths, batch_size=p.batch_size, model=self.model,
                     optimizer=self.optimizer, seed=self.seed, mesh=self.mesh, save_period=0, keep_checkpoints=1,
                     log_period=max(10, p.steps // 10), eval_batch_size=p.eval_batch_size, evaluator=evaluate_params,
-                    progress=False)
+                    progress=False, final_input_state=False)  # models of fixed length (a SIGTERM's save keeps it)
 
     def train(self, name: str, regime: str, mixture: str, steps: int, init: str = "scratch") -> Any:
         start = time.time()

@@ -76,14 +76,16 @@ def run(step_fn: Callable, state: Any, batch_at: Callable[[int], Mapping[str, ja
         log_period: int, tokens_per_step: int, name: str = "train",
         extra_scalars: Optional[Callable[[int], Dict[str, float]]] = None, shown: Tuple[str, ...] = ("loss",),
         evaluate: Optional[Callable[[int, Any], None]] = None, eval_period: int = 0, progress: bool = True,
-        input_state: Optional[Callable[[], Mapping[str, bytes]]] = None) -> Tuple[Any, Optional[Dict[str, float]]]:
+        input_state: Optional[Callable[[], Mapping[str, bytes]]] = None,
+        final_input_state: bool = True) -> Tuple[Any, Optional[Dict[str, float]]]:
     """Runs steps start_step+1 .. train_steps (module docstring); returns (state, the last logged train metrics).
 
     batch_at(position) -> the global batch of a data position (position = the number of steps done before it).
     extra_scalars(step) -> more scalars to log beside the step's metrics (e.g. the epoch); `shown` names the metrics
     and extra scalars the progress line shows. input_state() -> this process's input pipeline states, saved with
-    each checkpoint (where the data position alone cannot restore the input in constant time). The caller closes
-    `log` and `checkpointer`.
+    each checkpoint (where the data position alone cannot restore the input in constant time), the last step's only
+    with `final_input_state` (a run of fixed length that will not be extended can leave it out: it is as large as the
+    pipelines' shuffle buffers). The caller closes `log` and `checkpointer`.
     """
     rate = console.Rate(train_steps, tokens_per_step, start_step)
     last_metrics: Optional[Dict[str, float]] = None
@@ -108,7 +110,8 @@ def run(step_fn: Callable, state: Any, batch_at: Callable[[int], Mapping[str, ja
                                                   **{k: values.get(k) for k in shown}))
             if save:
                 checkpointer.save(step, state, {**meta, "step": step, "data_position": step, "train": last_metrics},
-                                  inputs=input_state() if input_state else None, wait=last or stopping)
+                                  inputs=input_state() if input_state and (final_input_state or stopping or not last)
+                                  else None, wait=last or stopping)
             if stopping:
                 raise Preempted(f"at step {step} (checkpoint saved in {checkpointer.directory})", step)
             if evaluate is not None and eval_period and (step % eval_period == 0 or last):

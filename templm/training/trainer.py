@@ -164,12 +164,15 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
           keep_checkpoints: Optional[int] = 3, eval_period: int = 0, eval_split: str = "validation",
           eval_num_examples: Optional[int] = None, eval_batch_size: int = 32,
           eval_mixture_or_task_name: Optional[str] = None, initial_checkpoint_path: Optional[str] = None,
-          log_period: int = 10, data_shards: int = 0, async_checkpoints: bool = True, mesh=None,
+          log_period: int = 10, data_shards: int = 0, async_checkpoints: bool = True,
+          final_input_state: bool = True, mesh=None,
           evaluator: Optional[Evaluator] = None, progress: bool = True) -> Dict[str, Any]:
     """Trains `model` on a SeqIO task or mixture; resumes from `model_dir` if it holds a run of the same seeds.
 
     data_shards: the number of input pipelines the global batch is drawn from (input_pipeline.py); 0: the
     checkpoint's when resuming, else the number of processes. async_checkpoints: save while training goes on.
+    final_input_state: the last step's checkpoint holds the input pipelines' states too (False for a run of fixed
+    length: extending it later replays its batches; the states are as large as the shuffle buffers).
 
     Returns {"start_step", "step", "train": the last logged metrics, "eval": the last evaluation (with eval_period),
     "params"}. Raises Preempted on SIGTERM (after saving), TrainingError on a non-finite loss.
@@ -267,7 +270,7 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
                 checkpointer=checkpointer, log=log, meta=meta, log_period=log_period,
                 tokens_per_step=batch_size * (lengths["inputs"] + lengths["targets"]),
                 name=os.path.basename(os.path.normpath(model_dir)), evaluate=evaluate, eval_period=eval_period,
-                progress=progress, input_state=inputs.state)
+                progress=progress, input_state=inputs.state, final_input_state=final_input_state)
     finally:
         if inputs is not None:
             inputs.close()  # an iterator left alive at exit can hang the process (tf.data)

@@ -52,6 +52,9 @@ def results(run_dir):
 
 def test_report_and_figures(run_dir):
     assert {"report.md", "results.json", "run.json", "figures", "data", "models"} <= set(os.listdir(run_dir))
+    uniform = run_dir / "models" / "uniform" / "checkpoints"
+    final = max(int(step) for step in os.listdir(uniform) if step.isdigit())
+    assert not (uniform / str(final) / "input").exists()  # a model of fixed length keeps no input state at its end
     text = (run_dir / "report.md").read_text()
     for heading in ("## The run", "## Expected findings", "## TempLAMA F1 and CustomNews F1 and perplexity",
                     "## Yearly experts by year gap", "## F1 by how long the answer stays valid",

@@ -1,6 +1,6 @@
 """The one training loop (templm/training/loop.py), driven by a trivial step: it logs, saves and evaluates on its
-periods, saves and raises Preempted on SIGTERM (and a resumed run goes on from there), and stops on a non-finite
-loss before saving it."""
+periods, saves and raises Preempted on SIGTERM (and a resumed run goes on from there), stops on a non-finite loss
+before saving it, and saves the caller's input states with its checkpoints."""
 
 import json
 import os
@@ -81,3 +81,30 @@ def test_a_nan_loss_stops_before_it_is_saved(tmp_path):
     with pytest.raises(TrainingError, match="at step 4: stopping; the last good checkpoint is step 2"):
         run(tmp_path, zero_state(), 10, batches, save_period=2)
     assert steps(tmp_path / "checkpoints") == ["2"]
+
+
+def test_input_states_go_with_each_save_and_with_the_last_only_when_asked(tmp_path):
+    """The caller's input state at each save is the one after the batches of the steps saved (positions 0..step-1);
+    `final_input_state=False` leaves it out of the last step's checkpoint."""
+    drawn = []
+
+    def batch_at(position):
+        drawn.append(position)
+        return {"x": jnp.float32(position + 1)}
+
+    def state():
+        return {"shard-00000-of-00001": str(len(drawn)).encode()}
+
+    run(tmp_path / "keep", zero_state(), 5, batches=batch_at, save_period=2, input_state=state)
+    drawn.clear()
+    run(tmp_path / "drop", zero_state(), 5, batches=batch_at, save_period=2, input_state=state,
+        final_input_state=False)
+    names = ("shard-00000-of-00001",)
+    for folder, last in (("keep", {"shard-00000-of-00001": b"5"}), ("drop", {})):
+        checkpointer = Checkpointer(str(tmp_path / folder / "checkpoints"))
+        try:
+            assert checkpointer.restore_inputs(2, names) == {"shard-00000-of-00001": b"2"}
+            assert checkpointer.restore_inputs(4, names) == {"shard-00000-of-00001": b"4"}
+            assert checkpointer.restore_inputs(5, names) == last
+        finally:
+            checkpointer.close()
