@@ -91,10 +91,14 @@ class DocumentFilter:
         self._kept = 0
         self._signatures: List[np.ndarray] = []
         self._lsh = None
+        self._permutations = self._scheme = None
         if config.near_duplicate_threshold is not None:
-            from datasketch import MinHashLSH
+            from datasketch import MinHash, MinHashLSH
 
             self._lsh = MinHashLSH(threshold=float(config.near_duplicate_threshold), num_perm=config.num_perm)
+            # The seed's hash permutations, drawn once (MinHash draws them anew for each signature otherwise).
+            first = MinHash(num_perm=config.num_perm, seed=config.seed)
+            self._permutations, self._scheme = first.permutations, first.scheme
 
     def reason(self, doc: Document) -> Optional[str]:
         """None to keep `doc` (and remember it for the near-duplicate check), else why it is dropped."""
@@ -111,7 +115,8 @@ class DocumentFilter:
         if self._lsh is not None:
             from datasketch import MinHash
 
-            signature = MinHash(num_perm=c.num_perm, seed=c.seed)
+            signature = MinHash(num_perm=c.num_perm, seed=c.seed, permutations=self._permutations,
+                                scheme=self._scheme)
             signature.update_batch(sorted(shingles(doc.text, c.shingle_words)))
             similarity = max((float(np.mean(self._signatures[k] == signature.hashvalues))
                               for k in self._lsh.query(signature)), default=0.0)
