@@ -319,15 +319,22 @@ def abstract_like(tree: Any) -> Any:
 
 
 def load_params(directory: str, step: Optional[int] = None) -> Tuple[Any, dict]:
-    """Parameters (host numpy arrays) of a templm checkpoint folder (the newest intact step unless `step`), e.g. to
-    evaluate it or to initialise an adaptation run."""
+    """Parameters of a templm checkpoint folder (the newest intact step unless `step`) on this process's first
+    device, e.g. to evaluate it or to initialise an adaptation run; whatever mesh and number of processes wrote it (a
+    pod's checkpoint reads on a laptop)."""
     path = _path(directory)
     if not path.is_dir():
         raise DataError("no checkpoint folder here", str(directory))
     manager = ocp.CheckpointManager(str(path), item_names=("state", "meta", INPUT))
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     try:
         def restore(s):
-            return manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
+            # Without a target orbax lays the arrays out as they were saved, which fails on other devices.
+            with ocp.StandardCheckpointer() as reader:
+                saved = reader.metadata(path / str(s) / "state").item_metadata.tree
+            target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), saved,
+                                  is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"))
+            return manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                                               meta=ocp.args.JsonRestore()))
 
         _, restored = _restore_intact(path, sorted(manager.all_steps(), reverse=True), step, restore)

@@ -258,6 +258,10 @@ def test_two_processes_of_four_devices_match_one_process(data_dir, tmp_path):
     for multi, single in zip(next_batches["multi"], next_batches["single"]):
         for key in single:
             np.testing.assert_array_equal(multi[key], single[key], err_msg=key)
+    # The two processes' checkpoint, written over 8 devices, reads in this one process as the one-device run's does.
+    for a, b in zip(jax.tree.leaves(load_params(str(tmp_path / "multi" / "checkpoints"))[0]),
+                    jax.tree.leaves(load_params(str(tmp_path / "single" / "checkpoints"))[0])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.e2e
