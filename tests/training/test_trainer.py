@@ -227,7 +227,8 @@ def test_sigterm_saves_exits_as_preempted_and_a_rerun_resumes(data_dir, tmp_path
 
 @pytest.mark.e2e
 def test_two_processes_of_four_devices_match_one_process(data_dir, tmp_path):
-    """Two processes, each reading one of two data shards, and one process reading both, train alike."""
+    """Two processes, each reading one of two data shards, and one process reading both, train alike; the first run
+    resumes in one process."""
     gin_mesh = "--gin.templm.make_mesh.mesh_shape=(4, 2)"
     env = {"TEMPLM_DATA_DIR": data_dir, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
     port = 20000 + os.getpid() % 20000
@@ -262,6 +263,15 @@ def test_two_processes_of_four_devices_match_one_process(data_dir, tmp_path):
     for a, b in zip(jax.tree.leaves(load_params(str(tmp_path / "multi" / "checkpoints"))[0]),
                     jax.tree.leaves(load_params(str(tmp_path / "single" / "checkpoints"))[0])):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+    # The two processes' run resumes in one process (on its checkpoint's two data shards), as the other goes on.
+    one = {"TEMPLM_DATA_DIR": data_dir, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    going_on = [_cli(f"--gin.MODEL_DIR='{tmp_path / run}'", "--gin.TRAIN_STEPS=7",
+                     "--gin.templm.make_mesh.mesh_shape=(1, 1)", env=one) for run in ("multi", "single")]
+    for proc in going_on:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+        assert json.loads(out.strip().splitlines()[-1])["start_step"] == 5
+    np.testing.assert_allclose(_losses(tmp_path / "multi")[5:], _losses(tmp_path / "single")[5:], rtol=2e-5)
 
 
 @pytest.mark.e2e
