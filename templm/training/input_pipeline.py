@@ -62,7 +62,7 @@ def training_batches(mixture_or_task_name: str, task_feature_lengths: Mapping[st
     return ds.prefetch(2)
 
 
-def files_per_shard(mixture_or_task_name: str, data_shards: int, split: str = "train") -> Dict[str, int]:
+def tasks_with_fewer_files(mixture_or_task_name: str, data_shards: int, split: str = "train") -> Dict[str, int]:
     """The tasks of a mixture (or the task) whose `split` has fewer files than `data_shards`, with their number of
     files: each of their shards reads every file and keeps its share of the examples."""
     provider = seqio.get_mixture_or_task(mixture_or_task_name)
@@ -94,7 +94,7 @@ class TrainingInput:
         self._args = (mixture_or_task_name, dict(task_feature_lengths), self.rows, seed, pack)
         self._split = split
         if self.data_shards > 1:
-            few = files_per_shard(mixture_or_task_name, self.data_shards, split)
+            few = tasks_with_fewer_files(mixture_or_task_name, self.data_shards, split)
             if few and index == 0:
                 console.warn(f"{', '.join(f'{t} ({n})' for t, n in sorted(few.items()))}: fewer {split} files than "
                              f"the {self.data_shards} data shards, so each shard reads all of those files and keeps "
