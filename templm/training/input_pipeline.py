@@ -117,7 +117,9 @@ class TrainingInput:
         self._iterators = [self._pipeline(s, batches) for s in self.shards]
 
     def state(self) -> Dict[str, bytes]:
-        """Each of this process's pipelines' iterator state, by shard name (`restore` reads it back)."""
+        """Each of this process's pipelines' iterator state, by shard name (`restore` reads it back). It is taken
+        through the iterator's Trackable methods, the ones tf.train.Checkpoint calls, so that the state is bytes taken
+        here, in the training loop's thread, and orbax's background save only writes them."""
         return {self.shard_name(s): tf.io.serialize_tensor(it._serialize_to_tensors()["_STATE"]).numpy()
                 for s, it in zip(self.shards, self._iterators)}
 
