@@ -72,6 +72,17 @@ def _identifier():
     return _IDENTIFIER["langid"]
 
 
+def language_of(text: str) -> str:
+    """langid's language of `text`: its classify's argmax, with the naive-Bayes dot product over the features the
+    text has (a few hundred of langid's 7,480) instead of all of them, ten times faster; the same scores, summed in
+    another order (tests/data/test_filters.py compares the two)."""
+    identifier = _identifier()
+    features = identifier.instance2fv(text)
+    present = np.flatnonzero(features)
+    scores = features[present].astype(np.float64) @ identifier.nb_ptc[present] + identifier.nb_pc
+    return str(identifier.nb_classes[int(np.argmax(scores))])
+
+
 def shingles(text: str, n: int) -> set:
     """The word n-grams of a text (lower-cased \\w+ words), as bytes; a text of fewer words is one shingle."""
     words = _WORD.findall(text.lower())
@@ -107,7 +118,7 @@ class DocumentFilter:
             if len(doc.text) < c.min_language_chars:
                 self.language_unchecked += 1
             else:
-                language, _ = _identifier().classify(doc.text[:c.language_chars])
+                language = language_of(doc.text[:c.language_chars])
                 if language != c.language:
                     self.removed["other_language"] += 1
                     self.languages_removed[language] += 1

@@ -133,3 +133,25 @@ def test_the_verb_takes_the_clean_up_flags_and_names_a_bad_one(tmp_path):
                          cwd=REPO, timeout=300)
     assert bad.returncode == 1 and "--language" in bad.stderr and "langid's ISO 639-1 codes" in bad.stderr
     assert not os.path.exists(tmp_path / "bad")
+
+
+def test_the_sparse_language_score_decides_as_langid_does():
+    """`language_of` sums langid's naive-Bayes scores over the features a text has; on texts that mix the three
+    languages, truncated anywhere and with noise, it names the language langid.classify names."""
+    import random
+
+    from langid import langid
+
+    from templm.data.filters import language_of
+
+    reference = langid.LanguageIdentifier.from_modelstring(langid.model, norm_probs=True)
+    rng = random.Random(11)
+    words = [text.split() for text in ENGLISH + [FRENCH, GERMAN]]
+    texts = []
+    for _ in range(400):
+        mix = [w for source in rng.sample(words, rng.randint(1, 3)) for w in rng.sample(source, rng.randint(1, 20))]
+        noise = "".join(rng.choice("abcxyz0123 .,;éüß") for _ in range(rng.randint(0, 30)))
+        texts.append(" ".join(mix)[:rng.randint(5, 400)] + noise)
+    decided = [language_of(text) for text in texts]
+    assert decided == [reference.classify(text)[0] for text in texts]
+    assert {"en", "fr", "de"} <= set(decided)
