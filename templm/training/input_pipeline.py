@@ -99,6 +99,7 @@ class TrainingInput:
                 console.warn(f"{', '.join(f'{t} ({n})' for t, n in sorted(few.items()))}: fewer {split} files than "
                              f"the {self.data_shards} data shards, so each shard reads all of those files and keeps "
                              "its share of the examples")
+        self._unsavable = False
         self._iterators: List = [self._pipeline(s, 0) for s in self.shards]
 
     def _pipeline(self, shard: int, start_batch: int):
@@ -116,12 +117,24 @@ class TrainingInput:
         """Positions every pipeline after `batches` batches by reading them (a checkpoint without input state)."""
         self._iterators = [self._pipeline(s, batches) for s in self.shards]
 
-    def state(self) -> Dict[str, bytes]:
-        """Each of this process's pipelines' iterator state, by shard name (`restore` reads it back). It is taken
-        through the iterator's Trackable methods, the ones tf.train.Checkpoint calls, so that the state is bytes taken
-        here, in the training loop's thread, and orbax's background save only writes them."""
-        return {self.shard_name(s): tf.io.serialize_tensor(it._serialize_to_tensors()["_STATE"]).numpy()
-                for s, it in zip(self.shards, self._iterators)}
+    def state(self) -> Optional[Dict[str, bytes]]:
+        """Each of this process's pipelines' iterator state, by shard name (`restore` reads it back); None, with a
+        warning the first time, for a pipeline tf.data cannot save (a Python function in a preprocessor, a generator
+        source): its checkpoints then hold the data position only, and a resume replays the consumed batches.
+
+        The state is taken through the iterator's Trackable methods, the ones tf.train.Checkpoint calls, so that it
+        is bytes taken here, in the training loop's thread, and orbax's background save only writes them."""
+        if self._unsavable:
+            return None
+        try:
+            return {self.shard_name(s): tf.io.serialize_tensor(it._serialize_to_tensors()["_STATE"]).numpy()
+                    for s, it in zip(self.shards, self._iterators)}
+        except tf.errors.OpError as e:
+            self._unsavable = True
+            console.warn(f"the input pipeline of {self._args[0]} cannot save its position ("
+                         f"{str(e).splitlines()[0].split('}}')[-1].split('[Op:')[0].strip()}): checkpoints hold the "
+                         "data position only, and a resume reads the consumed batches again")
+            return None
 
     def restore(self, states: Mapping[str, bytes], where: str) -> None:
         """Puts each pipeline where `state()` found it; a DataError names what is missing or unreadable."""

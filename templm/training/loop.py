@@ -76,16 +76,16 @@ def run(step_fn: Callable, state: Any, batch_at: Callable[[int], Mapping[str, ja
         log_period: int, tokens_per_step: int, name: str = "train",
         extra_scalars: Optional[Callable[[int], Dict[str, float]]] = None, shown: Tuple[str, ...] = ("loss",),
         evaluate: Optional[Callable[[int, Any], None]] = None, eval_period: int = 0, progress: bool = True,
-        input_state: Optional[Callable[[], Mapping[str, bytes]]] = None,
+        input_state: Optional[Callable[[], Optional[Mapping[str, bytes]]]] = None,
         final_input_state: bool = True) -> Tuple[Any, Optional[Dict[str, float]]]:
     """Runs steps start_step+1 .. train_steps (module docstring); returns (state, the last logged train metrics).
 
     batch_at(position) -> the global batch of a data position (position = the number of steps done before it).
     extra_scalars(step) -> more scalars to log beside the step's metrics (e.g. the epoch); `shown` names the metrics
-    and extra scalars the progress line shows. input_state() -> this process's input pipeline states, saved with
-    each checkpoint (where the data position alone cannot restore the input in constant time), the last step's only
-    with `final_input_state` (a run of fixed length that will not be extended can leave it out: it is as large as the
-    pipelines' shuffle buffers). The caller closes `log` and `checkpointer`.
+    and extra scalars the progress line shows. input_state() -> this process's input pipeline states (or None when
+    they cannot be saved), saved with each checkpoint (where the data position alone cannot restore the input in
+    constant time), the last step's only with `final_input_state` (a run of fixed length that will not be extended
+    can leave it out: it is as large as the pipelines' shuffle buffers). The caller closes `log` and `checkpointer`.
     """
     rate = console.Rate(train_steps, tokens_per_step, start_step)
     last_metrics: Optional[Dict[str, float]] = None

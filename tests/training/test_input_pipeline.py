@@ -123,3 +123,36 @@ def test_a_year_written_in_several_files_gives_each_data_shard_files_of_its_own(
         assert "customnews_ssm_temporal (6), templama_temporal (6): fewer train files than the 8 data shards" in err
     finally:
         tasks.configure(data_dir=data_dir)
+
+
+def test_a_pipeline_tf_data_cannot_save_falls_back_to_the_data_position(data_dir, capsys):
+    """A preprocessor with a Python function makes the iterator unsavable: state() is None with one warning, so the
+    checkpoints hold the data position only (and a resume replays), instead of every save failing."""
+    import tensorflow as tf
+
+    vocabulary = tasks.current()["vocabulary"]
+    features = {name: seqio.Feature(vocabulary) for name in ("inputs", "targets")}
+
+    def source(split, shuffle_files, seed=None):
+        return tf.data.Dataset.from_tensor_slices({"inputs": ["the city voted"] * 8, "targets": ["tram"] * 8})
+
+    def python_identity(ds):
+        def identity(ex):
+            text = tf.py_function(lambda x: x, [ex["inputs"]], tf.string)
+            return {**ex, "inputs": tf.ensure_shape(text, [])}
+
+        return ds.map(identity)
+
+    seqio.TaskRegistry.add("python_function_test", seqio.FunctionDataSource(source, splits=["train"]),
+                           preprocessors=[python_identity, seqio.preprocessors.tokenize,
+                                          seqio.preprocessors.append_eos], output_features=features)
+    try:
+        inputs = TrainingInput("python_function_test", {"inputs": 16, "targets": 4}, 4, 0, True, process=(0, 1))
+        inputs.next()
+        assert inputs.state() is None and inputs.state() is None
+        err = capsys.readouterr().err
+        assert err.count("the input pipeline of python_function_test cannot save its position") == 1, err
+        assert "PyFunc is stateful" in err and "a resume reads the consumed batches again" in err
+        inputs.close()
+    finally:
+        seqio.TaskRegistry.remove("python_function_test")
