@@ -188,8 +188,7 @@ def run_save(args, root: str) -> None:
                     checkpointer.save(step0, state, {"step": step0}, inputs=inputs.state())
                     blocked = time.perf_counter() - b
             if checkpointer is not None:
-                checkpointer.wait()
-                checkpointer.join()
+                checkpointer.wait(digests=True)
             return time.perf_counter() - t, blocked
 
         results = {}

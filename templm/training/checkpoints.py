@@ -224,7 +224,7 @@ class Checkpointer:
     def _record(self) -> None:
         """Once the last save has finished: its digests, written by a thread (reading the files does not hold up
         training), and the records of steps orbax removed (keep) deleted."""
-        self.join()
+        self._join()
         step, self._unrecorded = self._unrecorded, None
         if step is None or jax.process_index() != 0:
             return
@@ -234,7 +234,7 @@ class Checkpointer:
                 write_digests(self.path, step)
             except FileNotFoundError:  # the step was removed meanwhile (keep): nothing to record
                 pass
-            except BaseException as e:  # noqa: BLE001  (raised in the main thread by `join`)
+            except BaseException as e:  # noqa: BLE001  (raised in the main thread by `_join`)
                 self._record_error = e
 
         kept = {f"{s}.json" for s in self.manager.all_steps()} | {f"{step}.json"}
@@ -244,7 +244,7 @@ class Checkpointer:
         self._recorder = threading.Thread(target=record, name=f"digests-{step}", daemon=True)
         self._recorder.start()
 
-    def join(self) -> None:
+    def _join(self) -> None:
         """Waits for the digest writer; raises its error, if any."""
         if self._recorder is not None:
             self._recorder.join()
@@ -255,29 +255,28 @@ class Checkpointer:
 
     def save(self, step: int, state: Any, meta: dict, inputs: Optional[Mapping[str, bytes]] = None,
              wait: bool = False) -> None:
-        """Saves `step` (the state, its JSON record and, with `inputs`, this process's input pipeline states);
-        returns once the arrays are copied, unless `wait`: then once the step is on disk with its digests."""
-        if step in self.manager.all_steps():
-            if wait:
-                self.wait()
-                self.join()
-            return
-        self.wait()  # the previous save, finished before this one starts (and its digests recorded)
-        items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
-        if inputs is not None:
-            items[INPUT] = InputStateSave(dict(inputs))
-        self._orbax(lambda: self.manager.save(step, args=ocp.args.Composite(**items), force=True), step)
-        self._unrecorded = step
-        logging.info("saving checkpoint %d in %s", step, self.directory)
+        """Saves `step` (the state, its JSON record and, with `inputs`, this process's input pipeline states; a step
+        saved already is not saved again); returns once the arrays are copied, unless `wait`: then once the step is
+        on disk with its digests."""
+        if step not in self.manager.all_steps():
+            self.wait()  # the previous save, finished before this one starts (and its digests recorded)
+            items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
+            if inputs is not None:
+                items[INPUT] = InputStateSave(dict(inputs))
+            self._orbax(lambda: self.manager.save(step, args=ocp.args.Composite(**items), force=True), step)
+            self._unrecorded = step
+            logging.info("saving checkpoint %d in %s", step, self.directory)
         if wait:
-            self.wait()
-            self.join()
+            self.wait(digests=True)
 
-    def wait(self) -> None:
-        """Blocks until the last save is on disk and starts writing its digests."""
+    def wait(self, digests: bool = False) -> None:
+        """Blocks until the last save is on disk and starts writing its digests; with `digests`, until they are
+        written too."""
         if self._unrecorded is not None:
             self._orbax(self.manager.wait_until_finished, self._unrecorded)
             self._record()
+        if digests:
+            self._join()
 
     def restore(self, abstract_state: Any, step: Optional[int] = None) -> Tuple[Any, dict]:
         """The state laid out as `abstract_state` (ShapeDtypeStructs with shardings) and the JSON record of `step`,
@@ -302,8 +301,7 @@ class Checkpointer:
         """Waits for the last save (its digests included) and closes the manager."""
         try:
             if not self.failed:
-                self.wait()
-                self.join()
+                self.wait(digests=True)
         finally:
             self.manager.close()
             if self.failed:  # the half-written step of the failed save, now that no thread writes to it
