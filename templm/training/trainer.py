@@ -249,8 +249,9 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
                     inputs.restore(states, checkpointer.directory)
                 else:
                     console.warn(f"checkpoint {saved['step']} in {checkpointer.directory} holds no input state "
-                                 f"(written before templm saved it): reading the {start_step} batches it had "
-                                 "consumed again to get back to its data position")
+                                 "(written before templm saved it, as the end of a run of fixed length, or by a "
+                                 f"pipeline tf.data cannot save): reading the {start_step} batches it had consumed "
+                                 "again to get back to its data position")
                     inputs.replay(start_step)
 
             # --- The loop. ----------------------------------------------------------------------------------------
