@@ -11,7 +11,7 @@ pytestmark = pytest.mark.e2e
 
 from templm.cli import rewrite_gin_args
 from templm.errors import ConfigError
-from templm_testing import run_templm as templm
+from templm_testing import run_templm as templm, wait_for_path
 
 
 WORLD_FLAGS = ("--start_year=2014", "--end_year=2016", "--subjects_per_relation=6", "--docs_per_month=3")
@@ -216,16 +216,13 @@ def test_ctrl_c_stops_with_its_own_status_and_removes_the_partial_folder(tmp_pat
     import signal
     import subprocess
     import sys
-    import time
 
     out = tmp_path / "data"  # task data: seconds of work inside data.partial (SSM examples, SentencePiece)
     proc = subprocess.Popen([sys.executable, "-m", "templm.cli", "data", "tasks", f"--out={out}", "--vocab_size=200",
                              "--gin.WorldConfig.start_year=2014", "--gin.WorldConfig.end_year=2016",
                              "--gin.WorldConfig.subjects_per_relation=6", "--gin.WorldConfig.docs_per_month=6"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while not os.path.exists(str(out) + ".partial") and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
+    wait_for_path(str(out) + ".partial", proc, timeout=120)
     proc.send_signal(signal.SIGSTOP)  # held mid-build, so the Ctrl-C lands in the build whatever the machine's load
     proc.send_signal(signal.SIGINT)
     proc.send_signal(signal.SIGCONT)

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -15,7 +14,7 @@ from templm.data.task_data import TaskDataConfig, prepare_task_data
 from templm.data.world import WorldConfig, generate_world
 from templm.errors import DataError
 from templm.outputs import MARKER, build_output_folder, check_output_folder, kind_of, locked
-from templm_testing import lock_holder, run_templm as templm
+from templm_testing import lock_holder, run_templm as templm, wait_for_path
 
 TINY_WORLD = WorldConfig(start_year=2014, end_year=2015, subjects_per_relation=4, docs_per_month=3)
 WORLD_FLAGS = ("--start_year=2014", "--end_year=2015", "--subjects_per_relation=4", "--docs_per_month=3")
@@ -107,9 +106,7 @@ def test_two_task_data_builds_on_one_folder_at_once_one_is_refused_and_the_folde
             "--gin.WorldConfig.docs_per_month=3")
     first = subprocess.Popen([sys.executable, "-m", "templm.cli", *args], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while not os.path.exists(str(out) + ".partial") and first.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
+    wait_for_path(str(out) + ".partial", first, timeout=120)
     first.send_signal(signal.SIGSTOP)  # held mid-build (with its lock) while the second one runs
     try:
         second = templm(*args)

@@ -98,3 +98,18 @@ def lock_holder(lock_path, what):
                             text=True)
     assert proc.stdout.readline().strip() == "held", proc.stderr.read()
     return proc
+
+
+def wait_for_path(path, proc, timeout=240, poll=0.01):
+    """Returns once `path` exists while `proc` (a Popen with stderr piped) runs; an AssertionError if the process
+    ends first (with its error output) or the path does not appear in `timeout` seconds (the process is killed)."""
+    import time
+
+    start = time.time()
+    while not os.path.exists(path):
+        if proc.poll() is not None:
+            raise AssertionError(f"the process ended before {path} appeared: {proc.stderr.read()[-3000:]}")
+        if time.time() - start > timeout:
+            proc.kill()
+            raise AssertionError(f"{path} did not appear in {timeout} s")
+        time.sleep(poll)

@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import gin
 import jax
@@ -29,7 +28,7 @@ from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, save_hf_checkp
 from templm.training import partitioning, trainer
 from templm.training.checkpoints import load_params
 from templm.training.input_pipeline import TrainingInput
-from templm_testing import lock_holder
+from templm_testing import lock_holder, wait_for_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LENGTHS = {"inputs": 32, "targets": 8}
@@ -168,17 +167,6 @@ def test_nan_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
 
 
-def _wait_for(path, proc, timeout=240):
-    start = time.time()
-    while not os.path.exists(path):
-        if proc.poll() is not None:
-            raise AssertionError(f"training ended before {path} appeared: {proc.stderr.read()[-3000:]}")
-        if time.time() - start > timeout:
-            proc.kill()
-            raise AssertionError(f"{path} did not appear in {timeout} s")
-        time.sleep(0.05)
-
-
 @pytest.mark.e2e
 def test_kill_minus_9_then_resume_is_bitwise_exact(data_dir, tmp_path):
     env = {"TEMPLM_DATA_DIR": data_dir}
@@ -186,7 +174,7 @@ def test_kill_minus_9_then_resume_is_bitwise_exact(data_dir, tmp_path):
                      env=env)
     killed = _cli(f"--gin.MODEL_DIR='{tmp_path / 'run'}'", "--gin.TRAIN_STEPS=100000", "--gin.SAVE_PERIOD=3",
                   env=env)
-    _wait_for(tmp_path / "run" / "checkpoints" / "6", killed)
+    wait_for_path(tmp_path / "run" / "checkpoints" / "6", killed)
     killed.send_signal(signal.SIGKILL)
     killed.wait()
     last = max(int(s) for s in os.listdir(tmp_path / "run" / "checkpoints") if s.isdigit())
@@ -208,7 +196,7 @@ def test_kill_minus_9_then_resume_is_bitwise_exact(data_dir, tmp_path):
 def test_sigterm_saves_exits_as_preempted_and_a_rerun_resumes(data_dir, tmp_path):
     env = {"TEMPLM_DATA_DIR": data_dir}
     proc = _cli(f"--gin.MODEL_DIR='{tmp_path}'", "--gin.TRAIN_STEPS=100000", "--gin.SAVE_PERIOD=1000", env=env)
-    _wait_for(tmp_path / "metrics.jsonl", proc)
+    wait_for_path(tmp_path / "metrics.jsonl", proc)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == EXIT_PREEMPTED, err[-3000:]
