@@ -20,6 +20,7 @@ TensorFlow and SeqIO, several seconds of start-up that `templm --help` and the l
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import difflib
 import errno
@@ -810,18 +811,10 @@ def _load_tensorflow(quiet: bool) -> None:
     T5X does, so that it never takes accelerator memory from JAX. TensorFlow's native libraries write start-up and
     CUDA-probe lines straight to the process's standard error, before any log setting applies; when `quiet`, that
     descriptor points at /dev/null while it loads and looks for devices."""
-    sys.stderr.flush()
-    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    try:
-        if quiet:
-            os.dup2(null, 2)
+    with console.silenced_stderr() if quiet else contextlib.nullcontext():
         import tensorflow as tf
 
         tf.config.set_visible_devices([], "GPU")
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(null)
 
 
 def _verb_help(v: Verb) -> str:

@@ -7,9 +7,11 @@ scripts read); library logs (absl, orbax, clu, TensorFlow) stay off unless the c
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import time
-from typing import Dict, Optional
+from typing import Dict, Iterator, Optional
 
 from templm.io import format_duration
 
@@ -28,6 +30,23 @@ def say(message: str) -> None:
 
 def warn(message: str) -> None:
     say(f"warning: {message}")
+
+
+@contextlib.contextmanager
+def silenced_stderr() -> Iterator[None]:
+    """Standard error, the file descriptor, on /dev/null for the block: what native libraries and their threads
+    write there (TensorFlow's start-up lines, orbax's and tensorstore's tracebacks) is not shown. Python's own
+    sys.stderr is flushed first, so nothing of ours written before is lost."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 class Rate:

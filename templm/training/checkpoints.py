@@ -55,21 +55,6 @@ def _as_os_error(error: Exception, step: int, directory: str) -> Exception:
     return OSError(code, f"{os.strerror(code)} while saving checkpoint {step}", directory)
 
 
-@contextlib.contextmanager
-def _quiet_stderr():
-    """Standard error (the file descriptor, where orbax's and tensorstore's threads write) silenced for the block:
-    after a failed save, closing the manager makes each pending write print a traceback of its closed event loop."""
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 def _path(directory: str) -> epath.Path:
     """The checkpoint folder as an absolute path (local) or as it is (gs://, other file systems)."""
     path = epath.Path(directory)
@@ -207,7 +192,8 @@ class Checkpointer:
         # With library logs off, orbax runs with standard error silenced: a failing write makes its threads print a
         # traceback each, until the process ends, so after a failed save it stays silenced (`templm` prints its error
         # line through its own copy of standard error); the error raised here says it once.
-        return _quiet_stderr() if logging.get_verbosity() <= logging.ERROR else contextlib.nullcontext()
+        # (After a failed save, closing the manager makes each pending write print a traceback of its event loop.)
+        return console.silenced_stderr() if logging.get_verbosity() <= logging.ERROR else contextlib.nullcontext()
 
     def _orbax(self, call: Callable[[], Any], step: int) -> None:
         """Runs a save or a wait of orbax's, raising its failure (as an OSError where it is one)."""
