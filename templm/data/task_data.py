@@ -12,9 +12,9 @@
 Files are split by year so a Yearly task reads only its year and a Uniform or Temporal task reads them all, and
 optionally each year into several files, so that a training run's data shards (one per host) can each read whole
 files of their own (templm/training/input_pipeline.py; a split with fewer files than shards is read whole by every
-shard); records
-are tf.train.Example protos with `inputs`, `targets`, `answers` (every gold answer), `year` and `id`. Record files
-(rather than a generator) make shuffling seeded and resumable, and keep seqio from re-running the extraction.
+shard). Records are tf.train.Example protos with `inputs`, `targets`, `answers` (every gold answer), `year` and
+`id`. Record files (rather than a generator) make shuffling seeded and resumable, and keep seqio from re-running the
+extraction.
 
 `ensure_task_data(out_dir, config)` prepares the folder once, under a file lock, so two processes that start at the
 same time do not both build it; everything is written under `out_dir.partial` and renamed at the end.
@@ -129,6 +129,8 @@ def _training_documents(corpus: str, fmt: str, split_of: Dict[str, str]) -> Iter
 def prepare_task_data(config: TaskDataConfig, out_dir: str, overwrite: bool = False) -> dict:
     """Builds the task folder for `config` at `out_dir` (see the module docstring). Returns the manifest. `out_dir`
     is replaced only when it is absent, empty or templm task data, unless `overwrite`."""
+    if config.files_per_year < 1:  # before any work
+        raise DataError(f"files_per_year must be at least 1, not {config.files_per_year}")
     final = os.path.abspath(out_dir)
     return build_output_folder(out_dir, "task data", lambda tmp: _prepare(config, tmp, final), overwrite)
 
@@ -174,8 +176,6 @@ def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None) -> 
         detector = detector.fit(sample)
 
     tf = _tf()
-    if config.files_per_year < 1:
-        raise DataError(f"files_per_year must be at least 1, not {config.files_per_year}")
     writers = _Writers(root, config.files_per_year)
     rng = random.Random(config.seed)
     try:
