@@ -663,15 +663,12 @@ def _reproduce_seeds() -> Optional[List[int]]:
 
 def _main_reproduce():
     from templm.experiments.reproduce import REPRODUCTION, reproduce, reproduce_seeds
-    from templm.outputs import check_output_folder, lock_inside
+    from templm.outputs import writing_into
     from templm.reports.reproduction import write_report, write_seeds_report
 
     extra = None if FLAGS.streaming else []
     seeds = _reproduce_seeds()
-    out = os.path.abspath(FLAGS.out)
-    check_output_folder(out, REPRODUCTION, FLAGS.overwrite)  # before any work; the report is written under the lock
-    os.makedirs(out, exist_ok=True)
-    with lock_inside(out, f"the reproduction folder {out}"):
+    with writing_into(FLAGS.out, REPRODUCTION, FLAGS.overwrite) as out:  # before any work; the report under the lock
         if seeds is None:
             results = reproduce(FLAGS.preset, out, FLAGS.seed, extra_stages=extra, overwrite=FLAGS.overwrite)
             paths = write_report(results, out)

@@ -147,6 +147,19 @@ def lock_inside(folder: str, what: str) -> contextlib.AbstractContextManager:
     return locked(os.path.join(folder, LOCK), what)
 
 
+@contextlib.contextmanager
+def writing_into(folder: str, kind: str, overwrite: bool = False) -> Iterator[str]:
+    """For a run that keeps adding to `folder` (a reproduction): refuses it unless check_output_folder allows it,
+    creates it, holds its lock (lock_inside) and marks it as a `kind` output for the block; yields its absolute
+    path. A process may enter it again for the same folder (nested stages)."""
+    folder = os.path.abspath(folder)
+    check_output_folder(folder, kind, overwrite)
+    os.makedirs(folder, exist_ok=True)
+    with lock_inside(folder, f"the {kind} folder {folder}"):
+        mark(folder, kind)
+        yield folder
+
+
 def build_output_folder(out_dir: str, kind: str, build: Callable[[str], Any], overwrite: bool = False,
                         lock: bool = True) -> Any:
     """Runs build(tmp) in a fresh folder beside `out_dir` (`out_dir` + ".partial"), marks it as a `kind` output and

@@ -64,7 +64,7 @@ from templm.metrics.findings import CLAIMS, DIRECTIONS, combine_findings, findin
 from templm.metrics.statistics import mean_interval
 from templm.metrics.stream import STREAM_DIRECTIONS
 from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, count_parameters
-from templm.outputs import check_output_folder, lock_inside, mark
+from templm.outputs import writing_into
 from templm.training import partitioning, trainer
 from templm.training.optimizers import make_optimizer
 
@@ -562,11 +562,7 @@ def reproduce(preset: Union[str, Preset], out_dir: str, seed: int = 0,
             raise ValueError(f"unknown preset {preset!r}: expected one of {', '.join(PRESETS)}")
         preset = PRESETS[preset]
     extra = list(EXTRA_STAGES if extra_stages is None else extra_stages)
-    out_dir = os.path.abspath(out_dir)
-    check_output_folder(out_dir, REPRODUCTION, overwrite)
-    os.makedirs(out_dir, exist_ok=True)
-    with lock_inside(out_dir, f"the reproduction folder {out_dir}"):
-        mark(out_dir, REPRODUCTION)
+    with writing_into(out_dir, REPRODUCTION, overwrite) as out_dir:
         return _reproduce(preset, out_dir, seed, extra)
 
 
@@ -632,11 +628,7 @@ def reproduce_seeds(preset: Union[str, Preset], out_dir: str, seeds: Sequence[in
     seeds = [int(s) for s in seeds]
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct and at least one, got {seeds}")
-    out_dir = os.path.abspath(out_dir)
-    check_output_folder(out_dir, REPRODUCTION, overwrite)
-    os.makedirs(out_dir, exist_ok=True)
-    with lock_inside(out_dir, f"the reproduction folder {out_dir}"):
-        mark(out_dir, REPRODUCTION)
+    with writing_into(out_dir, REPRODUCTION, overwrite) as out_dir:
         t0 = time.time()
         per_seed = {}
         for i, seed in enumerate(seeds):
