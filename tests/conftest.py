@@ -1,21 +1,75 @@
-"""Suite-wide settings: 8 fake CPU devices for sharding tests, a persistent JAX compilation cache, quiet TF; the
-fixtures several test modules share."""
+"""Suite-wide settings: 8 fake CPU devices for sharding tests, a persistent JAX compilation cache, quiet TF, a
+cache of templm's own for the session; the check that no test touches the checkout's runs/ or the user's cache
+(tests/support/read_guard.py); the fixtures several test modules share."""
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUPPORT = os.path.join(REPO, "tests", "support")
 
 # Before jax or tensorflow are imported anywhere in the suite.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
-                      os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "jax"))
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(REPO, ".cache", "jax"))
 
+# Nothing a run of the product left on this machine reaches a test: templm's cache (the embedded world's task data)
+# is a fresh folder of the session's, libraries that keep a cache (matplotlib's fonts) keep it in the checkout's
+# .cache, as the compilation cache, and every process of the suite logs a touch of runs/ or ~/.cache.
+SESSION_DIR = tempfile.mkdtemp(prefix="templm-suite-")
+atexit.register(shutil.rmtree, SESSION_DIR, ignore_errors=True)
+os.environ["TEMPLM_CACHE"] = os.path.join(SESSION_DIR, "cache")
+os.environ["XDG_CACHE_HOME"] = os.path.join(REPO, ".cache")
+os.environ["MPLCONFIGDIR"] = os.path.join(REPO, ".cache", "matplotlib")
+
+# Helpers shared by several test modules (tests/support/templm_testing.py).
+sys.path.insert(0, SUPPORT)
+
+import read_guard  # noqa: E402
+
+READ_LOG = os.path.join(SESSION_DIR, "touched.log")
+os.environ[read_guard.ROOTS_ENV] = os.pathsep.join(read_guard.forbidden_roots(REPO))
+os.environ[read_guard.LOG_ENV] = READ_LOG
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [os.path.join(SUPPORT, "read_guard_site")] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+read_guard.install_from_environment()
 
 import pytest  # noqa: E402  (after the environment above)
 
-# Helpers shared by several test modules (tests/support/templm_testing.py).
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+_read_log_offset = [0]
+
+
+def _new_touches():
+    lines, _read_log_offset[0] = read_guard.read_log(READ_LOG, _read_log_offset[0])
+    return lines
+
+
+def _touches_message(lines):
+    shown = "\n  ".join(line.split("\t", 1)[1].replace("\t", " ") for line in lines[:10])
+    more = f"\n  ... and {len(lines) - 10} more" if len(lines) > 10 else ""
+    return ("touched what a run of the product leaves on this machine (the checkout's runs/ or the user's cache; "
+            f"a test holds what it needs in its own temporary folder):\n  {shown}{more}")
+
+
+@pytest.fixture(autouse=True)
+def _no_runs_or_user_cache():
+    """Fails the test (at its teardown) during which any process of the suite touched runs/ or ~/.cache; what
+    module or session fixtures touched is blamed on the first test that uses them."""
+    yield
+    lines = _new_touches()
+    if lines:
+        pytest.fail(_touches_message(lines), pytrace=False)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    lines = _new_touches()  # fixtures' teardowns after the last test
+    if lines:
+        session.config.get_terminal_writer().line("\n" + _touches_message(lines), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="module")
