@@ -509,11 +509,14 @@ def reproduce_stage(context: Any) -> Dict[str, Any]:
     context: reproduce's StageContext (uses .preset.name, .seed, .out_dir). The reproduce presets' worlds end before
     the 24 test months after a 2017-12-31 cut-off, so this stage draws its own world (same seed, 2010-2020) under
     out_dir/stream_experiment with the preset of the same name ("smoke" for an unknown one).
-    Returns the `run_stream_experiment` summary (with its "findings"); the report's section and figures come from
-    templm.reports.stream.streaming_section(summary, figures_dir).
+    Returns the `run_stream_experiment` summary (with its "findings"), its "out_dir" and "results" relative to
+    context.out_dir (the reproduction's results.json then names no path outside its own folder); the report's section
+    and figures come from templm.reports.stream.streaming_section(summary, figures_dir).
     """
     name = getattr(context.preset, "name", "smoke")
     preset = name if name in PRESETS else "smoke"
     summary = run_stream_experiment(os.path.join(context.out_dir, "stream_experiment"), preset=preset,
                                     seed=int(context.seed))
-    return summary
+    base = os.path.abspath(context.out_dir)
+    return {**summary, "out_dir": os.path.relpath(summary["out_dir"], base),
+            "results": os.path.relpath(os.path.abspath(summary["results"]), base)}

@@ -36,14 +36,18 @@ def _num(value: Optional[float], digits: int = 2) -> str:
 
 def _streaming_section(summary: Mapping[str, Any], fig_dir: Optional[str]) -> str:
     """The streaming stage's section. With a figures folder, its figures are drawn there and the stage's own report
-    (report.md and figures) is written beside the stream results.json it ran with."""
+    (report.md and figures) is written beside the stream results.json it ran with. The summary names that file
+    relative to the reproduction's folder (the one beside fig_dir), so a moved run folder still finds it; an absolute
+    path (results written before) is taken as it is."""
     if fig_dir is None:
         return stream.streaming_section({**summary, "results": None}, "figures")
     path = summary.get("results")
-    if path and os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            stream.write_stream_report(json.load(f), os.path.dirname(path))
-    return stream.streaming_section(summary, fig_dir)
+    if path:
+        path = os.path.join(os.path.dirname(os.path.abspath(fig_dir)), path)
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                stream.write_stream_report(json.load(f), os.path.dirname(path))
+    return stream.streaming_section({**summary, "results": path}, fig_dir)
 
 
 # Extra stages whose results the report renders itself (the others are shown as JSON or their "markdown" text).

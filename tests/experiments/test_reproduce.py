@@ -94,6 +94,27 @@ def test_the_streaming_half_runs_inside_reproduce(run_dir, results):
     assert os.path.isdir(run_dir / "stream_experiment" / "time_stratified")
 
 
+def test_the_streaming_paths_are_relative_so_a_moved_run_reports_whole(run_dir, results, tmp_path):
+    """results.json names the streaming half's files relative to the run's folder: the report rebuilt in a copy of
+    the folder draws the streaming figures from the copy's stream results (and nothing from the original)."""
+    stream = results["extra"]["streaming"]
+    assert stream["out_dir"] == "stream_experiment"
+    assert stream["results"] == os.path.join("stream_experiment", "stream", "results.json")
+    moved = tmp_path / "moved"
+    os.makedirs(moved / "stream_experiment" / "stream")
+    with open(run_dir / "stream_experiment" / "stream" / "results.json", encoding="utf-8") as f:
+        stream_results = json.load(f)
+    stream_results["relative"] = {"static": stream_results["relative"]["static"]}  # the figure must come from it
+    with open(moved / "stream_experiment" / "stream" / "results.json", "w", encoding="utf-8") as f:
+        json.dump(stream_results, f)
+    report.write_report(results, str(moved))
+    assert {f"{name}.png" for name in report.FIGURES} | {"stream_relative_perplexity.png"} == set(
+        os.listdir(moved / "figures")) - {"stream_emerging_words.png"}
+    assert (moved / "stream_experiment" / "stream" / "report.md").exists()
+    original = run_dir / "figures" / "stream_relative_perplexity.png"
+    assert (moved / "figures" / "stream_relative_perplexity.png").read_bytes() != original.read_bytes()
+
+
 def test_results_json_holds_every_stage(results):
     assert set(results) == {"adaptation", "calibration", "config", "degradation", "duration", "extra", "findings",
                             "model_config", "models", "per_query", "preset", "regimes", "seed", "summary", "timing",
