@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import flax.linen as nn
 
-from templm.evaluation.dynamic_eval import (adapt_mask, collect_ms, dynamic_eval_stream, param_paths, rms_update,
-                                            sgd_update, static_eval_stream)
+from templm.evaluation.dynamic_eval import (adapt_mask, collect_ms, dynamic_eval_stream, param_paths,
+                                            rms_decay_rate, rms_update, sgd_update, static_eval_stream)
 from templm.models.transformer_xl import TXL_CONFIGS, TransformerXL, lm_loss, next_mem_valid
 
 N, B, T = 8, 2, 16  # every stream in this file: 8 segments of 2 rows of 16 tokens (one compile per variant)
@@ -227,24 +227,38 @@ def test_bad_arguments(params, repeated):
         static_eval_stream(MODEL, params, repeated[0], MEM)
 
 
-def test_rms_with_decay_stays_bounded_on_a_long_stream(params):
-    """Krause's normalised rate (the default) keeps decay * rate <= 1, so the pull back to the trained parameters is
-    a contraction: 300 segments with a strong decay stay near theta0. The raw rate sqrt(ss) with the same decay
-    overshoots theta0 on the parameters whose decay * sqrt(ss) exceeds 2 and diverges."""
+def test_rms_decay_is_a_contraction_only_with_the_normalised_rate(params):
+    """Krause's normalised rate (the default) keeps decay * rate <= 1 on every parameter, so the decay term maps a
+    deviation d from theta0 to (1 - decay * rate) d, never longer, and 300 segments with a strong decay stay finite
+    and near theta0. The raw rate sqrt(ss) with the same decay exceeds 2 on the parameters the test picks, where
+    that map lengthens d (|1 - decay * sqrt(ss)| > 1): one step of the rule with lr 0 shows it on those parameters
+    and only on them. What the raw rule then does over a long stream (NaN within a few dozen segments) is not
+    asserted, and every distance is measured on the host: XLA's max reduction on the CPU drops NaN in large arrays,
+    so a device-side max of NaN parameters can come out finite."""
     rng = np.random.default_rng(5)
     long_stream = rng.integers(0, TINY.vocab_size, size=(300, B, T + 1))
     ms = collect_ms(params, long_stream[:N], model=MODEL, mem_len=MEM)
-    top = max(float(jnp.sqrt(leaf).max()) for leaf in jax.tree_util.tree_leaves(ms))
-    decay = 3.0 / top  # the raw rate reaches decay * sqrt(ss) = 3 on some parameter
+    leaves = lambda tree: [np.asarray(leaf, np.float64) for leaf in jax.tree_util.tree_leaves(tree)]  # noqa: E731
+    decay = 3.0 / max(float(np.sqrt(leaf).max()) for leaf in leaves(ms))  # the raw rate reaches 3 on one entry
 
-    def distance(new):
-        return max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree_util.tree_leaves(new),
-                                                                jax.tree_util.tree_leaves(params)))
+    normalised = leaves(rms_decay_rate(ms, decay))
+    raw = leaves(rms_decay_rate(ms, decay, normalise_decay=False))
+    assert max(float((decay * r).max()) for r in normalised) <= 1.0 + 1e-6
+    expanding = [decay * r > 2.0 for r in raw]
+    assert sum(int(e.sum()) for e in expanding) > 0
+
+    shift = 0.01
+    moved = jax.tree_util.tree_map(lambda p: p + shift, params)
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+    for normalise, rates in ((True, normalised), (False, raw)):
+        stepped = rms_update(moved, zeros, ms, params, 0.0, decay, 1e-3, normalise_decay=normalise)
+        for new, old, rate in zip(leaves(stepped), leaves(params), rates):  # the deviation after one step
+            np.testing.assert_allclose(new - old, (1.0 - decay * rate) * shift, rtol=1e-3, atol=1e-6)
+    lengthened = [np.abs(1.0 - decay * r) > 1.0 for r in raw]
+    assert all((le == ex).all() for le, ex in zip(lengthened, expanding))
 
     lp, bounded = dynamic_eval_stream(MODEL, params, long_stream, MEM, "rms", 1e-3, decay=decay, eps=1e-3, ms=ms,
                                       return_params=True)
-    assert np.isfinite(np.asarray(lp)).all() and distance(bounded) < 1.0
-    _, raw = dynamic_eval_stream(MODEL, params, long_stream, MEM, "rms", 1e-3, decay=decay, eps=1e-3, ms=ms,
-                                 normalise_decay=False, return_params=True)
-    raw_distance = distance(raw)
-    assert not np.isfinite(raw_distance) or raw_distance > 1e3
+    assert np.isfinite(np.asarray(lp)).all()
+    distances = [np.abs(a - b).max() for a, b in zip(leaves(bounded), leaves(params))]
+    assert np.isfinite(distances).all() and max(distances) < 1.0
