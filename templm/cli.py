@@ -194,8 +194,12 @@ def format_world_summary(stats: dict, out: str) -> str:
     return "\n".join(lines)
 
 
+CORPUS_HELP = ("Corpus file (.gz and .bz2 are read transparently); repeat it, or give a quoted glob pattern "
+               "('news-docs.20*.en.filtered.gz'), for a corpus of several files (the format is detected per file).")
+
+
 def _define_corpus_flags(split: bool = True):
-    flags.DEFINE_string("corpus", None, "Corpus file (.gz and .bz2 are read transparently).", required=True)
+    flags.DEFINE_multi_string("corpus", None, CORPUS_HELP, required=True)
     flags.DEFINE_enum("format", "auto", ["auto", "jsonl", "wmt", "arxiv"], "Corpus format.")
     flags.DEFINE_enum("on_error", "raise", ["raise", "skip"], "On a bad line: stop, or skip and count it.")
     if split:
@@ -205,6 +209,14 @@ def _define_corpus_flags(split: bool = True):
                             "control_train, test, yearly/2014_train.")
 
 
+def _corpus_flag():
+    """--corpus as the library takes it: one entry as a str, several as their list (each may be a glob pattern)."""
+    value = FLAGS.corpus
+    if value is None or isinstance(value, str):
+        return value
+    return value[0] if len(value) == 1 else list(value)
+
+
 def _corpus_documents():
     """The documents of --corpus, or of its --split; returns (iterable, report) where report() -> dict."""
     from templm.data.readers import read_documents
@@ -212,9 +224,9 @@ def _corpus_documents():
 
     if FLAGS.split_dir:
         path = os.path.join(FLAGS.split_dir, FLAGS.split + ".gz")
-        docs, report = apply_split(FLAGS.corpus, path, FLAGS.format, FLAGS.on_error)
+        docs, report = apply_split(_corpus_flag(), path, FLAGS.format, FLAGS.on_error)
         return docs, report.as_dict
-    reader = read_documents(FLAGS.corpus, FLAGS.format, FLAGS.on_error)
+    reader = read_documents(_corpus_flag(), FLAGS.format, FLAGS.on_error)
     return reader, lambda: {"read": reader.read, "skipped": reader.skipped}
 
 
@@ -228,7 +240,7 @@ def _main_data_stats():
     for doc in docs_iter:
         docs[doc.date.year] += 1
         words[doc.date.year] += len(doc.text.split())
-    print(json.dumps({"corpus": FLAGS.corpus, "documents": sum(docs.values()), **report(),
+    print(json.dumps({"corpus": _corpus_flag(), "documents": sum(docs.values()), **report(),
                       "by_year": {str(y): {"documents": docs[y], "words": words[y]} for y in sorted(docs)}}))
 
 
@@ -269,7 +281,7 @@ def _main_data_splits():
             cutoff = parse_date(FLAGS.cutoff)
         except ValueError as e:
             raise ConfigError(f"--cutoff: {e}") from None
-        stats = make_splits(FLAGS.corpus, FLAGS.out, cutoff=cutoff, test_months=FLAGS.test_months,
+        stats = make_splits(_corpus_flag(), FLAGS.out, cutoff=cutoff, test_months=FLAGS.test_months,
                             validation_months=FLAGS.validation_months,
                             test_docs_per_month=FLAGS.test_docs_per_month, validation_docs=FLAGS.validation_docs,
                             seed=FLAGS.seed, format=FLAGS.format, on_error=FLAGS.on_error, clean=clean,
@@ -277,7 +289,7 @@ def _main_data_splits():
         summary["splits"] = {k: v["documents"] for k, v in stats["splits"].items()}
         summary["control_train_test_period_share"] = stats["control_train_test_period_share"]
     if FLAGS.yearly:
-        yearly = yearly_buckets(FLAGS.corpus, FLAGS.out, heldout_per_year=FLAGS.heldout_per_year,
+        yearly = yearly_buckets(_corpus_flag(), FLAGS.out, heldout_per_year=FLAGS.heldout_per_year,
                                 heldout_fraction=FLAGS.heldout_fraction, seed=FLAGS.seed, format=FLAGS.format,
                                 on_error=FLAGS.on_error, clean=clean)
         summary["yearly"] = yearly["years"]
@@ -323,10 +335,11 @@ def _define_data_tasks():
     flags.DEFINE_string("out", None, "Output folder: point TEMPLM_DATA_DIR (or templm.tasks.configure.data_dir) at it.",
                         required=True)
     _define_overwrite()
-    flags.DEFINE_string("corpus", None, "News corpus; default: the embedded world (drawn with --seed and the "
-                        "WorldConfig gin bindings).")
+    flags.DEFINE_multi_string("corpus", None, "News corpus; default: the embedded world (drawn with --seed and the "
+                              "WorldConfig gin bindings). " + CORPUS_HELP)
     flags.DEFINE_enum("format", "auto", ["auto", "jsonl", "wmt", "arxiv"], "Corpus format.")
-    flags.DEFINE_string("templama_dir", None, "TempLAMA release folder ({train,val,test}.jsonl); default: the "
+    flags.DEFINE_string("templama_dir", None, "TempLAMA release folder ({train,val,test}.json as released, or "
+                        ".jsonl); default: the "
                         "world's, or none for a corpus.")
     flags.DEFINE_integer("vocab_size", 768, "SentencePiece pieces (768 suits the world; 32000 for real news).")
     flags.DEFINE_integer("max_spm_sentences", 1_000_000, "SentencePiece training lines, at most.")
@@ -346,7 +359,7 @@ def _main_data_tasks():
 
     world = dataclasses.replace(_world_configurable()(), seed=FLAGS.seed)
     config = TaskDataConfig(
-        corpus=FLAGS.corpus, corpus_format=FLAGS.format, templama_dir=FLAGS.templama_dir, world=world,
+        corpus=_corpus_flag(), corpus_format=FLAGS.format, templama_dir=FLAGS.templama_dir, world=world,
         vocab_size=FLAGS.vocab_size, max_spm_sentences=FLAGS.max_spm_sentences, detector=FLAGS.detector,
         one_span_per_sentence=FLAGS.one_span_per_sentence, heldout_per_year=FLAGS.heldout_per_year,
         heldout_fraction=FLAGS.heldout_fraction, future_years=FLAGS.future_years,

@@ -25,6 +25,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
+from templm.data.readers import Corpus, describe_corpus
 from templm.data.records import Document
 from templm.data.splits import apply_split
 from templm.data.vocab import load_vocabulary
@@ -42,26 +43,25 @@ def split_path(split_file: Optional[str], split_dir: Optional[str], split: str) 
     return os.path.join(os.fspath(split_dir), f"{split}.gz")
 
 
-def read_split_documents(corpus: str, split_file: str, format: str = "auto", on_error: str = "raise",
+def read_split_documents(corpus: Corpus, split_file: str, format: str = "auto", on_error: str = "raise",
                          allow_missing: bool = False) -> List[Document]:
     """The documents of `corpus` that `split_file` names, sorted by date then id.
 
     Raises DataError naming the split file when it does not exist, names no document, or names ids the corpus does
     not hold (unless allow_missing: then a warning).
     """
-    corpus, split_file = os.fspath(corpus), os.fspath(split_file)
+    split_file = os.fspath(split_file)
     if not os.path.exists(split_file):
         raise DataError("no such split file (write one with `templm data splits`)", split_file)
-    if not os.path.exists(corpus):
-        raise DataError("no such corpus file", corpus)
+    where = describe_corpus(corpus)
     docs_iter, report = apply_split(corpus, split_file, format, on_error)
     docs = sorted(docs_iter, key=lambda d: (d.date, d.id))
     if report.missing and not allow_missing:
         raise DataError(f"{report.missing} of the {report.expected} document ids of this split are not in the "
-                        f"corpus {corpus} (first: {', '.join(report.missing_ids)}); is it the split of another "
+                        f"corpus {where} (first: {', '.join(report.missing_ids)}); is it the split of another "
                         "corpus?", split_file)
     if not docs:
-        raise DataError(f"none of the split's {report.expected} ids is in the corpus {corpus}", split_file)
+        raise DataError(f"none of the split's {report.expected} ids is in the corpus {where}", split_file)
     return docs
 
 

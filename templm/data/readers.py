@@ -12,12 +12,13 @@ import binascii
 import bz2
 import datetime
 import email.utils
+import glob
 import gzip
 import hashlib
 import json
 import os
 import zlib
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List, Sequence, Union
 
 from templm import console
 from templm.data.records import MAX_DATE, MIN_DATE, Answer, Document, Query, parse_date
@@ -194,17 +195,57 @@ class ArxivReader(Reader):
         return Document(doc_id, date, _text(abstract, "abstract"), self.source)
 
 
-def _answer(value: Any, what: str) -> Answer:
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        raise ValueError(f"{what} must be an object with 'wikidata_id' and 'name'")
-    if not value["name"].strip():
+def _names(value: Any, field: str, what: str) -> List[str]:
+    """A name field of a TempLAMA answer: one string, or a list of strings (the alias-list variant)."""
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{what}: '{field}' must be a string or a non-empty list of strings, got "
+                         f"{json.dumps(value)[:60]}")
+    if not all(n.strip() for n in names):
         raise ValueError(f"empty name in {what}")
+    return names
+
+
+def _answer(value: Any, what: str) -> Answer:
+    if not isinstance(value, dict) or "name" not in value:
+        raise ValueError(f"{what} must be an object with 'wikidata_id' and 'name' (a string, or a list of aliases), "
+                         f"got {json.dumps(value)[:60]}")
+    names = _names(value["name"], "name", what)
+    if value.get("original_name") is not None:
+        names += _names(value["original_name"], "original_name", what)
     wikidata_id = value.get("wikidata_id")
-    return Answer("" if wikidata_id is None else str(wikidata_id), value["name"])
+    unique = list(dict.fromkeys(names))
+    return Answer("" if wikidata_id is None else str(wikidata_id), unique[0], tuple(unique[1:]))
+
+
+TEMPLAMA_SPLITS = {"train": "train", "validation": "val", "test": "test"}  # split -> the release's file stem
+TEMPLAMA_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+
+
+def templama_split_files(folder: str) -> Dict[str, str]:
+    """{"train", "validation", "test": path} of a TempLAMA release folder: `{train,val,test}.json` as Google's
+    templama.py writes them and the release ships them (JSON lines despite the name), or `.jsonl` (templm's
+    builder), optionally gzipped. DataError naming the folder when a split is missing or present twice."""
+    folder = os.fspath(folder)
+    if not os.path.isdir(folder):
+        raise DataError("no such TempLAMA folder", folder)
+    files = {}
+    for split, stem in TEMPLAMA_SPLITS.items():
+        found = [os.path.join(folder, stem + suffix) for suffix in TEMPLAMA_SUFFIXES
+                 if os.path.isfile(os.path.join(folder, stem + suffix))]
+        if not found:
+            raise DataError(f"no TempLAMA {stem} split: expected {stem}.json (as the release ships it) or "
+                            f"{stem}.jsonl", folder)
+        if len(found) > 1:
+            raise DataError(f"two TempLAMA {stem} splits ({', '.join(os.path.basename(f) for f in found)}): keep "
+                            "one", folder)
+        files[split] = found[0]
+    return files
 
 
 class TemplamaReader(Reader):
-    """TempLAMA release lines; `answer` may be a list of `{wikidata_id, name}` or one such object."""
+    """TempLAMA release lines; `answer` may be a list of `{wikidata_id, name}` or one such object, and `name` a list
+    of aliases (the first is the answer's name, the rest and any `original_name` its aliases)."""
 
     source = "templama"
 
@@ -245,7 +286,7 @@ FORMATS: Dict[str, Callable[..., Reader]] = {
 
 
 def detect_format(path: str) -> str:
-    """Guesses a corpus format from the file name, then from its first line."""
+    """Guesses a corpus format from the file name, then from its first line (a UTF-8 byte-order mark ignored)."""
     name = os.path.basename(os.fspath(path))
     if "news-docs" in name:
         return "wmt"
@@ -258,6 +299,8 @@ def detect_format(path: str) -> str:
                     break
     except (OSError, EOFError, zlib.error) as e:
         raise DataError(f"corrupt or truncated file at its first line: {e}", os.fspath(path)) from None
+    if first.startswith(b"\xef\xbb\xbf"):
+        first = first[3:]
     try:
         obj = json.loads(first.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
@@ -267,10 +310,91 @@ def detect_format(path: str) -> str:
     return "jsonl"
 
 
-def read_documents(path: str, format: str = "auto", on_error: str = "raise", **kwargs) -> Reader:
-    """A Reader of Documents for `path`; `format` is one of FORMATS or "auto"."""
+# A corpus is one file, a glob pattern, or a list of either: WMT News Crawl ships one file per year.
+Corpus = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
+_GLOB_CHARS = ("*", "?", "[")
+
+
+def corpus_files(corpus: Corpus) -> List[str]:
+    """The files of a corpus argument, in order: each entry as given, a glob pattern (an entry with * ? or [ that
+    is not itself a file) replaced by its matches in sorted order (so `news-docs.20*.en.filtered.gz` reads the
+    years in order). DataError naming the entry for a pattern that matches no file, and for a file named twice."""
+    entries = [corpus] if isinstance(corpus, (str, os.PathLike)) else list(corpus)
+    if not entries:
+        raise DataError("no corpus file given", "--corpus")
+    files: List[str] = []
+    for entry in entries:
+        entry = os.fspath(entry)
+        if any(c in entry for c in _GLOB_CHARS) and not os.path.exists(entry):
+            matches = sorted(m for m in glob.glob(entry) if not os.path.isdir(m))
+            if not matches:
+                raise DataError("no file matches this pattern", entry)
+            files.extend(matches)
+        else:
+            files.append(entry)
+    seen: Dict[str, str] = {}
+    for path in files:
+        key = os.path.realpath(path)
+        if key in seen:
+            raise DataError(f"the corpus names this file twice (also as {seen[key]})", path)
+        seen[key] = path
+    return files
+
+
+def resolve_corpus(corpus: Corpus) -> Union[str, List[str]]:
+    """The corpus as absolute paths, patterns expanded: one str for one file, else the list (what a run records)."""
+    files = [os.path.abspath(path) for path in corpus_files(corpus)]
+    return files[0] if len(files) == 1 else files
+
+
+def describe_corpus(corpus: Corpus) -> str:
+    """A corpus for messages: its one file, or its first file and how many follow."""
+    files = corpus_files(corpus)
+    return files[0] if len(files) == 1 else f"{files[0]} (+{len(files) - 1} more file(s))"
+
+
+class CorpusReader:
+    """The documents of several corpus files, file after file, each read by the reader of its own format (detected
+    per file with format="auto"); counts, errors and `path` (for messages) as a single Reader's."""
+
+    def __init__(self, files: Sequence[str], format: str, on_error: str, **kwargs):
+        self.files = list(files)
+        self.readers = [_reader(path, format, on_error, **kwargs) for path in self.files]
+        self.path = f"{self.files[0]} (+{len(self.files) - 1} more file(s))"
+        self.on_error = on_error
+
+    @property
+    def read(self) -> int:
+        return sum(r.read for r in self.readers)
+
+    @property
+    def skipped(self) -> int:
+        return sum(r.skipped for r in self.readers)
+
+    @property
+    def first_errors(self) -> List[str]:
+        return [e for r in self.readers for e in r.first_errors][:5]
+
+    def __iter__(self) -> Iterator[Any]:
+        for reader in self.readers:
+            yield from reader
+
+
+def _reader(path: str, format: str, on_error: str, **kwargs) -> Reader:
     if format == "auto":
         format = detect_format(path)
     if format not in FORMATS:
         raise ValueError(f"unknown corpus format {format!r}; expected one of {sorted(FORMATS)} or 'auto'")
     return FORMATS[format](path, on_error=on_error, **kwargs)
+
+
+def read_documents(corpus: Corpus, format: str = "auto", on_error: str = "raise",
+                   **kwargs) -> Union[Reader, CorpusReader]:
+    """A reader of the Documents of `corpus` (one file, a glob pattern, or a list of either: `corpus_files`);
+    `format` is one of FORMATS or "auto" (detected per file)."""
+    if format != "auto" and format not in FORMATS:
+        raise ValueError(f"unknown corpus format {format!r}; expected one of {sorted(FORMATS)} or 'auto'")
+    files = corpus_files(corpus)
+    if len(files) == 1:
+        return _reader(files[0], format, on_error, **kwargs)
+    return CorpusReader(files, format, on_error, **kwargs)

@@ -25,10 +25,16 @@ class Document:
 
 @dataclasses.dataclass(frozen=True)
 class Answer:
-    """A Wikidata item as TempLAMA names it: `{"wikidata_id": ..., "name": ...}`."""
+    """A Wikidata item as TempLAMA names it: `{"wikidata_id": ..., "name": ...}`; `aliases`, the item's other names
+    where a release lists them (`"name": [name, alias, ...]`), count as correct answers too."""
 
     wikidata_id: str
     name: str
+    aliases: Tuple[str, ...] = ()
+
+    @property
+    def names(self) -> Tuple[str, ...]:
+        return (self.name,) + tuple(a for a in self.aliases if a != self.name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,12 +52,22 @@ class Query:
 
     @property
     def answer_names(self) -> Tuple[str, ...]:
+        """The answers' own names, one per answer (what a model is trained on)."""
         return tuple(a.name for a in self.answers)
 
+    @property
+    def gold_names(self) -> Tuple[str, ...]:
+        """Every name of every answer, aliases included, each once (what a prediction is scored against: the best
+        F1 or exact match over them)."""
+        return tuple(dict.fromkeys(name for a in self.answers for name in a.names))
+
     def to_json(self) -> dict:
-        """The TempLAMA release format (list-valued `answer`)."""
+        """The TempLAMA release format (list-valued `answer`; an answer with aliases as `"name": [name, alias...]`,
+        the alias-list variant of the release)."""
         def item(a):
-            return None if a is None else {"wikidata_id": a.wikidata_id, "name": a.name}
+            if a is None:
+                return None
+            return {"wikidata_id": a.wikidata_id, "name": list(a.names) if a.aliases else a.name}
         return {
             "query": self.query,
             "answer": [item(a) for a in self.answers],

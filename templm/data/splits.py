@@ -39,7 +39,7 @@ from absl import logging
 
 from templm import console
 from templm.data.filters import DocumentFilter, FilterConfig
-from templm.data.readers import open_text, read_documents
+from templm.data.readers import Corpus, describe_corpus, open_text, read_documents, resolve_corpus
 from templm.data.records import Document
 from templm.errors import DataError
 
@@ -97,7 +97,7 @@ class _Index:
         return lo, max(lo, hi)
 
 
-def _index_corpus(corpus_path: str, format: str, on_error: str,
+def _index_corpus(corpus_path: Corpus, format: str, on_error: str,
                   doc_filter: Optional[DocumentFilter] = None) -> _Index:
     """One streaming pass over the corpus keeping only (date, id) of each document that `doc_filter` keeps (a
     repeated id is left to the duplicate-id rule below, unfiltered)."""
@@ -287,7 +287,7 @@ def _check_positive(name: str, value: int, minimum: int = 1) -> None:
 # ------------------------------------------------------------------------------------------------- make_splits
 
 
-def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime.date(2017, 9, 30),
+def make_splits(corpus_path: Corpus, out_dir: str, cutoff: datetime.date = datetime.date(2017, 9, 30),
                 test_months: int = 24, validation_months: int = 3, test_docs_per_month: int = 1000,
                 validation_docs: Optional[int] = None, seed: int = 0, format: str = "auto",
                 on_error: str = "raise", clean: Optional[FilterConfig] = FilterConfig(),
@@ -295,7 +295,8 @@ def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime
     """Writes the TIME-STRATIFIED and CONTROL splits of a corpus and returns their statistics.
 
     Args:
-      corpus_path: any corpus `read_documents` accepts (JSONL, WMT news-docs, arXiv OAI; .gz / .bz2 too).
+      corpus_path: any corpus `read_documents` accepts (JSONL, WMT news-docs, arXiv OAI; .gz / .bz2 too; one
+        file, a glob pattern or a list of either).
       out_dir: receives `{time_stratified_train, time_stratified_validation, control_train, control_validation,
         test}.gz` and `stats.json` (other sections of an existing stats.json, e.g. "yearly", are kept).
       cutoff: the last day of TIME-STRATIFIED training data (the paper's WMT cut-off, 2017-09-30, by default).
@@ -335,7 +336,8 @@ def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime
         validation_docs = validation_months * test_docs_per_month
     _check_positive("validation_docs", validation_docs)
     _check_positive("seed", seed, 0)
-    corpus_path = os.fspath(corpus_path)
+    corpus_path = resolve_corpus(corpus_path)
+    where = describe_corpus(corpus_path)
     out_dir = os.fspath(out_dir)
 
     validation_first = cutoff + datetime.timedelta(days=1)
@@ -351,14 +353,14 @@ def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime
     _, train_hi = index.span(datetime.date.min, cutoff)
     if train_hi == 0:
         raise DataError(f"no document dated on or before the cut-off {cutoff.isoformat()}; {corpus_span}",
-                        corpus_path)
+                        where)
     ts_train = np.arange(train_hi, dtype=np.int64)
 
     # TIME-STRATIFIED validation: a uniform sample of the months after the cut-off.
     val_lo, val_hi = index.span(validation_first, validation_last)
     if val_hi == val_lo:
         raise DataError(f"no document dated {validation_first.isoformat()}..{validation_last.isoformat()} for "
-                        f"validation; {corpus_span}", corpus_path)
+                        f"validation; {corpus_span}", where)
     ts_validation = _sample(np.random.default_rng([seed, _VALIDATION]), val_lo, val_hi, validation_docs)
 
     # Test: a sample of each month of the test period.
@@ -371,7 +373,7 @@ def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime
     test = np.concatenate(test_parts)
     if len(test) == 0:
         raise DataError(f"no document dated {test_first.isoformat()}..{test_last.isoformat()} for the test "
-                        f"period; {corpus_span}", corpus_path)
+                        f"period; {corpus_span}", where)
     empty = [label for label, count in test_per_month.items() if count == 0]
 
     # CONTROL validation: from the test period, excluding test documents (drawn before CONTROL train takes the rest).
@@ -381,7 +383,7 @@ def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime
     pool = np.flatnonzero(available[test_lo:]) + test_lo
     control_validation = _sample_from(np.random.default_rng([seed, _CONTROL_VALIDATION]), pool, len(ts_validation))
     if len(control_validation) < len(ts_validation):
-        console.warn(f"{corpus_path}: CONTROL validation has {len(control_validation)} documents, fewer than "
+        console.warn(f"{where}: CONTROL validation has {len(control_validation)} documents, fewer than "
                      f"TIME-STRATIFIED validation's {len(ts_validation)}: the test period has no more non-test "
                      "documents")
 
@@ -391,7 +393,7 @@ def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime
     del available
     if len(candidates) < len(ts_train):  # a guard: TIME-STRATIFIED train is among the candidates
         raise DataError(f"only {len(candidates)} documents up to {test_last.isoformat()} outside the test and "
-                        f"validation sets; CONTROL train needs {len(ts_train)}", corpus_path)
+                        f"validation sets; CONTROL train needs {len(ts_train)}", where)
     control_train = candidates[len(candidates) - len(ts_train):].astype(np.int64)
     del candidates
     in_test_period = int(np.count_nonzero(control_train >= test_lo))
@@ -407,9 +409,9 @@ def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime
     if degenerate and not allow_degenerate:
         raise DataError(f"degenerate splits with the cut-off {cutoff.isoformat()}: " + "; ".join(degenerate) +
                         f"; {corpus_span}; choose an earlier cut-off or fewer test months, or allow it "
-                        "(--allow_degenerate); nothing was written", corpus_path)
+                        "(--allow_degenerate); nothing was written", where)
     for problem in degenerate:
-        console.warn(f"{corpus_path}: degenerate splits: {problem}")
+        console.warn(f"{where}: degenerate splits: {problem}")
 
     splits = {
         "time_stratified_train": ts_train,
@@ -451,7 +453,7 @@ def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime
             _write_positions(outputs, os.path.join(out_dir, f"{name}.gz"), index, positions)
         _write_stats(outputs, out_dir, stats)
         outputs.commit()
-    logging.info("%s: wrote splits to %s: %s; CONTROL train %.1f%% from the test period", corpus_path, out_dir,
+    logging.info("%s: wrote splits to %s: %s; CONTROL train %.1f%% from the test period", where, out_dir,
                  ", ".join(f"{name} {len(p)}" for name, p in splits.items()), 100.0 * section[
                      "control_train_test_period_share"])
     return section
@@ -460,7 +462,7 @@ def make_splits(corpus_path: str, out_dir: str, cutoff: datetime.date = datetime
 # ------------------------------------------------------------------------------------------------ yearly buckets
 
 
-def yearly_buckets(corpus_path: str, out_dir: str, heldout_per_year: int = 2000, heldout_fraction: float = 0.1,
+def yearly_buckets(corpus_path: Corpus, out_dir: str, heldout_per_year: int = 2000, heldout_fraction: float = 0.1,
                    seed: int = 0, format: str = "auto", on_error: str = "raise",
                    clean: Optional[FilterConfig] = FilterConfig()) -> dict:
     """Groups a corpus by year, holding out documents of each year for validation and test (time-aware T5 side).
@@ -477,7 +479,8 @@ def yearly_buckets(corpus_path: str, out_dir: str, heldout_per_year: int = 2000,
             not 0.0 <= heldout_fraction <= 1.0:
         raise ValueError(f"heldout_fraction must be a number in [0, 1], got {heldout_fraction!r}")
     _check_positive("seed", seed, 0)
-    corpus_path = os.fspath(corpus_path)
+    corpus_path = resolve_corpus(corpus_path)
+    where = describe_corpus(corpus_path)
     out_dir = os.fspath(out_dir)
 
     index = _index_corpus(corpus_path, format, on_error, _document_filter(clean))
@@ -518,7 +521,7 @@ def yearly_buckets(corpus_path: str, out_dir: str, heldout_per_year: int = 2000,
                 _write_positions(outputs, os.path.join(out_dir, "yearly", f"{year}_{part}.gz"), index, parts[part])
         _write_stats(outputs, out_dir, stats)
         outputs.commit()
-    logging.info("%s: wrote yearly buckets for %d year(s) to %s", corpus_path, len(years),
+    logging.info("%s: wrote yearly buckets for %d year(s) to %s", where, len(years),
                  os.path.join(out_dir, "yearly"))
     return section
 
@@ -612,7 +615,7 @@ class SplitReport:
         return f"SplitReport(expected={self.expected}, found={self.found}, {state})"
 
 
-def apply_split(corpus_path: str, split_path: str, format: str = "auto",
+def apply_split(corpus_path: Corpus, split_path: str, format: str = "auto",
                 on_error: str = "raise") -> Tuple[Iterator[Document], SplitReport]:
     """Streams the corpus documents a split file names, in corpus order.
 
@@ -621,7 +624,8 @@ def apply_split(corpus_path: str, split_path: str, format: str = "auto",
     first few) are final, and any missing ids have been logged as a warning. The split file is read (and validated)
     at once; the corpus only as the iterator is consumed.
     """
-    corpus_path = os.fspath(corpus_path)
+    corpus_path = resolve_corpus(corpus_path)
+    where = describe_corpus(corpus_path)
     split_path = os.fspath(split_path)
     pending: Dict[str, datetime.date] = dict((doc_id, date) for date, doc_id in read_split_file(split_path))
     report = SplitReport(corpus_path, split_path, len(pending))
@@ -644,10 +648,10 @@ def apply_split(corpus_path: str, split_path: str, format: str = "auto",
         report._missing_ids = [doc_id for doc_id, _ in zip(pending, range(MISSING_IDS_SHOWN))]
         report.done = True
         if pending:
-            console.warn(f"{corpus_path}: {len(pending)} of {report.expected} id(s) in {split_path} are not in the "
+            console.warn(f"{where}: {len(pending)} of {report.expected} id(s) in {split_path} are not in the "
                          f"corpus; first: {', '.join(report._missing_ids)}")
         if report.date_mismatches:
-            console.warn(f"{corpus_path}: {report.date_mismatches} document(s) of {split_path} have a date other than "
+            console.warn(f"{where}: {report.date_mismatches} document(s) of {split_path} have a date other than "
                          "the split file's")
 
     return documents(), report

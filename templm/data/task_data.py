@@ -33,7 +33,7 @@ from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 from absl import logging
 
-from templm.data.readers import TemplamaReader, read_documents
+from templm.data.readers import Corpus, TemplamaReader, read_documents, templama_split_files
 from templm.data.records import Document
 from templm.data.salient_spans import BuiltinEntityDetector, cloze_to_ssm, make_entity_detector, ssm_examples
 from templm.data.filters import FilterConfig
@@ -53,9 +53,9 @@ MANIFEST_VERSION = 1
 class TaskDataConfig:
     """What to build the tasks from. `corpus=None` means the embedded world drawn with `world`."""
 
-    corpus: Optional[str] = None
+    corpus: Optional[Corpus] = None  # one file, a glob pattern or a list of either
     corpus_format: str = "auto"
-    templama_dir: Optional[str] = None  # {train,val,test}.jsonl in the release format; default: the world's
+    templama_dir: Optional[str] = None  # {train,val,test}.json (or .jsonl) as released; default: the world's
     world: WorldConfig = WorldConfig()
     vocab_size: int = 768  # the world's vocabulary is small; use 32000 for a real news corpus
     exact_vocab_size: bool = True  # False: vocab_size is an upper bound (train_spm's exact_size)
@@ -68,6 +68,10 @@ class TaskDataConfig:
     seed: int = 0
     clean: Optional[FilterConfig] = FilterConfig()  # other languages and near-duplicates out (None: keep all)
     files_per_year: int = 1  # record files per split and year (>= the data shards of a multi-host training run)
+
+    def __post_init__(self):
+        if isinstance(self.corpus, list):  # a list of files: kept as a tuple, so the config stays hashable
+            object.__setattr__(self, "corpus", tuple(self.corpus))
 
 
 def _tf():
@@ -187,15 +191,13 @@ def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None) -> 
                               _example(tf, ex.inputs, ex.targets, [ex.targets], doc.date.year, f"{doc.id}#{i}"))
         query_years = set()
         if templama_dir:
-            for split, name in (("train", "train"), ("validation", "val"), ("test", "test")):
-                path = os.path.join(templama_dir, f"{name}.jsonl")
-                if not os.path.exists(path):
-                    raise DataError(f"no TempLAMA {name} split (expected {name}.jsonl)", path)
+            for split, path in templama_split_files(templama_dir).items():
                 for q in TemplamaReader(path):
-                    # Training uses one answer, drawn per query; evaluation keeps all of them in `answers`.
+                    # Training uses one answer's name, drawn per query; evaluation keeps every name of every answer
+                    # (aliases too) in `answers`, and a prediction scores its best F1 over them.
                     target = random.Random(f"{config.seed}-{q.id}").choice(q.answer_names)
                     writers.write("templama", split, q.year,
-                                  _example(tf, cloze_to_ssm(q.query), target, q.answer_names, q.year, q.id))
+                                  _example(tf, cloze_to_ssm(q.query), target, q.gold_names, q.year, q.id))
                     query_years.add(q.year)
     finally:
         writers.close()

@@ -119,7 +119,9 @@ def train_spm(documents: Iterable[Document], model_prefix: str, vocab_size: int 
             sentencepiece.SentencePieceTrainer.train(
                 input=text_path, model_prefix=tmp_prefix, vocab_size=vocab_size, model_type=model_type,
                 character_coverage=character_coverage, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
-                input_sentence_size=n_sentences, shuffle_input_sentence=False,
+                # The trainer refuses a sampling size of 100 or fewer lines; 0 (no sampling) reads every line, as
+                # the sample has been drawn already.
+                input_sentence_size=n_sentences if n_sentences > 100 else 0, shuffle_input_sentence=False,
                 num_threads=1, minloglevel=1, hard_vocab_limit=exact_size)
         except RuntimeError as e:
             raise _training_error(str(e), vocab_size, n_sentences, source) from None
@@ -129,6 +131,7 @@ def train_spm(documents: Iterable[Document], model_prefix: str, vocab_size: int 
             model.ParseFromString(f.read())
         del model.trainer_spec.input[:]
         model.trainer_spec.model_prefix = ""
+        model.trainer_spec.input_sentence_size = n_sentences
         with open(tmp_prefix + ".model", "wb") as f:
             f.write(model.SerializeToString(deterministic=True))
         os.replace(tmp_prefix + ".vocab", model_prefix + ".vocab")

@@ -52,6 +52,24 @@ MAX_YEAR = 2100
 MIN_PRECISION = 9  # year; 10 = month, 11 = day
 PROGRESS_EVERY = 1_000_000  # lines between progress log lines
 
+def _unresolved_text(unresolved: Set[str], absent: Set[str], require_enwiki: bool) -> str:
+    """What the message of an empty release says of the statements' objects that got no name: which ids have no
+    entity line in the dump at all (a dump cut to the subjects' lines) and which have one without an English label
+    (or enwiki sitelink)."""
+    if not unresolved:
+        return ""
+    no_line = sorted(unresolved & absent, key=_id_key)
+    unnamed = sorted(unresolved - absent, key=_id_key)
+    parts = []
+    if no_line:
+        parts.append(f"{len(no_line)} have no entity line in the dump (first: {', '.join(no_line[:5])}; a dump must "
+                     "hold the objects' entity lines too, for their labels)")
+    if unnamed:
+        parts.append(f"{len(unnamed)} have an entity line without an English label"
+                     + (" or enwiki sitelink" if require_enwiki else "") + f" (first: {', '.join(unnamed[:5])})")
+    return f"; {len(unresolved)} object(s) of the kept statements could not be named: " + " and ".join(parts)
+
+
 _TIME = re.compile(r"^([+-]?)(\d+)-(\d{2})-(\d{2})T")
 # The id of a dump line as Wikidata writes it (`{"type":"item","id":"Q42",...`), read without parsing the line.
 _LINE_ID = re.compile(rb'^\s*\{\s*(?:"type"\s*:\s*"[a-z]+"\s*,\s*)?"id"\s*:\s*"([^"\\]+)"')
@@ -356,9 +374,11 @@ def build_templama(dump_path: str, out_dir: str, start_year: int = 2010, end_yea
     stats.update(dropped_object_unresolved=0, statements_merged=0, subject_relations=0,
                  subject_relations_one_object=0, subject_relations_cut=0)
     candidates: Dict[str, List[Tuple[str, List[Fact]]]] = {relation: [] for relation in relations}
+    unresolved: Set[str] = set()  # objects of kept statements that got no name
     for subject_id, subject in subjects.items():
         for relation, statements in subject.statements.items():
             resolved = [s for s in statements if s[0] in names]
+            unresolved.update(s[0] for s in statements if s[0] not in names)
             stats["dropped_object_unresolved"] += len(statements) - len(resolved)
             merged, merges = merge_statements(resolved)
             stats["statements_merged"] += merges
@@ -394,8 +414,9 @@ def build_templama(dump_path: str, out_dir: str, start_year: int = 2010, end_yea
         raise DataError(f"no TempLAMA queries for {start_year}..{end_year}: {stats['entities']} entities read, "
                         f"{stats['statements']} statements of the relations {', '.join(relations)}, "
                         f"{stats['statements_kept']} kept" + (f" ({drops})" if drops else "") +
-                        f", {stats['subject_relations_one_object']} subject-relations with a single object; check "
-                        "the dump, the relations and the years (nothing was written)", dump_path)
+                        _unresolved_text(unresolved, missing, require_enwiki) +
+                        f", {stats['subject_relations_one_object']} subject-relations left with fewer than two "
+                        "objects; check the dump, the relations and the years (nothing was written)", dump_path)
     _write_all(out_dir, splits, stats)
     logging.info("wikidata %s: %d queries (%s) about %d subjects written to %s", dump_path, len(queries),
                  ", ".join(f"{name} {stats['splits'][name]}" for name in SPLITS), stats["subjects"], out_dir)

@@ -122,7 +122,7 @@ def future_degradation(scorer: TextScorer, params, regime: str, queries: Sequenc
     predictions = scorer.predict(params, [year_input(regime, reference_year, q.query) for q in selected])
     kept, answers = [], []
     for q, prediction in zip(selected, predictions):
-        matched = [a for a in q.answer_names if qa.exact_match(prediction, a)]
+        matched = [a for a in q.gold_names if qa.exact_match(prediction, a)]
         if matched:
             kept.append(q)
             answers.append(matched[0])

@@ -41,7 +41,7 @@ from absl import logging
 
 from templm import console
 from templm.data.lm_data import load_processor, read_split_documents, split_path, tokenize_documents
-from templm.data.readers import read_documents
+from templm.data.readers import read_documents, resolve_corpus
 from templm.data.splits import make_splits, read_split_file
 from templm.data.token_stream import TokenStream, build_stream, word_counts
 from templm.data.vocab import train_spm
@@ -294,7 +294,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
                              train_counts=train_counts, min_test_count=min_test_count, ratio=emerging_ratio,
                              n_topics=n_topics, seed=seed, topics=topics, pos=pos, settings=settings,
                              baseline="control", streams=None if shared else streams)
-    results["inputs"] = {"corpus": os.path.abspath(corpus), "test_split_file": os.path.abspath(test_split_file),
+    results["inputs"] = {"corpus": resolve_corpus(corpus), "test_split_file": os.path.abspath(test_split_file),
                          "train_split_file": os.path.abspath(train_split_file),
                          "spm_models": {name: os.path.abspath(path) for name, path in spm_models.items()},
                          "shared_tokenizer": shared,

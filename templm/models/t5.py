@@ -971,11 +971,29 @@ def _load_safetensors(path: str) -> Dict[str, np.ndarray]:
         raise DataError(f"cannot read safetensors weights ({type(e).__name__}: {e})", path) from None
 
 
+# Weights a Hugging Face folder may hold in PyTorch's pickle format, which templm never loads (a pickle runs code).
+_PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "tf_model.h5", "flax_model.msgpack")
+
+
+def _convert_hint(directory: str) -> str:
+    """What to run once, with one's own torch, to turn a folder's pickled PyTorch weights into safetensors."""
+    pickled = [name for name in _PICKLED_WEIGHTS if os.path.isfile(os.path.join(directory, name))]
+    if not pickled:
+        return ""
+    return (f"; the folder holds {', '.join(pickled)}, which templm does not read (a PyTorch pickle can run code): "
+            "convert it once with your own transformers and torch, e.g. python -c \"from transformers import "
+            f"T5ForConditionalGeneration as M; M.from_pretrained({directory!r}).save_pretrained({directory!r}, "
+            "safe_serialization=True)\", which writes model.safetensors beside it")
+
+
 def _read_hf_tensors(directory: str, weights_file: Optional[str]) -> Tuple[Dict[str, np.ndarray], str]:
     if weights_file is not None:
         return _load_safetensors(weights_file), weights_file
     single = os.path.join(directory, "model.safetensors")
     index = os.path.join(directory, "model.safetensors.index.json")
+    if not os.path.isfile(single) and not os.path.isfile(index):
+        raise DataError("missing safetensors file (model.safetensors or model.safetensors.index.json)"
+                        + _convert_hint(directory), single)
     if os.path.isfile(single) or not os.path.isfile(index):
         return _load_safetensors(single), single
     try:

@@ -45,6 +45,7 @@ from jax.sharding import PartitionSpec
 
 from templm.data.lm_data import (DATA_ORDERS, LMData, load_processor, read_split_documents, split_path,
                                  tokenize_documents)
+from templm.data.readers import resolve_corpus
 from templm.errors import DataError, require_macros
 from templm.io import file_sha256
 from templm.models.transformer_xl import TXL_CONFIGS, TransformerXL, TransformerXLConfig, lm_loss, next_mem_valid
@@ -183,7 +184,7 @@ def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_fi
 
     Args:
       model_dir: run folder: `checkpoints/` (orbax), `metrics.jsonl`, TensorBoard events.
-      corpus: the corpus file (any format templm.data reads); split_file: its split file (`YYYYMMDD<TAB>id` lines),
+      corpus: the corpus (one file in any format templm.data reads, a glob pattern or a list); split_file: its split file (`YYYYMMDD<TAB>id` lines),
         or split_dir + split (`split_dir/split.gz`, e.g. split="control_train").
       spm_model: the SentencePiece model (T5 ids; EOS separates documents). config.vocab_size must hold its pieces.
       config: a TransformerXLConfig or a TXL_CONFIGS name; tgt_len is the segment length, mem_len the training
@@ -212,7 +213,7 @@ def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_fi
         raise ValueError(f"data_order must be one of {DATA_ORDERS}, got {data_order!r}")
     model_dir = os.path.abspath(os.fspath(model_dir))
     split_file = os.path.abspath(split_path(split_file, split_dir, split))
-    corpus = os.path.abspath(os.fspath(corpus))
+    corpus = resolve_corpus(corpus)
     spm_model = os.path.abspath(os.fspath(spm_model))
     mesh = mesh or partitioning.make_mesh()
     rules = partitioning.logical_axis_rules()
