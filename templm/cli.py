@@ -247,7 +247,8 @@ def _main_data_stats():
 def _define_data_splits():
     _define_corpus_flags(split=False)
     flags.DEFINE_string("out", None, "Output folder for the split files and stats.json.", required=True)
-    flags.DEFINE_string("cutoff", "2017-09-30", "TIME-STRATIFIED cut-off date; empty for yearly buckets only.")
+    flags.DEFINE_string("cutoff", "2017-09-30", "TIME-STRATIFIED cut-off date; 'auto': the latest whose validation "
+                        "and test months end with the corpus; empty for yearly buckets only.")
     flags.DEFINE_integer("test_docs_per_month", 1000, "Test documents sampled per month (all if fewer).")
     flags.DEFINE_integer("validation_docs", None, "Validation size (default 3 x --test_docs_per_month).")
     flags.DEFINE_integer("test_months", 24, "Months in the test period.")
@@ -278,9 +279,9 @@ def _main_data_splits():
     summary = {}
     if FLAGS.cutoff:
         try:
-            cutoff = parse_date(FLAGS.cutoff)
+            cutoff = None if FLAGS.cutoff == "auto" else parse_date(FLAGS.cutoff)
         except ValueError as e:
-            raise ConfigError(f"--cutoff: {e}") from None
+            raise ConfigError(f"--cutoff: {e} (or 'auto')") from None
         stats = make_splits(_corpus_flag(), FLAGS.out, cutoff=cutoff, test_months=FLAGS.test_months,
                             validation_months=FLAGS.validation_months,
                             test_docs_per_month=FLAGS.test_docs_per_month, validation_docs=FLAGS.validation_docs,
@@ -652,6 +653,33 @@ def _define_reproduce():
     flags.DEFINE_boolean("streaming", True, "Also run the Transformer-XL half (TIME-STRATIFIED vs CONTROL streaming "
                          "perplexity, dynamic evaluation) after the T5 stages.")
     _define_overwrite()
+    # Your own data instead of the embedded world (README, "The study on your own data").
+    flags.DEFINE_multi_string("corpus", None, "A dated news corpus for the study instead of the embedded world. "
+                              + CORPUS_HELP)
+    flags.DEFINE_string("templama_dir", None, "The TempLAMA release the time-aware half asks ({train,val,test}.json "
+                        "as released, or .jsonl); without it that half is skipped.")
+    flags.DEFINE_string("task_data", None, "Task data prepared by `templm data tasks` (what TEMPLM_DATA_DIR names) "
+                        "instead of --corpus and --templama_dir.")
+    flags.DEFINE_string("calibration", None, "Calibration relations (JSON lines, as the world's calibration.jsonl); "
+                        "without them the calibration probe is skipped on your data.")
+    flags.DEFINE_multi_string("stream_corpus", None, "The streaming half's corpus (default: --corpus, or the corpus "
+                              "the task data was built from).")
+    flags.DEFINE_string("split_dir", None, "TIME-STRATIFIED / CONTROL split files for the streaming half: the paper's "
+                        "published split_<cut-off>/ folder, or `templm data splits` output.")
+    flags.DEFINE_string("cutoff", None, "The streaming half's cut-off (YYYY-MM-DD) when no --split_dir; default: the "
+                        "latest whose 3 validation and the preset's test months end with the corpus.")
+
+
+def _study_data():
+    """The --corpus ... flags of `templm reproduce` as a StudyData (the embedded world without any)."""
+    from templm.experiments.reproduce import StudyData
+
+    def corpus(values):
+        return None if not values else (values[0] if len(values) == 1 else list(values))
+
+    return StudyData(corpus=corpus(FLAGS.corpus), templama_dir=FLAGS.templama_dir, task_data=FLAGS.task_data,
+                     calibration=FLAGS.calibration, stream_corpus=corpus(FLAGS.stream_corpus),
+                     split_dir=FLAGS.split_dir, cutoff=FLAGS.cutoff)
 
 
 def _reproduce_seeds() -> Optional[List[int]]:
@@ -681,12 +709,15 @@ def _main_reproduce():
 
     extra = None if FLAGS.streaming else []
     seeds = _reproduce_seeds()
+    data = _study_data()
     with writing_into(FLAGS.out, REPRODUCTION, FLAGS.overwrite) as out:  # before any work; the report under the lock
         if seeds is None:
-            results = reproduce(FLAGS.preset, out, FLAGS.seed, extra_stages=extra, overwrite=FLAGS.overwrite)
+            results = reproduce(FLAGS.preset, out, FLAGS.seed, extra_stages=extra, overwrite=FLAGS.overwrite,
+                                data=data)
             paths = write_report(results, out)
         else:
-            results = reproduce_seeds(FLAGS.preset, out, seeds, extra_stages=extra, overwrite=FLAGS.overwrite)
+            results = reproduce_seeds(FLAGS.preset, out, seeds, extra_stages=extra, overwrite=FLAGS.overwrite,
+                                      data=data)
             paths = write_seeds_report(results, out)
     if seeds is None:
         print(f"templm reproduce: {FLAGS.preset} preset, seed {FLAGS.seed}: {paths['report']}")
@@ -699,6 +730,9 @@ def _main_reproduce():
                                      for name, item in items.items()]
     for name, item in rows:
         print(f"  {name}: {item['verdict']} ({item['evidence']})")
+    for stage, reason in (results.get("skipped") or {}).items():
+        if stage.startswith("extra: "):  # an extra stage's findings are not listed at all when it was skipped
+            print(f"  {stage[len('extra: '):]}: skipped ({reason})")
 
 
 def _define_train_lm():

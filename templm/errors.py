@@ -46,6 +46,12 @@ class TrainingError(RuntimeError):
     """The run cannot go on (a NaN loss): the message says why and which checkpoint is the last good one."""
 
 
+class StageSkipped(Exception):
+    """A stage of a study that the data cannot support (no TempLAMA queries, no future year, no test months after
+    the cut-off): the study goes on without it, and its results and report say which findings went untested and why.
+    Not an error of the input; the message is the reason."""
+
+
 class Preempted(Exception):
     """SIGTERM arrived: the work stopped at a safe point (a training loop saves its checkpoint first).
 

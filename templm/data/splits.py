@@ -53,6 +53,12 @@ MISSING_IDS_SHOWN = 10  # how many missing ids a SplitReport lists
 _VALIDATION, _TEST, _CONTROL_VALIDATION, _YEARLY = 1, 2, 3, 4
 
 
+class UnsplittableCorpus(DataError):
+    """The corpus cannot give TIME-STRATIFIED / CONTROL splits with these settings: no document before the cut-off,
+    in the validation window or in the test period, too few for CONTROL train, or degenerate splits. A study skips
+    its streaming half on it; `templm data splits` reports it as bad input."""
+
+
 # ----------------------------------------------------------------------------------------------------------- dates
 
 
@@ -64,6 +70,14 @@ def add_months(date: datetime.date, months: int) -> datetime.date:
     next_first = datetime.date(year + (month == 12), month % 12 + 1, 1)
     last_day = (next_first - datetime.timedelta(days=1)).day
     return datetime.date(year, month, min(date.day, last_day))
+
+
+def cutoff_for(last_date: datetime.date, test_months: int, validation_months: int) -> datetime.date:
+    """The latest cut-off whose validation and test months end with the month of `last_date` (a corpus's last
+    document): the test period is that month and the `test_months - 1` before it, validation the months before."""
+    validation_first = add_months(datetime.date(last_date.year, last_date.month, 1),
+                                  -(test_months - 1 + validation_months))
+    return validation_first - datetime.timedelta(days=1)
 
 
 def _period_label(start: datetime.date) -> str:
@@ -287,7 +301,7 @@ def _check_positive(name: str, value: int, minimum: int = 1) -> None:
 # ------------------------------------------------------------------------------------------------- make_splits
 
 
-def make_splits(corpus_path: Corpus, out_dir: str, cutoff: datetime.date = datetime.date(2017, 9, 30),
+def make_splits(corpus_path: Corpus, out_dir: str, cutoff: Optional[datetime.date] = datetime.date(2017, 9, 30),
                 test_months: int = 24, validation_months: int = 3, test_docs_per_month: int = 1000,
                 validation_docs: Optional[int] = None, seed: int = 0, format: str = "auto",
                 on_error: str = "raise", clean: Optional[FilterConfig] = FilterConfig(),
@@ -299,7 +313,8 @@ def make_splits(corpus_path: Corpus, out_dir: str, cutoff: datetime.date = datet
         file, a glob pattern or a list of either).
       out_dir: receives `{time_stratified_train, time_stratified_validation, control_train, control_validation,
         test}.gz` and `stats.json` (other sections of an existing stats.json, e.g. "yearly", are kept).
-      cutoff: the last day of TIME-STRATIFIED training data (the paper's WMT cut-off, 2017-09-30, by default).
+      cutoff: the last day of TIME-STRATIFIED training data (the paper's WMT cut-off, 2017-09-30, by default); None:
+        from the corpus, the latest cut-off whose validation and test months end with its last month (`cutoff_for`).
       test_months: months in the test period, which starts `validation_months` months after the day after `cutoff`.
       validation_months: months after the cut-off that TIME-STRATIFIED validation is drawn from.
       test_docs_per_month: documents sampled from each test month (all of them if a month has fewer).
@@ -327,8 +342,8 @@ def make_splits(corpus_path: Corpus, out_dir: str, cutoff: datetime.date = datet
       none in the test period, or if the splits are degenerate (unless `allow_degenerate`); ValueError on bad
       arguments.
     """
-    if not isinstance(cutoff, datetime.date) or isinstance(cutoff, datetime.datetime):
-        raise ValueError(f"cutoff must be a datetime.date, got {cutoff!r}")
+    if cutoff is not None and (not isinstance(cutoff, datetime.date) or isinstance(cutoff, datetime.datetime)):
+        raise ValueError(f"cutoff must be a datetime.date or None (from the corpus), got {cutoff!r}")
     _check_positive("test_months", test_months)
     _check_positive("validation_months", validation_months)
     _check_positive("test_docs_per_month", test_docs_per_month)
@@ -340,26 +355,30 @@ def make_splits(corpus_path: Corpus, out_dir: str, cutoff: datetime.date = datet
     where = describe_corpus(corpus_path)
     out_dir = os.fspath(out_dir)
 
+    index = _index_corpus(corpus_path, format, on_error, _document_filter(clean))
+    corpus_span = f"the corpus spans {_iso(index.dates[0])}..{_iso(index.dates[-1])}"
+    cutoff_from_corpus = cutoff is None
+    if cutoff_from_corpus:
+        cutoff = cutoff_for(datetime.date.fromordinal(int(index.dates[-1])), test_months, validation_months)
+        console.say(f"{where}: cut-off {cutoff.isoformat()}, the latest whose {validation_months} validation and "
+                    f"{test_months} test months end with the corpus ({corpus_span})")
     validation_first = cutoff + datetime.timedelta(days=1)
     test_first = add_months(validation_first, validation_months)
     validation_last = test_first - datetime.timedelta(days=1)
     month_starts = [add_months(test_first, k) for k in range(test_months + 1)]
     test_last = month_starts[-1] - datetime.timedelta(days=1)
 
-    index = _index_corpus(corpus_path, format, on_error, _document_filter(clean))
-    corpus_span = f"the corpus spans {_iso(index.dates[0])}..{_iso(index.dates[-1])}"
-
     # TIME-STRATIFIED train: everything up to the cut-off.
     _, train_hi = index.span(datetime.date.min, cutoff)
     if train_hi == 0:
-        raise DataError(f"no document dated on or before the cut-off {cutoff.isoformat()}; {corpus_span}",
+        raise UnsplittableCorpus(f"no document dated on or before the cut-off {cutoff.isoformat()}; {corpus_span}",
                         where)
     ts_train = np.arange(train_hi, dtype=np.int64)
 
     # TIME-STRATIFIED validation: a uniform sample of the months after the cut-off.
     val_lo, val_hi = index.span(validation_first, validation_last)
     if val_hi == val_lo:
-        raise DataError(f"no document dated {validation_first.isoformat()}..{validation_last.isoformat()} for "
+        raise UnsplittableCorpus(f"no document dated {validation_first.isoformat()}..{validation_last.isoformat()} for "
                         f"validation; {corpus_span}", where)
     ts_validation = _sample(np.random.default_rng([seed, _VALIDATION]), val_lo, val_hi, validation_docs)
 
@@ -372,7 +391,7 @@ def make_splits(corpus_path: Corpus, out_dir: str, cutoff: datetime.date = datet
         test_per_month[_period_label(month_starts[k])] = int(len(part))
     test = np.concatenate(test_parts)
     if len(test) == 0:
-        raise DataError(f"no document dated {test_first.isoformat()}..{test_last.isoformat()} for the test "
+        raise UnsplittableCorpus(f"no document dated {test_first.isoformat()}..{test_last.isoformat()} for the test "
                         f"period; {corpus_span}", where)
     empty = [label for label, count in test_per_month.items() if count == 0]
 
@@ -392,7 +411,7 @@ def make_splits(corpus_path: Corpus, out_dir: str, cutoff: datetime.date = datet
     candidates = np.flatnonzero(available)
     del available
     if len(candidates) < len(ts_train):  # a guard: TIME-STRATIFIED train is among the candidates
-        raise DataError(f"only {len(candidates)} documents up to {test_last.isoformat()} outside the test and "
+        raise UnsplittableCorpus(f"only {len(candidates)} documents up to {test_last.isoformat()} outside the test and "
                         f"validation sets; CONTROL train needs {len(ts_train)}", where)
     control_train = candidates[len(candidates) - len(ts_train):].astype(np.int64)
     del candidates
@@ -407,7 +426,7 @@ def make_splits(corpus_path: Corpus, out_dir: str, cutoff: datetime.date = datet
                           f"below {min_control_test_share:.0%}: CONTROL and TIME-STRATIFIED train are nearly the same "
                           "documents")
     if degenerate and not allow_degenerate:
-        raise DataError(f"degenerate splits with the cut-off {cutoff.isoformat()}: " + "; ".join(degenerate) +
+        raise UnsplittableCorpus(f"degenerate splits with the cut-off {cutoff.isoformat()}: " + "; ".join(degenerate) +
                         f"; {corpus_span}; choose an earlier cut-off or fewer test months, or allow it "
                         "(--allow_degenerate); nothing was written", where)
     for problem in degenerate:
@@ -424,6 +443,7 @@ def make_splits(corpus_path: Corpus, out_dir: str, cutoff: datetime.date = datet
         "corpus": corpus_path,
         "seed": int(seed),
         "cutoff": cutoff.isoformat(),
+        "cutoff_from_corpus": cutoff_from_corpus,
         "validation_months": int(validation_months),
         "test_months": int(test_months),
         "test_docs_per_month": int(test_docs_per_month),

@@ -37,6 +37,7 @@ evaluation) is the extra stage "streaming", registered in `EXTRA_STAGES` below; 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
 import platform
@@ -48,10 +49,10 @@ import jax
 import seqio
 
 from templm import console, tasks
-from templm.data.readers import TemplamaReader
+from templm.data.readers import Corpus, TemplamaReader, resolve_corpus, templama_split_files
 from templm.data.task_data import TaskDataConfig, prepare_task_data, read_manifest
 from templm.data.world import WorldConfig
-from templm.errors import Preempted, sigterm_received, watch_sigterm
+from templm.errors import ConfigError, DataError, Preempted, StageSkipped, sigterm_received, watch_sigterm
 from templm.evaluation.checkpoint_eval import evaluate_params
 from templm.evaluation.future_probes import TextScorer, future_calibration, future_degradation, read_calibration
 from templm.evaluation.inference import ModelFns
@@ -116,6 +117,67 @@ PRESETS: Dict[str, Preset] = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class StudyData:
+    """Where a reproduction's data comes from. The default (every field None) is the embedded world, drawn from the
+    seed at the preset's size; otherwise the time-aware half reads a user's news `corpus` (one file, a glob pattern
+    or a list) with the TempLAMA release in `templama_dir`, or task data prepared by `templm data tasks`
+    (`task_data`, what TEMPLM_DATA_DIR names), and the streaming half reads `stream_corpus` (default: the corpus,
+    or the corpus the task data was built from) split at `cutoff` (an ISO date; None: the latest cut-off whose
+    validation and test months end with the corpus) or by the split files in `split_dir` (the paper's published
+    `split_<cut-off>/` folder, or `templm data splits`). Years, seen and future years, the new year of adaptation and
+    the cut-off then come from the data; the sizes from the preset. `calibration` names a calibration file
+    (JSON lines as the world's calibration.jsonl); without one the calibration probe is skipped."""
+
+    corpus: Optional[Corpus] = None
+    templama_dir: Optional[str] = None
+    task_data: Optional[str] = None
+    calibration: Optional[str] = None
+    stream_corpus: Optional[Corpus] = None
+    split_dir: Optional[str] = None
+    cutoff: Optional[str] = None
+
+    def __post_init__(self):
+        for name in ("corpus", "stream_corpus"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.corpus is not None and self.task_data is not None:
+            raise ConfigError("give a corpus or prepared task data, not both (the streaming half reads "
+                              "--stream_corpus, by default the corpus the task data was built from)")
+        if self.templama_dir is not None and self.corpus is None:
+            raise ConfigError("a TempLAMA folder (--templama_dir) goes with the news corpus it is asked about "
+                              "(--corpus)")
+        if (self.split_dir is not None or self.cutoff is not None) and self.embedded:
+            raise ConfigError("split files (--split_dir) and a cut-off (--cutoff) go with a corpus (--corpus or "
+                              "--stream_corpus)")
+        if self.split_dir is not None and self.cutoff is not None:
+            raise ConfigError("give split files (--split_dir) or a cut-off (--cutoff), not both: the split files "
+                              "fix the cut-off")
+        if self.cutoff is not None:
+            try:
+                datetime.date.fromisoformat(self.cutoff)
+            except (TypeError, ValueError):
+                raise ConfigError(f"--cutoff: expected a date YYYY-MM-DD, got {self.cutoff!r}") from None
+
+    @property
+    def embedded(self) -> bool:
+        return self.corpus is None and self.task_data is None and self.stream_corpus is None
+
+    def record(self) -> Dict[str, Any]:
+        """What run.json keeps of the data (absolute paths, patterns expanded): another source starts afresh."""
+        def path(value):
+            return None if value is None else os.path.abspath(value)
+
+        return {"corpus": None if self.corpus is None else resolve_corpus(self.corpus),
+                "templama_dir": path(self.templama_dir), "task_data": path(self.task_data),
+                "calibration": path(self.calibration),
+                "stream_corpus": None if self.stream_corpus is None else resolve_corpus(self.stream_corpus),
+                "split_dir": path(self.split_dir), "cutoff": self.cutoff}
+
+
+EMBEDDED = StudyData()
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # HOOK: extra stages. Each runs after adaptation, gets a StageContext, and returns a JSON-able dict stored as
 # results["extra"][name]; wall-clock seconds returned under "timings_sec" move to results["timing"] (results outside
@@ -135,6 +197,7 @@ class StageContext:
     manifest: Mapping[str, Any]
     figures_dir: str
     results: Mapping[str, Any]  # what the earlier stages found (read only)
+    data: StudyData = EMBEDDED  # where the study's data comes from
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,6 +247,13 @@ class Progress:
                     f"{format_duration(time.time() - self.t0)}, ETA {self._eta(remaining)})")
         self._current = (name, estimate, time.time())
 
+    def skip(self, name: str, reason: str) -> None:
+        """A stage the data cannot support: one line saying why; its planned time leaves the ETA."""
+        index = [n for n, _ in self.plan].index(name) + 1
+        console.say(f"reproduce [{index}/{len(self.plan)}] {name}: skipped: {reason}")
+        self.plan[index - 1] = (name, 0.0)
+        self._current = None
+
     def end(self) -> None:
         name, estimate, started = self._current
         self.times[name] = time.time() - started
@@ -229,6 +299,29 @@ def _world_summary(stats: Mapping[str, Any], manifest: Mapping[str, Any]) -> Dic
             "templama_test_examples": sum(counts["templama"]["test"].values())}
 
 
+def _data_summary(source: str, data_dir: str, manifest: Mapping[str, Any]) -> Dict[str, Any]:
+    """What results["world"] says of a user's data: where it came from, its documents and queries, its years."""
+    counts = manifest["counts"]
+    seen = set(manifest["seen_years"])
+    config = manifest.get("config") or {}
+    documents = None
+    stats_path = os.path.join(data_dir, "splits", "stats.json")
+    if os.path.exists(stats_path):
+        with open(stats_path, encoding="utf-8") as f:
+            documents = (json.load(f).get("yearly") or {}).get("corpus_documents")
+    templama = counts.get("templama") or {}
+    splits = {name: sum((templama.get(split) or {}).values())
+              for name, split in (("train", "train"), ("val", "validation"), ("test", "test"))}
+    return {"source": source, "corpus": config.get("corpus"), "templama_dir": config.get("templama_dir"),
+            "task_data": data_dir if source == "task data" else None, "documents": documents,
+            "templama_queries": sum(splits.values()), "templama_splits": splits,
+            "years": manifest["years"], "seen_years": manifest["seen_years"], "future_years": manifest["future_years"],
+            "customnews_train_examples": sum(n for y, n in counts["customnews"]["train"].items() if int(y) in seen),
+            "templama_train_examples": sum(n for y, n in (templama.get("train") or {}).items() if int(y) in seen),
+            "customnews_test_examples": sum(counts["customnews"]["test"].values()),
+            "templama_test_examples": splits["test"]}
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # The pipeline.
 
@@ -238,8 +331,8 @@ class Reproduction:
     mesh, where things live, the trained parameters and the results so far. `reproduce` drives it through the
     stages; `prepare_data` and `train` are also what a test re-runs to check that a stage repeats exactly."""
 
-    def __init__(self, preset: Preset, out_dir: str, seed: int):
-        self.preset, self.out_dir, self.seed = preset, out_dir, seed
+    def __init__(self, preset: Preset, out_dir: str, seed: int, data: StudyData = EMBEDDED):
+        self.preset, self.out_dir, self.seed, self.data = preset, out_dir, seed, data
         config = T5_1_1_CONFIGS["tiny"].replace(dropout_rate=0.0, **dict(preset.model))
         shared = _shared(preset, config)
         self.model, self.optimizer, self.mesh = shared["model"], shared["optimizer"], shared["mesh"]
@@ -248,8 +341,9 @@ class Reproduction:
         model_config = {k: getattr(config, k) for k in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim",
                                                           "num_encoder_layers", "num_decoder_layers")}
         self.lengths = {"inputs": preset.inputs_length, "targets": preset.targets_length}
-        self.data_dir = os.path.join(out_dir, "data")
+        self.data_dir = os.path.abspath(data.task_data) if data.task_data else os.path.join(out_dir, "data")
         self.models_dir = os.path.join(out_dir, "models")
+        self.skipped: Dict[str, str] = {}  # stage (or part of one) -> why the data could not support it
         self.results: Dict[str, Any] = {"preset": preset.name, "seed": seed, "config": dataclasses.asdict(preset),
                                         "model_config": model_config, "models": {}, "regimes": {}, "summary": {}}
         self.model_times: Dict[str, float] = {}
@@ -286,26 +380,72 @@ class Reproduction:
         tasks.configure(data_dir=data_dir, train_years=train_years)
 
     def prepare_data(self) -> dict:
-        """World, yearly splits, vocabulary and task records under data/; the manifest."""
+        """The task data and its manifest: the embedded world's (world, yearly splits, vocabulary and task records
+        under data/), the user's corpus and TempLAMA release turned into task data under data/, or the prepared
+        task data the run was given. Raises StageSkipped when the data holds no TempLAMA queries (the time-aware
+        half needs them)."""
         p = self.preset
-        config = TaskDataConfig(world=WorldConfig(seed=self.seed, start_year=p.start_year, end_year=p.end_year,
-                                                  subjects_per_relation=p.subjects_per_relation,
-                                                  docs_per_month=p.docs_per_month),
-                                vocab_size=p.vocab_size, exact_vocab_size=False, future_years=p.future_years,
-                                seed=self.seed, heldout_fraction=p.heldout_fraction)
-        manifest = prepare_task_data(config, self.data_dir)
-        with open(os.path.join(self.data_dir, "world", "stats.json"), encoding="utf-8") as f:
-            stats = json.load(f)
+        d = self.data
+        if d.task_data:
+            manifest = read_manifest(self.data_dir)
+            if manifest is None:
+                raise DataError("not task data (no manifest.json): build it with `templm data tasks`", self.data_dir)
+            source = "task data"
+        elif d.corpus is not None:
+            if d.templama_dir is None:
+                raise StageSkipped("no TempLAMA release (--templama_dir): the time-aware half asks its queries")
+            config = TaskDataConfig(corpus=resolve_corpus(d.corpus), templama_dir=os.path.abspath(d.templama_dir),
+                                    vocab_size=p.vocab_size,
+                                    exact_vocab_size=False, future_years=p.future_years, seed=self.seed,
+                                    heldout_fraction=p.heldout_fraction)
+            manifest = prepare_task_data(config, self.data_dir)
+            source = "corpus"
+        elif d.stream_corpus is not None:
+            raise StageSkipped("no news corpus and TempLAMA release (--corpus, --templama_dir) for the time-aware "
+                               "half; the streaming half reads --stream_corpus")
+        else:
+            config = TaskDataConfig(world=WorldConfig(seed=self.seed, start_year=p.start_year, end_year=p.end_year,
+                                                      subjects_per_relation=p.subjects_per_relation,
+                                                      docs_per_month=p.docs_per_month),
+                                    vocab_size=p.vocab_size, exact_vocab_size=False, future_years=p.future_years,
+                                    seed=self.seed, heldout_fraction=p.heldout_fraction)
+            manifest = prepare_task_data(config, self.data_dir)
+            source = "embedded world"
         self.manifest = manifest
         self.seen, self.future = list(manifest["seen_years"]), list(manifest["future_years"])
-        self.new_year = self.future[0]
-        self.results["world"] = _world_summary(stats, manifest)
+        self.new_year = self.future[0] if self.future else None
+        if source == "embedded world":
+            with open(os.path.join(self.data_dir, "world", "stats.json"), encoding="utf-8") as f:
+                self.results["world"] = _world_summary(json.load(f), manifest)
+        else:
+            self.results["world"] = _data_summary(source, self.data_dir, manifest)
+            if not self.results["world"]["templama_test_examples"]:
+                raise StageSkipped(f"the task data in {self.data_dir} holds no TempLAMA test queries: the "
+                                   "time-aware half asks them")
+        if not self.seen:
+            raise StageSkipped(f"no seen year: the data spans {_years(manifest['years'])} and the last "
+                               f"{p.future_years} are kept as future years")
         return manifest
+
+    def templama_test_file(self) -> str:
+        """The TempLAMA test split the task data was built from."""
+        folder = (self.manifest.get("config") or {}).get("templama_dir")
+        if folder:
+            return templama_split_files(folder)["test"]
+        return os.path.join(self.data_dir, "world", "templama", "test.jsonl")
+
+    def calibration_file(self) -> Optional[str]:
+        """The calibration relations: the given file, or the embedded world's; None without either."""
+        if self.data.calibration:
+            return self.data.calibration
+        world = os.path.join(self.data_dir, "world", "calibration.jsonl")
+        return world if os.path.exists(world) else None
 
     def run_extra_stage(self, stage: ExtraStage) -> Dict[str, Any]:
         """Runs an extra stage (see the HOOK above) and files what it returns under results["extra"][name]."""
-        context = StageContext(self.preset, self.seed, self.out_dir, self.data_dir, dict(self.manifest),
-                               os.path.join(self.out_dir, "figures"), dict(self.results))
+        context = StageContext(self.preset, self.seed, self.out_dir, self.data_dir,
+                               dict(getattr(self, "manifest", None) or {}), os.path.join(self.out_dir, "figures"),
+                               dict(self.results), self.data)
         os.makedirs(context.figures_dir, exist_ok=True)
         result = dict(stage.run(context))
         timings = result.pop("timings_sec", None)
@@ -401,7 +541,7 @@ def _stage_evaluate(run: Reproduction) -> None:
                                             "per_query": per_query_f1(expert_evaluations["customnews"])}}
     run.results["per_query"] = per_query_f1(evaluations)
 
-    queries = list(TemplamaReader(os.path.join(run.data_dir, "world", "templama", "test.jsonl")))
+    queries = list(TemplamaReader(run.templama_test_file()))
     run.test_queries = queries
     durations = time_analysis.answer_durations(queries)
     seen = set(run.seen)
@@ -430,16 +570,24 @@ def per_query_f1(evaluations: Mapping[str, Any]) -> Dict[str, Any]:
 def _stage_future(run: Reproduction) -> None:
     vocabulary = seqio.get_mixture_or_task("templama_temporal").output_features["targets"].vocabulary
     scorer = run.shared["scorer"].with_vocabulary(vocabulary)
-    calibration = read_calibration(os.path.join(run.data_dir, "world", "calibration.jsonl"))
+    path = run.calibration_file()
+    calibration = read_calibration(path) if path else None
+    if calibration is None:
+        run.skipped["calibration"] = ("no calibration relations: the embedded world writes calibration.jsonl; give "
+                                      "one with --calibration")
+        console.say(f"  calibration: skipped: {run.skipped['calibration']}")
     last_seen = run.seen[-1]
     years = list(range(last_seen + 1, last_seen + 1 + run.preset.calibration_years))
-    run.results["degradation"], run.results["calibration"] = {}, {}
+    run.results["degradation"] = {}
+    if calibration is not None:
+        run.results["calibration"] = {}
     for regime in ("uniform", "temporal"):
         _stop_if_asked(f"the {regime} model's future years")
         run.results["degradation"][regime] = future_degradation(scorer, run.params[regime], regime, run.test_queries,
                                                                 last_seen, run.preset.max_gap)
-        run.results["calibration"][regime] = future_calibration(scorer, run.params[regime], regime, calibration,
-                                                                years)
+        if calibration is not None:
+            run.results["calibration"][regime] = future_calibration(scorer, run.params[regime], regime,
+                                                                    calibration, years)
 
 
 def _stage_adaptation(run: Reproduction) -> None:
@@ -447,6 +595,9 @@ def _stage_adaptation(run: Reproduction) -> None:
     year's news (with and without the year prefix), scored on TempLAMA and CustomNews for the new and the old
     years, against the Temporal model retrained from scratch on every year up to the new one."""
     p = run.preset
+    if run.new_year is None:
+        raise StageSkipped(f"no future year to adapt to: the data's years {_years(run.manifest['years'])} are all "
+                           "seen years")
     run.configure(run.data_dir)
     kwargs = run.train_kwargs()
     evaluated: Dict[Tuple[int, str], Any] = {}  # (id(params), task) -> its evaluation, reused for the per-query scores
@@ -524,12 +675,15 @@ RUN_RECORD = "run.json"
 REPRODUCTION = "reproduction"  # the kind of output folder (templm.outputs)
 
 
-def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[ExtraStage]) -> bool:
+def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[ExtraStage],
+                     data: StudyData = EMBEDDED) -> bool:
     """Records the run in out_dir/run.json. The models of an earlier run with the same record are kept (each trainer
     resumes from its checkpoint); otherwise the models of an earlier run are removed, so a run
     never resumes another's checkpoints. The results of an earlier run are removed either way: they are written
     again only when this run completes. Returns True when resuming."""
     record = {"preset": dataclasses.asdict(preset), "seed": seed, "extra_stages": [stage.name for stage in extra]}
+    if not data.embedded:  # the embedded world's record stays as it was, so its earlier runs still resume
+        record["data"] = data.record()
     path = os.path.join(out_dir, RUN_RECORD)
     previous = None
     if os.path.exists(path):
@@ -548,9 +702,12 @@ def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[Ex
 
 
 def reproduce(preset: Union[str, Preset], out_dir: str, seed: int = 0,
-              extra_stages: Optional[Sequence[ExtraStage]] = None, overwrite: bool = False) -> Dict[str, Any]:
-    """Runs the whole study for `preset` (a name in PRESETS or a Preset) into `out_dir`; writes results.json (with
-    the findings) and returns the results dict as it holds them.
+              extra_stages: Optional[Sequence[ExtraStage]] = None, overwrite: bool = False,
+              data: StudyData = EMBEDDED) -> Dict[str, Any]:
+    """Runs the whole study for `preset` (a name in PRESETS or a Preset) on `data` (StudyData; default: the embedded
+    world) into `out_dir`; writes results.json (with the findings) and returns the results dict as it holds them.
+    A stage the data cannot support is skipped with one line saying why (results["skipped"]: {stage: reason}); the
+    findings that needed it say they were not tested, and why.
 
     `extra_stages` default to the registered `EXTRA_STAGES`. A rerun of the same preset, seed and stages resumes the
     models of the earlier run; any other run starts them afresh (`_start_or_resume`). SIGTERM raises Preempted from
@@ -563,23 +720,36 @@ def reproduce(preset: Union[str, Preset], out_dir: str, seed: int = 0,
         preset = PRESETS[preset]
     extra = list(EXTRA_STAGES if extra_stages is None else extra_stages)
     with writing_into(out_dir, REPRODUCTION, overwrite) as out_dir:
-        return _reproduce(preset, out_dir, seed, extra)
+        return _reproduce(preset, out_dir, seed, extra, data)
 
 
-def _reproduce(preset: Preset, out_dir: str, seed: int, extra: List[ExtraStage]) -> Dict[str, Any]:
+# The stages of the time-aware half, in order; when the data stage is skipped (no TempLAMA), all of them are, and
+# when the future probes are, adaptation is too (it adapts to the first future year).
+T5_STAGES = ("data", "train uniform and temporal", "train yearly experts", "evaluate", "future probes", "adaptation")
+
+
+def _reproduce(preset: Preset, out_dir: str, seed: int, extra: List[ExtraStage],
+               data: StudyData = EMBEDDED) -> Dict[str, Any]:
     _enable_compilation_cache()
-    if _start_or_resume(out_dir, preset, seed, extra):
+    if _start_or_resume(out_dir, preset, seed, extra, data):
         console.say(f"reproduce: resuming the run in {out_dir} (same preset and seed)")
     previous_data_dir = tasks.current().get("data_dir")
     t0 = time.time()
-    run = Reproduction(preset, out_dir, seed)
+    run = Reproduction(preset, out_dir, seed, data)
     progress = Progress(_plan(preset, preset.end_year - preset.start_year + 1 - preset.future_years, extra))
+
+    def future_stage():
+        if not run.future:
+            raise StageSkipped(f"no future year: the data's years {_years(run.manifest['years'])} are all seen "
+                               "years")
+        _stage_future(run)
+
     stages: List[Tuple[str, Callable[[], None]]] = [
         ("data", run.prepare_data),
         ("train uniform and temporal", lambda: _stage_train_main(run)),
         ("train yearly experts", lambda: _stage_train_yearly(run)),
         ("evaluate", lambda: _stage_evaluate(run)),
-        ("future probes", lambda: _stage_future(run)),
+        ("future probes", future_stage),
         ("adaptation", lambda: _stage_adaptation(run)),
     ]
     stages += [(f"extra: {stage.name}", lambda stage=stage: run.run_extra_stage(stage)) for stage in extra]
@@ -590,8 +760,17 @@ def _reproduce(preset: Preset, out_dir: str, seed: int, extra: List[ExtraStage])
             for name, fn in stages:
                 if sigterm_received():
                     raise Preempted(f"before the stage '{name}' (the models trained so far are saved in {out_dir})")
+                if "data" in run.skipped and name in T5_STAGES:
+                    run.skipped[name] = run.skipped["data"]
+                    progress.skip(name, "the time-aware half has no data (see the data stage)")
+                    continue
                 progress.start(name)
-                fn()
+                try:
+                    fn()
+                except StageSkipped as e:
+                    run.skipped[name] = str(e)
+                    progress.skip(name, str(e))
+                    continue
                 progress.end()
             if sigterm_received():
                 raise Preempted(f"after the last stage (the models are saved in {out_dir})")
@@ -601,6 +780,8 @@ def _reproduce(preset: Preset, out_dir: str, seed: int, extra: List[ExtraStage])
                              "models": [[n, t] for n, t in run.model_times.items()],
                              "extra": run.extra_times,
                              "total_s": time.time() - t0, "machine": _machine()}
+    if run.skipped:
+        run.results["skipped"] = dict(run.skipped)
     results = jsonable(run.results)
     results["findings"] = {item["name"]: {k: v for k, v in item.items() if k != "name"}
                            for item in findings(results)}
@@ -620,7 +801,8 @@ def seed_dir(out_dir: str, seed: int) -> str:
 
 
 def reproduce_seeds(preset: Union[str, Preset], out_dir: str, seeds: Sequence[int],
-                    extra_stages: Optional[Sequence[ExtraStage]] = None, overwrite: bool = False) -> Dict[str, Any]:
+                    extra_stages: Optional[Sequence[ExtraStage]] = None, overwrite: bool = False,
+                    data: StudyData = EMBEDDED) -> Dict[str, Any]:
     """The whole study once per seed, each into out_dir/seed_<S> (its own results.json, resumable as one run), then
     the seeds combined into out_dir/results.json (`combine_seeds`): every finding tested over the per-seed effects,
     every summary number as its mean and 95 % interval over the seeds, and every seed's results whole. The seeds run
@@ -633,7 +815,7 @@ def reproduce_seeds(preset: Union[str, Preset], out_dir: str, seeds: Sequence[in
         per_seed = {}
         for i, seed in enumerate(seeds):
             console.say(f"reproduce: seed {seed} ({i + 1} of {len(seeds)}) into {seed_dir(out_dir, seed)}")
-            per_seed[str(seed)] = reproduce(preset, seed_dir(out_dir, seed), seed, extra_stages, overwrite)
+            per_seed[str(seed)] = reproduce(preset, seed_dir(out_dir, seed), seed, extra_stages, overwrite, data)
         results = combine_seeds(per_seed)
         results["timing"] = {"total_s": time.time() - t0, "machine": _machine(),
                              "per_seed_s": {s: r["timing"]["total_s"] for s, r in per_seed.items()}}

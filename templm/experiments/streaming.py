@@ -33,7 +33,7 @@ import dataclasses
 import datetime
 import os
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import gin
 import numpy as np
@@ -41,12 +41,12 @@ from absl import logging
 
 from templm import console
 from templm.data.lm_data import load_processor, read_split_documents, split_path, tokenize_documents
-from templm.data.readers import read_documents, resolve_corpus
-from templm.data.splits import make_splits, read_split_file
+from templm.data.readers import Corpus, read_documents, resolve_corpus
+from templm.data.splits import UnsplittableCorpus, make_splits, read_split_file
 from templm.data.token_stream import TokenStream, build_stream, word_counts
 from templm.data.vocab import train_spm
 from templm.data.world import WorldConfig, generate_world
-from templm.errors import ConfigError, DataError, require_macros
+from templm.errors import ConfigError, DataError, StageSkipped, require_macros
 from templm.evaluation import dynamic_eval
 from templm.evaluation.stream_eval import evaluate_stream
 from templm.io import file_sha256, write_json
@@ -370,13 +370,41 @@ PRESETS: Dict[str, StreamPreset] = {
 }
 
 
-def prepare_stream_data(out_dir: str, *, corpus: Optional[str] = None, world: Any = None,
-                        cutoff: datetime.date = datetime.date(2017, 12, 31), test_months: int = 24,
+# The files of a TIME-STRATIFIED / CONTROL split folder, as `templm data splits` writes them and as the paper's
+# release ships them (`<dataset>/time_stratified_control/split_<cut-off>/`).
+STREAM_SPLIT_FILES = ("time_stratified_train", "time_stratified_validation", "control_train", "control_validation",
+                      "test")
+
+
+def published_split_stats(split_dir: str) -> Dict[str, Any]:
+    """The sizes and date ranges of the split files in `split_dir` (a published release's or `templm data splits`'
+    folder), read from the files themselves; DataError naming the folder for a missing file."""
+    split_dir = os.path.abspath(os.fspath(split_dir))
+    missing = [f"{name}.gz" for name in STREAM_SPLIT_FILES if not os.path.isfile(os.path.join(split_dir, f"{name}.gz"))]
+    if missing:
+        raise DataError(f"not a TIME-STRATIFIED / CONTROL split folder: {', '.join(missing)} missing (expected "
+                        f"{', '.join(n + '.gz' for n in STREAM_SPLIT_FILES)}, as the paper's release and `templm "
+                        "data splits` write them)", split_dir)
+    splits = {}
+    for name in STREAM_SPLIT_FILES:
+        dates = [date for date, _ in read_split_file(os.path.join(split_dir, f"{name}.gz"))]
+        if not dates:
+            raise DataError("names no document", os.path.join(split_dir, f"{name}.gz"))
+        splits[name] = {"documents": len(dates), "first_date": min(dates).isoformat(),
+                        "last_date": max(dates).isoformat()}
+    return {"split_dir": split_dir, "published": True, "cutoff": splits["time_stratified_train"]["last_date"],
+            "splits": splits}
+
+
+def prepare_stream_data(out_dir: str, *, corpus: Optional[Corpus] = None, world: Any = None,
+                        cutoff: Optional[datetime.date] = datetime.date(2017, 12, 31), test_months: int = 24,
                         test_docs_per_month: int = 4, vocab_size: int = 512, seed: int = 0,
                         max_spm_sentences: int = 200_000, exact_vocab_size: bool = True,
-                        shared_tokenizer: bool = False) -> Dict[str, Any]:
+                        shared_tokenizer: bool = False, split_dir: Optional[str] = None) -> Dict[str, Any]:
     """The data stage: the corpus (`corpus`, or the embedded world drawn with WorldConfig `world` into
-    out_dir/world), TIME-STRATIFIED / CONTROL splits in out_dir/splits, and the SentencePiece models (`vocab_size`
+    out_dir/world), TIME-STRATIFIED / CONTROL splits in out_dir/splits (`cutoff` None: from the corpus, the latest
+    whose 3 validation and `test_months` test months end with it), or the split files of `split_dir` (the paper's
+    published splits, or an earlier `templm data splits`) as they are, and the SentencePiece models (`vocab_size`
     pieces; at most that many without `exact_vocab_size`): one per setup trained on that setup's training split,
     out_dir/spm_time_stratified.model and out_dir/spm_control.model (the paper's), or with `shared_tokenizer` one,
     out_dir/spm.model, trained on the union of both training splits (which holds test-period text).
@@ -386,12 +414,18 @@ def prepare_stream_data(out_dir: str, *, corpus: Optional[str] = None, world: An
     out_dir = os.path.abspath(os.fspath(out_dir))
     os.makedirs(out_dir, exist_ok=True)
     if corpus is None:
+        if split_dir is not None:
+            raise ValueError("split files need the corpus they split (corpus)")
         world = world if world is not None else WorldConfig(seed=seed)
         generate_world(world, os.path.join(out_dir, "world"))
         corpus = os.path.join(out_dir, "world", "news.jsonl")
-    split_dir = os.path.join(out_dir, "splits")
-    stats = make_splits(corpus, split_dir, cutoff=cutoff, test_months=test_months,
-                        test_docs_per_month=test_docs_per_month, seed=seed)
+    if split_dir is not None:
+        stats = published_split_stats(split_dir)
+        split_dir = stats["split_dir"]
+    else:
+        split_dir = os.path.join(out_dir, "splits")
+        stats = make_splits(corpus, split_dir, cutoff=cutoff, test_months=test_months,
+                            test_docs_per_month=test_docs_per_month, seed=seed)
     groups = {"shared": ("time_stratified_train", "control_train")} if shared_tokenizer else \
         {"time_stratified": ("time_stratified_train",), "control": ("control_train",)}
     files = {}
@@ -407,20 +441,24 @@ def prepare_stream_data(out_dir: str, *, corpus: Optional[str] = None, world: An
 
 
 def prepare_preset_data(out_dir: str, preset: str = "tiny_test", seed: int = 0,
-                        corpus: Optional[str] = None, shared_tokenizer: bool = False) -> Dict[str, Any]:
-    """`prepare_stream_data` with a preset's world, cut-off, test period and vocabulary size (at most: the world of
-    any seed must fit it); tests share it."""
+                        corpus: Optional[Corpus] = None, shared_tokenizer: bool = False,
+                        split_dir: Optional[str] = None,
+                        cutoff: Union[datetime.date, None, str] = "preset") -> Dict[str, Any]:
+    """`prepare_stream_data` with a preset's world, cut-off ("preset", or a date, or None: from the corpus), test
+    period and vocabulary size (at most: the world of any seed must fit it); tests share it."""
     p = PRESETS[preset]
     world = WorldConfig(seed=seed, start_year=p.start_year, end_year=p.end_year,
                         subjects_per_relation=p.subjects_per_relation, docs_per_month=p.docs_per_month)
-    return prepare_stream_data(out_dir, corpus=corpus, world=world, cutoff=p.cutoff, test_months=p.test_months,
+    return prepare_stream_data(out_dir, corpus=corpus, world=world,
+                               cutoff=p.cutoff if cutoff == "preset" else cutoff, test_months=p.test_months,
                                test_docs_per_month=p.test_docs_per_month, vocab_size=p.vocab_size, seed=seed,
-                               exact_vocab_size=False, shared_tokenizer=shared_tokenizer)
+                               exact_vocab_size=False, shared_tokenizer=shared_tokenizer, split_dir=split_dir)
 
 
-def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus: Optional[str] = None,
+def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus: Optional[Corpus] = None,
                           preset: str = "smoke", seed: int = 0, mesh=None, shared_tokenizer: bool = False,
-                          compare_tokenizers: bool = False) -> Dict[str, Any]:
+                          compare_tokenizers: bool = False, split_dir: Optional[str] = None,
+                          cutoff: Union[datetime.date, None, str] = "preset") -> Dict[str, Any]:
     """The streaming-perplexity experiment end to end; a stage of `templm reproduce`.
 
     Args:
@@ -428,8 +466,13 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
         spm_control.model (spm.model with `shared_tokenizer`), time_stratified/ and control/ (the two `train_lm`
         runs), stream/results.json (stream_evaluation's results) and summary.json (what this returns).
       world_dir: an embedded world already generated (`templm data world`); its news.jsonl is the corpus.
-      corpus: any corpus templm reads instead (dated documents spanning the cut-off and the test period).
-        Default (neither): the world is generated here from `seed` with the preset's size, 2010-2020.
+      corpus: any corpus templm reads instead (dated documents spanning the cut-off and the test period; one file,
+        a glob pattern or a list). Default (neither): the world is generated here from `seed` with the preset's
+        size, 2010-2020.
+      split_dir: with a corpus, its TIME-STRATIFIED / CONTROL split files (the paper's published folder
+        `split_<cut-off>/`, or `templm data splits`), used as they are instead of splitting here.
+      cutoff: where the splits are made here: "preset" (the preset's, 2017-12-31), a date, or None (from the
+        corpus: the latest cut-off whose validation and test months end with it).
       preset: "smoke", "small" or "tiny_test" (see PRESETS).
       seed: world, splits, vocabulary, initialisation and data order.
       mesh: device mesh for training (default: all devices along the data axis).
@@ -457,7 +500,8 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
         corpus = os.path.join(world_dir, "news.jsonl")
         if not os.path.exists(corpus):
             raise DataError("no news.jsonl here: not an embedded world (templm data world)", world_dir)
-    data = prepare_preset_data(out_dir, preset, seed, corpus=corpus, shared_tokenizer=shared_tokenizer)
+    data = prepare_preset_data(out_dir, preset, seed, corpus=corpus, shared_tokenizer=shared_tokenizer,
+                               split_dir=split_dir, cutoff=cutoff)
     timings["data"] = time.time() - t0
     console.say(f"stream experiment: data ready in {data['split_dir']} ({timings['data']:.1f}s)")
 
@@ -498,6 +542,21 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
 # ----------------------------------------------------------------------------------------------------------------
 # The `templm reproduce` stage.
 
+
+def _stream_data(context: Any) -> Tuple[Optional[Corpus], Optional[str], Union[datetime.date, None, str]]:
+    """(corpus, split folder, cut-off) of the streaming half from the study's data (context.data): the embedded
+    world's own (None, None, "preset"); or the stream corpus (by default the study's corpus, or the corpus its task
+    data was built from) with its split files, or a cut-off (None: from the corpus)."""
+    data = getattr(context, "data", None)
+    if data is None or data.embedded:
+        return None, None, "preset"
+    corpus = data.stream_corpus or data.corpus or (context.manifest.get("config") or {}).get("corpus")
+    if corpus is None:
+        raise StageSkipped("no corpus for the streaming half: the task data was built from the embedded world; "
+                           "give --stream_corpus")
+    cutoff = datetime.date.fromisoformat(data.cutoff) if data.cutoff else None
+    return corpus, data.split_dir, cutoff
+
 # Expected seconds of each preset's run_stream_experiment, for reproduce's ETA.
 ESTIMATED_SECONDS = {"tiny_test": 30.0, "smoke": 60.0, "small": 600.0}
 
@@ -515,8 +574,12 @@ def reproduce_stage(context: Any) -> Dict[str, Any]:
     """
     name = getattr(context.preset, "name", "smoke")
     preset = name if name in PRESETS else "smoke"
-    summary = run_stream_experiment(os.path.join(context.out_dir, "stream_experiment"), preset=preset,
-                                    seed=int(context.seed))
+    corpus, split_dir, cutoff = _stream_data(context)
+    try:
+        summary = run_stream_experiment(os.path.join(context.out_dir, "stream_experiment"), preset=preset,
+                                        seed=int(context.seed), corpus=corpus, split_dir=split_dir, cutoff=cutoff)
+    except UnsplittableCorpus as e:
+        raise StageSkipped(f"the corpus cannot be split: {e.reason}") from None
     base = os.path.abspath(context.out_dir)
     return {**summary, "out_dir": os.path.relpath(summary["out_dir"], base),
             "results": os.path.relpath(os.path.abspath(summary["results"]), base)}

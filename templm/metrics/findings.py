@@ -258,13 +258,27 @@ FINDINGS: Tuple[Tuple[str, str, int, Callable], ...] = (
 )
 
 
+# The stages (or parts of a stage) each finding's numbers come from: where the data could not support one, the
+# run's results["skipped"] names it with the reason, and the finding says it was not tested, and why.
+NEEDS = {"temporal_beats_uniform": ("data", "evaluate"), "yearly_falloff": ("data", "evaluate"),
+         "multi_answer_falls_faster": ("data", "future probes"),
+         "entropy_order": ("data", "future probes", "calibration"),
+         "adaptation": ("data", "adaptation"), "temporal_forgets_less": ("data", "adaptation")}
+
+
 def findings(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -> List[Dict[str, Any]]:
     """[{name, claim, verdict, test, effect, interval, p_value, n, evidence, ...}] for each expected finding, tested on
-    the per-item numbers of one run's results."""
+    the per-item numbers of one run's results; a finding whose stage was skipped is not tested, with the reason."""
     results = jsonable(results)
+    skipped = results.get("skipped") or {}
     out = []
     for name, claim, _, judge in FINDINGS:
-        out.append({"name": name, "claim": claim, **jsonable(judge(results, alpha))})
+        found = jsonable(judge(results, alpha))
+        stage = next((stage for stage in NEEDS.get(name, ()) if stage in skipped), None)
+        if stage is not None:
+            reason = f"not tested: the {stage} stage was skipped ({skipped[stage]})"
+            found = {**_missing(found.get("test", ""), reason), "skipped": stage}
+        out.append({"name": name, "claim": claim, **found})
     return out
 
 

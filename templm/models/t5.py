@@ -972,7 +972,7 @@ def _load_safetensors(path: str) -> Dict[str, np.ndarray]:
 
 
 # Weights a Hugging Face folder may hold in PyTorch's pickle format, which templm never loads (a pickle runs code).
-_PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "tf_model.h5", "flax_model.msgpack")
+_PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def _convert_hint(directory: str) -> str:

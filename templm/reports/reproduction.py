@@ -83,11 +83,24 @@ def _section_run(results) -> str:
     def count(key, *more):
         return _count(lookup(world, key, *more, default="n/a"))
 
+    source = world.get("source", "embedded world")
+    if source == "embedded world":
+        data_line = (f"- world: {count('documents')} news documents, {count('entities')} entities, "
+                     f"{count('facts')} facts, {count('templama_queries')} TempLAMA queries "
+                     f"({count('templama_splits', 'test')} test); {count('subjects_per_relation')} subjects per "
+                     f"relation, {count('docs_per_month')} documents a month")
+    else:
+        corpus = world.get("corpus")
+        files = corpus if isinstance(corpus, list) else [corpus]
+        named = f"`{files[0]}`" + (f" and {len(files) - 1} more file(s)" if len(files) > 1 else "")
+        head = (f"task data `{world.get('task_data')}`" + (f" built from the corpus {named}" if corpus else "")
+                if source == "task data" else f"the corpus {named}")
+        data_line = (f"- data: {head} ({count('documents')} documents), TempLAMA "
+                     + (f"`{world.get('templama_dir')}` " if world.get("templama_dir") else "")
+                     + f"({count('templama_queries')} queries, {count('templama_splits', 'test')} test)")
     lines = ["## The run", "",
              f"- preset `{results.get('preset')}`, seed {results.get('seed')}",
-             f"- world: {count('documents')} news documents, {count('entities')} entities, {count('facts')} facts, "
-             f"{count('templama_queries')} TempLAMA queries ({count('templama_splits', 'test')} test); "
-             f"{count('subjects_per_relation')} subjects per relation, {count('docs_per_month')} documents a month",
+             data_line,
              f"- years {_years_text(world.get('years', []))}: seen (training) "
              f"{_years_text(world.get('seen_years', []))}, future {_years_text(world.get('future_years', []))}",
              f"- training examples: {count('customnews_train_examples')} CustomNews SSM, "
@@ -101,6 +114,8 @@ def _section_run(results) -> str:
                      f"{mc['mlp_dim']}, vocabulary {mc['vocab_size']}; Adafactor, learning rate "
                      f"{config.get('learning_rate')}, batch {config.get('batch_size')}, inputs/targets "
                      f"{config.get('inputs_length')}/{config.get('targets_length')} tokens")
+    for stage, reason in (results.get("skipped") or {}).items():
+        lines.append(f"- skipped: {stage} ({reason})")
     lines.append("")
     models = results.get("models", {})
     rows = [[name, m.get("regime", ""), f"{m.get('params', 0):,}", m.get("steps", ""), m.get("batch_size", ""),

@@ -286,3 +286,19 @@ def test_degenerate_splits_are_refused_unless_allowed_and_then_recorded(corpus, 
 
 def test_sound_splits_record_no_problem(splits):
     assert splits[1]["degenerate"] == [] and splits[1]["min_control_test_share"] == 0.02
+
+
+def test_a_cutoff_from_the_corpus_ends_the_test_period_with_its_last_month(tmp_path):
+    """cutoff=None: the latest cut-off whose validation and test months end with the corpus (here 2020-12, so the
+    test period is 2019-01..2020-12 and the cut-off 2018-09-30); the same splits as that cut-off given."""
+    short = [d for d in DOCS if d[0] <= D(2020, 12, 20)]
+    corpus = _write_corpus(tmp_path / "news.jsonl", short)
+    derived = make_splits(corpus, str(tmp_path / "derived"), cutoff=None, test_docs_per_month=5, validation_docs=9,
+                          clean=None)
+    assert derived["cutoff"] == "2018-09-30" and derived["cutoff_from_corpus"] is True
+    assert derived["periods"]["test"] == {"first_date": "2019-01-01", "last_date": "2020-12-31"}
+    given = make_splits(corpus, str(tmp_path / "given"), cutoff=D(2018, 9, 30), test_docs_per_month=5,
+                        validation_docs=9, clean=None)
+    assert given["cutoff_from_corpus"] is False
+    for name in SPLIT_NAMES:
+        assert read_split_file(tmp_path / "derived" / f"{name}.gz") == read_split_file(tmp_path / "given" / f"{name}.gz")
