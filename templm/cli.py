@@ -53,6 +53,7 @@ class Verb:
     main: Callable[[], Optional[int]]  # runs with FLAGS parsed
     takes_gin: bool = False
     tensorflow: bool = False  # it loads TensorFlow (through SeqIO or the record writers)
+    gin_first: Optional[Callable[[], List[str]]] = None  # gin files parsed before --gin_file (a verb's defaults)
 
 
 # -- gin, the T5X way -------------------------------------------------------------------------------------------------
@@ -426,6 +427,9 @@ def _define_plan():
     flags.DEFINE_boolean("compile", True, "Compile the step for its temporary memory (slow for XL/XXL on a laptop); "
                          "without it, only parameters, optimizer state and batch.")
     import templm.evaluation.checkpoint_eval  # noqa: F401  (registers every configurable the T5 configs bind)
+    from templm.experiments.studies import register_gin
+
+    register_gin()  # a study config (study/paper.gin) is planned training by training
 
 
 def _main_plan():
@@ -433,6 +437,14 @@ def _main_plan():
     import numpy as np
 
     bindings = gin.get_bindings("templm.train")
+    study = None
+    if gin.get_bindings("templm.Study"):
+        from templm.experiments.studies import study_from_gin
+
+        study = study_from_gin()
+    elif not bindings.get("model"):
+        raise ConfigError("nothing to plan: give a training config (gin_configs/temporal.gin ...) or a study "
+                          "(gin_configs/study/paper.gin), and a mesh config")
     mesh_bindings = gin.get_bindings("templm.make_mesh")
     if mesh_bindings.get("mesh_shape"):
         shape = tuple(int(d) for d in mesh_bindings["mesh_shape"])
@@ -471,10 +483,53 @@ def _main_plan():
         sys.stderr.flush()
         os.execv(sys.executable, [sys.executable, "-m", "templm.cli", *sys.argv[1:]])
     mesh = partitioning.make_mesh(mesh_shape=shape, devices=devices[:n])
+    if study is not None:
+        _plan_study(study, mesh, kind)
+        return
     optimizer = bindings.get("optimizer") or make_optimizer()
     result = plan(bindings["model"], optimizer, bindings["task_feature_lengths"], int(bindings["batch_size"]), mesh,
                   partitioning.logical_axis_rules(), int(bindings.get("microbatches", 1)), kind, FLAGS.compile)
     print(describe(result, " + ".join(os.path.basename(f) for f in FLAGS.gin_file)))
+
+
+def _plan_study(study, mesh, kind):
+    """`templm plan` of a study: every training of it, with its verdict. The T5 trainings share one step (the same
+    model, batch and lengths), the two Transformer-XL trainings another; each is compiled once."""
+    from templm.experiments.reproduce import t5_config
+    from templm.models.t5 import EncoderDecoderModel
+    from templm.models.transformer_xl import TransformerXLConfig
+    from templm.training import partitioning
+    from templm.training.optimizers import learning_rate_schedule, make_optimizer
+    from templm.training.plan import describe, plan, plan_lm
+
+    p, sp = study.preset, study.stream
+    rules = partitioning.logical_axis_rules()
+    t5 = plan(EncoderDecoderModel(t5_config(p)), make_optimizer(name="adafactor", learning_rate=p.learning_rate),
+              {"inputs": p.inputs_length, "targets": p.targets_length}, p.batch_size, mesh, rules, 1, kind,
+              FLAGS.compile)
+    print(describe(t5, f"{p.name} study, T5 v1.1 {p.base_model}, batch {p.batch_size}"))
+    txl_config = TransformerXLConfig(vocab_size=sp.model_vocab_size, **sp.model)
+    txl = plan_lm(txl_config, make_optimizer("adam", learning_rate_schedule("cosine", sp.learning_rate, 100,
+                                                                            sp.train_steps), max_grad_norm=0.25),
+                  sp.batch_size, mesh, rules, kind, FLAGS.compile)
+    print(describe(txl, f"{p.name} study, Transformer-XL {sp.model.get('n_layer')} layers, batch {sp.batch_size}"))
+
+    def verdict(result):
+        if result["uneven"]:
+            return "does not shard"
+        if result["fits"] is None:
+            return "not compiled (--nocompile)"
+        return ("fits" if result["fits"] else "does not fit") + \
+            f" ({100 * result['bytes']['total'] / result['device_memory']:.1f}%)"
+
+    trainings = [("uniform", p.steps, t5), ("temporal", p.steps, t5), ("each yearly expert", p.yearly_steps, t5),
+                 ("retrain (Temporal from scratch)", p.retrain_steps, t5)]
+    trainings += [(f"adapt_{regime}alpha{a}", p.adapt_steps, t5) for regime in ("", "uniform_") for a in p.alphas]
+    trainings += [("time_stratified (Transformer-XL)", sp.train_steps, txl), ("control (Transformer-XL)",
+                                                                                sp.train_steps, txl)]
+    print(f"every training of the {p.name} study on {mesh.size} {kind} devices:")
+    for name, steps, result in trainings:
+        print(f"  {name:34s} {steps:>7,} steps  {verdict(result)}")
 
 
 def _define_eval():
@@ -641,9 +696,13 @@ def _main_is_eval():
 
 
 def _define_reproduce():
-    flags.DEFINE_enum("preset", "smoke", ["smoke", "small", "tiny_test"], "smoke: every stage in under 10 minutes "
-                      "on 2 CPU cores (the demo); small: under 90 minutes, sized to show the findings; tiny_test: the "
-                      "test suite's.")
+    from templm.experiments.studies import register_gin, study_names
+
+    register_gin()  # templm.Study and templm.StreamStudy, before gin parses the study files
+    flags.DEFINE_enum("preset", "smoke", study_names(), "The study, gin_configs/study/PRESET.gin, parsed before any "
+                      "--gin_file (which may bind templm.Study / templm.StreamStudy on top, or be a whole study: "
+                      "study/paper.gin): smoke, every stage in minutes on 2 CPU cores (the demo); small, sized to show "
+                      "the findings; tiny_test, the test suite's; paper, the papers' settings (an accelerator slice).")
     flags.DEFINE_string("out", None, "Output folder: report.md, figures/, results.json, data/, models/.",
                         required=True)
     flags.DEFINE_integer("seed", 0, "Seed of the world, the splits, the initialisation and the data order.")
@@ -707,24 +766,28 @@ def _main_reproduce():
     from templm.outputs import writing_into
     from templm.reports.reproduction import write_report, write_seeds_report
 
+    from templm.experiments.studies import study_from_gin
+
     extra = None if FLAGS.streaming else []
     seeds = _reproduce_seeds()
     data = _study_data()
+    study = study_from_gin()  # study/PRESET.gin, then --gin_file and --gin bindings
+    name = study.preset.name
     with writing_into(FLAGS.out, REPRODUCTION, FLAGS.overwrite) as out:  # before any work; the report under the lock
         if seeds is None:
-            results = reproduce(FLAGS.preset, out, FLAGS.seed, extra_stages=extra, overwrite=FLAGS.overwrite,
-                                data=data)
+            results = reproduce(study.preset, out, FLAGS.seed, extra_stages=extra, overwrite=FLAGS.overwrite,
+                                data=data, stream_preset=study.stream)
             paths = write_report(results, out)
         else:
-            results = reproduce_seeds(FLAGS.preset, out, seeds, extra_stages=extra, overwrite=FLAGS.overwrite,
-                                      data=data)
+            results = reproduce_seeds(study.preset, out, seeds, extra_stages=extra, overwrite=FLAGS.overwrite,
+                                      data=data, stream_preset=study.stream)
             paths = write_seeds_report(results, out)
     if seeds is None:
-        print(f"templm reproduce: {FLAGS.preset} preset, seed {FLAGS.seed}: {paths['report']}")
+        print(f"templm reproduce: {name} preset, seed {FLAGS.seed}: {paths['report']}")
         findings, extra_findings = results["findings"], {
             stage: value.get("findings") or {} for stage, value in (results.get("extra") or {}).items()}
     else:
-        print(f"templm reproduce: {FLAGS.preset} preset, seeds {','.join(map(str, seeds))}: {paths['report']}")
+        print(f"templm reproduce: {name} preset, seeds {','.join(map(str, seeds))}: {paths['report']}")
         findings, extra_findings = results["findings"], results["extra_findings"]
     rows = list(findings.items()) + [(f"{stage}_{name}", item) for stage, items in extra_findings.items()
                                      for name, item in items.items()]
@@ -780,9 +843,10 @@ VERBS: Dict[str, Verb] = {v.name: v for v in [
          "whether it fits, without allocating it.", _define_plan, _main_plan, takes_gin=True),
     Verb("eval", "Evaluate a trained checkpoint on a task's split: EM/F1 and perplexity by year and slice.",
          _define_eval, _main_eval, takes_gin=True, tensorflow=True),
-    Verb("reproduce", "The time-aware T5 study end to end on the embedded world: data, Uniform/Temporal/Yearly models, "
-         "evaluation, future probes, adaptation, Transformer-XL streaming, report.", _define_reproduce,
-         _main_reproduce, tensorflow=True),
+    Verb("reproduce", "The time-aware T5 study end to end on the embedded world or your data: Uniform/Temporal/Yearly "
+         "models, evaluation, future probes, adaptation, Transformer-XL streaming, findings, report.",
+         _define_reproduce, _main_reproduce, takes_gin=True, tensorflow=True,
+         gin_first=lambda: [f"study/{FLAGS.preset}.gin"]),
     Verb("infer", "Predictions of a trained checkpoint for a JSON-lines file of inputs or TempLAMA queries.",
          _define_infer, _main_infer, takes_gin=True, tensorflow=True),
     Verb("data tasks", "Build the record files behind the SeqIO tasks (SSM examples, TempLAMA, vocabulary).",
@@ -933,7 +997,8 @@ def run(argv: Optional[Sequence[str]] = None) -> None:
         try:
             note_sigint()
             if v.takes_gin:
-                parse_gin(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
+                first = v.gin_first() if v.gin_first else []
+                parse_gin(first + list(FLAGS.gin_file), FLAGS.gin_bindings, FLAGS.gin_search_paths)
             status = v.main() or 0
             check_interrupted()  # a Ctrl-C whose KeyboardInterrupt was dropped on the way
             return status

@@ -24,9 +24,10 @@ seen years (the SeqIO tasks' default), the Yearly experts on one seen year each,
 seen years plus the new year. The same preset and seed give the same numbers (seeded world, seeded and ordered tf.data
 pipelines, deterministic CPU arithmetic); wall-clock times are kept apart, under "timing".
 
-Presets (README.md has their measured times): `smoke` (the demo: every stage, small and noisy), `small` (sized so that
-the paper's findings show) and `tiny_test` (the test suite's). A run prints one line as each stage starts and ends
-(elapsed time and an ETA) and one per model trained.
+Studies (gin_configs/study/*.gin, templm/experiments/studies.py; README.md has their measured times): `smoke` (the
+demo: every stage, small and noisy), `small` (sized so that the paper's findings show), `tiny_test` (the test
+suite's) and `paper` (the papers' settings, for an accelerator slice). A run prints one line as each stage starts and
+ends (elapsed time and an ETA) and one per model trained.
 
 The Transformer-XL streaming half ("Mind the Gap": TIME-STRATIFIED and CONTROL models, monthly degradation, dynamic
 evaluation) is the extra stage "streaming", registered in `EXTRA_STAGES` below; `extra_stages=[]` (the CLI's
@@ -59,6 +60,7 @@ from templm.evaluation.inference import ModelFns
 from templm.evaluation.routing import YearRouter, evaluate_router
 from templm.evaluation.task_eval import evaluate_model, with_params
 from templm.experiments import adaptation, streaming
+from templm.experiments.studies import Preset, StreamPreset, load_study, study_names
 from templm.io import format_duration, jsonable, write_json
 from templm.metrics import qa, time_analysis
 from templm.metrics.findings import CLAIMS, DIRECTIONS, combine_findings, findings
@@ -70,51 +72,15 @@ from templm.training import partitioning, trainer
 from templm.training.optimizers import make_optimizer
 
 
-@dataclasses.dataclass(frozen=True)
-class Preset:
-    """Everything a reproduction's size depends on."""
-
-    name: str
-    start_year: int
-    end_year: int
-    future_years: int  # the last N years are never trained on (but the adaptation's new year is the first of them)
-    subjects_per_relation: int
-    docs_per_month: int
-    vocab_size: int
-    steps: int  # Uniform and Temporal
-    yearly_steps: int  # each Yearly expert
-    adapt_steps: int  # each alpha's fine-tuning
-    retrain_steps: int  # the Temporal model retrained from scratch on every year up to the new one
-    alphas: Tuple[float, ...]
-    adapt_eval_points: int = 1  # evaluations during each fine-tuning (the adaptation curve)
-    retrain_eval_points: int = 1
-    model: Tuple[Tuple[str, Any], ...] = ()  # T5Config changes on top of T5 v1.1 "tiny"
-    inputs_length: int = 64
-    targets_length: int = 16
-    batch_size: int = 32
-    learning_rate: float = 0.01
-    eval_batch_size: int = 32
-    max_gap: int = 10  # degradation: years past the last seen year
-    calibration_years: int = 4  # calibration: future years probed, from the first year after the seen ones
-    heldout_fraction: float = 0.1
-    estimated_steps_per_s: float = 8.0  # for the ETA before the first measurement (2 CPU cores, tiny model)
+# The studies of gin_configs/study/ by name (their sizes: templm/experiments/studies.py).
+PRESETS: Dict[str, Preset] = {name: load_study(name).preset for name in study_names()}
 
 
-PRESETS: Dict[str, Preset] = {
-    "smoke": Preset("smoke", start_year=2014, end_year=2018, future_years=2, subjects_per_relation=8,
-                    docs_per_month=10, vocab_size=512, steps=200, yearly_steps=100, adapt_steps=40,
-                    retrain_steps=200, alphas=(0.3, 0.7), calibration_years=3),
-    "small": Preset("small", start_year=2010, end_year=2019, future_years=2, subjects_per_relation=12,
-                    docs_per_month=30, vocab_size=512, steps=2500, yearly_steps=500, adapt_steps=400,
-                    retrain_steps=2500, alphas=(0.1, 0.5, 0.9), adapt_eval_points=4, retrain_eval_points=5),
-    "tiny_test": Preset("tiny_test", start_year=2016, end_year=2017, future_years=1, subjects_per_relation=4,
-                        docs_per_month=3, vocab_size=300, steps=6, yearly_steps=2, adapt_steps=2,
-                        retrain_steps=4, alphas=(0.5,), max_gap=3, calibration_years=2,
-                        model=(("num_encoder_layers", 1), ("num_decoder_layers", 1), ("emb_dim", 32),
-                               ("num_heads", 2), ("mlp_dim", 64)),
-                        inputs_length=32, targets_length=8, batch_size=8, eval_batch_size=8,
-                        heldout_fraction=0.2),
-}
+def t5_config(preset: Preset) -> Any:
+    """The T5Config of a study's models: T5 v1.1 `base_model` with its dropout and `model`'s changes."""
+    if preset.base_model not in T5_1_1_CONFIGS:
+        raise ConfigError(f"Study.base_model: {preset.base_model!r} is not one of {', '.join(T5_1_1_CONFIGS)}")
+    return T5_1_1_CONFIGS[preset.base_model].replace(dropout_rate=preset.dropout_rate, **dict(preset.model))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,6 +164,7 @@ class StageContext:
     figures_dir: str
     results: Mapping[str, Any]  # what the earlier stages found (read only)
     data: StudyData = EMBEDDED  # where the study's data comes from
+    stream_preset: Optional[StreamPreset] = None  # the streaming half's sizes (None: the study of preset.name's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,9 +298,11 @@ class Reproduction:
     mesh, where things live, the trained parameters and the results so far. `reproduce` drives it through the
     stages; `prepare_data` and `train` are also what a test re-runs to check that a stage repeats exactly."""
 
-    def __init__(self, preset: Preset, out_dir: str, seed: int, data: StudyData = EMBEDDED):
+    def __init__(self, preset: Preset, out_dir: str, seed: int, data: StudyData = EMBEDDED,
+                 stream_preset: Optional[StreamPreset] = None):
         self.preset, self.out_dir, self.seed, self.data = preset, out_dir, seed, data
-        config = T5_1_1_CONFIGS["tiny"].replace(dropout_rate=0.0, **dict(preset.model))
+        self.stream_preset = stream_preset
+        config = t5_config(preset)
         shared = _shared(preset, config)
         self.model, self.optimizer, self.mesh = shared["model"], shared["optimizer"], shared["mesh"]
         self.shared = shared
@@ -359,16 +328,22 @@ class Reproduction:
                     log_period=max(10, p.steps // 10), eval_batch_size=p.eval_batch_size, evaluator=evaluate_params,
                     progress=False, final_input_state=False)  # models of fixed length (a SIGTERM's save keeps it)
 
+    def start_kwargs(self) -> Dict[str, Any]:
+        """What a model trained from the start (not fine-tuned) starts from: the study's initial checkpoint."""
+        return {"initial_checkpoint_path": self.preset.initial_checkpoint} if self.preset.initial_checkpoint else {}
+
     def train(self, name: str, regime: str, mixture: str, steps: int, init: str = "scratch") -> Any:
         start = time.time()
         result = trainer.train(model_dir=os.path.join(self.models_dir, name), mixture_or_task_name=mixture,
-                               train_steps=steps, eval_period=0, **self.train_kwargs())
+                               train_steps=steps, eval_period=0, **self.train_kwargs(), **self.start_kwargs())
         self.model_times[name] = time.time() - start
         self.record_model(name, regime, mixture, int(result["step"]), result.get("train", {}).get("loss"), init)
         self.params[name] = result["params"]
         return result["params"]
 
     def record_model(self, name, regime, mixture, steps, loss, init) -> None:
+        if init == "scratch" and self.preset.initial_checkpoint:
+            init = self.preset.initial_checkpoint
         self.results["models"][name] = {"regime": regime, "mixture": mixture, "params": self.params_count,
                                         "steps": steps, "batch_size": self.preset.batch_size,
                                         "train_loss": None if loss is None else float(loss), "init": init}
@@ -445,7 +420,7 @@ class Reproduction:
         """Runs an extra stage (see the HOOK above) and files what it returns under results["extra"][name]."""
         context = StageContext(self.preset, self.seed, self.out_dir, self.data_dir,
                                dict(getattr(self, "manifest", None) or {}), os.path.join(self.out_dir, "figures"),
-                               dict(self.results), self.data)
+                               dict(self.results), self.data, self.stream_preset)
         os.makedirs(context.figures_dir, exist_ok=True)
         result = dict(stage.run(context))
         timings = result.pop("timings_sec", None)
@@ -625,7 +600,8 @@ def _stage_adaptation(run: Reproduction) -> None:
         retrained = adaptation.train_with_curve(os.path.join(run.models_dir, "retrain"), "temporal_mixture",
                                                 p.retrain_steps, "templama_temporal", run.new_year, run.seen,
                                                 period(p.retrain_steps, p.retrain_eval_points),
-                                                evaluate=evaluate_on("templama_temporal"), **kwargs)
+                                                evaluate=evaluate_on("templama_temporal"), **kwargs,
+                                                **run.start_kwargs())
     finally:
         run.configure(run.data_dir)
     run.model_times["retrain"] = retrained.pop("wall_s")
@@ -676,7 +652,7 @@ REPRODUCTION = "reproduction"  # the kind of output folder (templm.outputs)
 
 
 def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[ExtraStage],
-                     data: StudyData = EMBEDDED) -> bool:
+                     data: StudyData = EMBEDDED, stream_preset: Optional[StreamPreset] = None) -> bool:
     """Records the run in out_dir/run.json. The models of an earlier run with the same record are kept (each trainer
     resumes from its checkpoint); otherwise the models of an earlier run are removed, so a run
     never resumes another's checkpoints. The results of an earlier run are removed either way: they are written
@@ -684,6 +660,8 @@ def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[Ex
     record = {"preset": dataclasses.asdict(preset), "seed": seed, "extra_stages": [stage.name for stage in extra]}
     if not data.embedded:  # the embedded world's record stays as it was, so its earlier runs still resume
         record["data"] = data.record()
+    if stream_preset is not None and any(stage.name == "streaming" for stage in extra):
+        record["stream_preset"] = dataclasses.asdict(stream_preset)
     path = os.path.join(out_dir, RUN_RECORD)
     previous = None
     if os.path.exists(path):
@@ -703,9 +681,11 @@ def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[Ex
 
 def reproduce(preset: Union[str, Preset], out_dir: str, seed: int = 0,
               extra_stages: Optional[Sequence[ExtraStage]] = None, overwrite: bool = False,
-              data: StudyData = EMBEDDED) -> Dict[str, Any]:
-    """Runs the whole study for `preset` (a name in PRESETS or a Preset) on `data` (StudyData; default: the embedded
-    world) into `out_dir`; writes results.json (with the findings) and returns the results dict as it holds them.
+              data: StudyData = EMBEDDED, stream_preset: Optional[StreamPreset] = None) -> Dict[str, Any]:
+    """Runs the whole study for `preset` (a study name, gin_configs/study/NAME.gin, or a Preset; `stream_preset`
+    sizes the streaming half, by default the study's of the preset's name) on `data` (StudyData; default: the
+    embedded world) into `out_dir`; writes results.json (with the findings) and returns the results dict as it holds
+    them.
     A stage the data cannot support is skipped with one line saying why (results["skipped"]: {stage: reason}); the
     findings that needed it say they were not tested, and why.
 
@@ -715,12 +695,11 @@ def reproduce(preset: Union[str, Preset], out_dir: str, seed: int = 0,
     templm reproduction (unless `overwrite`), and is locked while the run writes it.
     """
     if isinstance(preset, str):
-        if preset not in PRESETS:
-            raise ValueError(f"unknown preset {preset!r}: expected one of {', '.join(PRESETS)}")
-        preset = PRESETS[preset]
+        study = load_study(preset)
+        preset, stream_preset = study.preset, stream_preset or study.stream
     extra = list(EXTRA_STAGES if extra_stages is None else extra_stages)
     with writing_into(out_dir, REPRODUCTION, overwrite) as out_dir:
-        return _reproduce(preset, out_dir, seed, extra, data)
+        return _reproduce(preset, out_dir, seed, extra, data, stream_preset)
 
 
 # The stages of the time-aware half, in order; when the data stage is skipped (no TempLAMA), all of them are, and
@@ -729,13 +708,13 @@ T5_STAGES = ("data", "train uniform and temporal", "train yearly experts", "eval
 
 
 def _reproduce(preset: Preset, out_dir: str, seed: int, extra: List[ExtraStage],
-               data: StudyData = EMBEDDED) -> Dict[str, Any]:
+               data: StudyData = EMBEDDED, stream_preset: Optional[StreamPreset] = None) -> Dict[str, Any]:
     _enable_compilation_cache()
-    if _start_or_resume(out_dir, preset, seed, extra, data):
+    if _start_or_resume(out_dir, preset, seed, extra, data, stream_preset):
         console.say(f"reproduce: resuming the run in {out_dir} (same preset and seed)")
     previous_data_dir = tasks.current().get("data_dir")
     t0 = time.time()
-    run = Reproduction(preset, out_dir, seed, data)
+    run = Reproduction(preset, out_dir, seed, data, stream_preset)
     progress = Progress(_plan(preset, preset.end_year - preset.start_year + 1 - preset.future_years, extra))
 
     def future_stage():
@@ -802,7 +781,7 @@ def seed_dir(out_dir: str, seed: int) -> str:
 
 def reproduce_seeds(preset: Union[str, Preset], out_dir: str, seeds: Sequence[int],
                     extra_stages: Optional[Sequence[ExtraStage]] = None, overwrite: bool = False,
-                    data: StudyData = EMBEDDED) -> Dict[str, Any]:
+                    data: StudyData = EMBEDDED, stream_preset: Optional[StreamPreset] = None) -> Dict[str, Any]:
     """The whole study once per seed, each into out_dir/seed_<S> (its own results.json, resumable as one run), then
     the seeds combined into out_dir/results.json (`combine_seeds`): every finding tested over the per-seed effects,
     every summary number as its mean and 95 % interval over the seeds, and every seed's results whole. The seeds run
@@ -815,7 +794,8 @@ def reproduce_seeds(preset: Union[str, Preset], out_dir: str, seeds: Sequence[in
         per_seed = {}
         for i, seed in enumerate(seeds):
             console.say(f"reproduce: seed {seed} ({i + 1} of {len(seeds)}) into {seed_dir(out_dir, seed)}")
-            per_seed[str(seed)] = reproduce(preset, seed_dir(out_dir, seed), seed, extra_stages, overwrite, data)
+            per_seed[str(seed)] = reproduce(preset, seed_dir(out_dir, seed), seed, extra_stages, overwrite, data,
+                                            stream_preset)
         results = combine_seeds(per_seed)
         results["timing"] = {"total_s": time.time() - t0, "machine": _machine(),
                              "per_seed_s": {s: r["timing"]["total_s"] for s, r in per_seed.items()}}

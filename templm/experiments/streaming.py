@@ -49,6 +49,7 @@ from templm.data.world import WorldConfig, generate_world
 from templm.errors import ConfigError, DataError, StageSkipped, require_macros
 from templm.evaluation import dynamic_eval
 from templm.evaluation.stream_eval import evaluate_stream
+from templm.experiments.studies import StreamPreset, load_study, study_names
 from templm.io import file_sha256, write_json
 from templm.metrics.stream import (CONTROL_TOKENIZER_RUN, perplexity, stream_findings, stream_results, summarize,
                                    tokenizer_comparison, word_log_probs)
@@ -319,55 +320,8 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
 # The end-to-end experiment.
 
 
-@dataclasses.dataclass(frozen=True)
-class StreamPreset:
-    """Sizes of an end-to-end run. The world spans start_year..end_year; TIME-STRATIFIED ends at `cutoff`, then 3
-    validation months and `test_months` test months of `test_docs_per_month` documents each."""
-
-    docs_per_month: int
-    subjects_per_relation: int
-    test_docs_per_month: int
-    vocab_size: int
-    model: Dict[str, Any]
-    train_steps: int
-    batch_size: int
-    learning_rate: float
-    dynamic: Sequence[Mapping[str, Any]]
-    start_year: int = 2010
-    end_year: int = 2020
-    cutoff: datetime.date = datetime.date(2017, 12, 31)
-    test_months: int = 24
-    min_test_count: int = 50
-    n_topics: int = 10
-    train_count_documents: Optional[int] = None
-    ms_segments: int = 64
-
-
-_TINY_MODEL = dict(d_model=64, n_head=2, d_head=32, d_inner=256, n_layer=2, tgt_len=32, mem_len=64, eval_mem_len=128,
-                   dropout=0.0, dropatt=0.0)
-_SMALL_MODEL = dict(d_model=128, n_head=4, d_head=32, d_inner=512, n_layer=3, tgt_len=64, mem_len=128,
-                    eval_mem_len=256, dropout=0.1, dropatt=0.0)
-
-PRESETS: Dict[str, StreamPreset] = {
-    # A tiny model, 600 steps, 10 test documents a month.
-    "smoke": StreamPreset(docs_per_month=30, subjects_per_relation=40, test_docs_per_month=10, vocab_size=512,
-                          model=_TINY_MODEL, train_steps=600, batch_size=16, learning_rate=3e-3,
-                          dynamic=DEFAULT_DYNAMIC, min_test_count=10, n_topics=5, train_count_documents=400,
-                          ms_segments=16),
-    # The test suite's (a 2015-2019 world, a 12-month test period, a one-layer model).
-    "tiny_test": StreamPreset(docs_per_month=6, subjects_per_relation=6, test_docs_per_month=2, vocab_size=256,
-                              model=dict(d_model=32, n_head=2, d_head=16, d_inner=64, n_layer=1, tgt_len=16,
-                                         mem_len=16, eval_mem_len=32, dropout=0.0, dropatt=0.0),
-                              train_steps=40, batch_size=8, learning_rate=1e-2,
-                              dynamic=({"name": "dynamic", "rule": "sgd", "which": "all", "lr": 0.03,
-                                        "lrs": (0.01, 0.03)},),
-                              start_year=2015, end_year=2019, test_months=12, min_test_count=3, n_topics=3,
-                              train_count_documents=100, ms_segments=4),
-    # The default world, a 3-layer model, every dynamic-evaluation variant.
-    "small": StreamPreset(docs_per_month=60, subjects_per_relation=40, test_docs_per_month=12, vocab_size=1000,
-                          model=_SMALL_MODEL, train_steps=1500, batch_size=16, learning_rate=1e-3,
-                          dynamic=DEFAULT_DYNAMIC, min_test_count=30, n_topics=10),
-}
+# The streaming halves of the studies of gin_configs/study/ by name (templm/experiments/studies.py).
+PRESETS: Dict[str, StreamPreset] = {name: load_study(name).stream for name in study_names()}
 
 
 # The files of a TIME-STRATIFIED / CONTROL split folder, as `templm data splits` writes them and as the paper's
@@ -440,13 +394,13 @@ def prepare_stream_data(out_dir: str, *, corpus: Optional[Corpus] = None, world:
             "spm_model": spm_models["time_stratified"], "shared_tokenizer": shared_tokenizer, "splits": stats}
 
 
-def prepare_preset_data(out_dir: str, preset: str = "tiny_test", seed: int = 0,
+def prepare_preset_data(out_dir: str, preset: Union[str, StreamPreset] = "tiny_test", seed: int = 0,
                         corpus: Optional[Corpus] = None, shared_tokenizer: bool = False,
                         split_dir: Optional[str] = None,
                         cutoff: Union[datetime.date, None, str] = "preset") -> Dict[str, Any]:
     """`prepare_stream_data` with a preset's world, cut-off ("preset", or a date, or None: from the corpus), test
     period and vocabulary size (at most: the world of any seed must fit it); tests share it."""
-    p = PRESETS[preset]
+    p = _stream_preset(preset)
     world = WorldConfig(seed=seed, start_year=p.start_year, end_year=p.end_year,
                         subjects_per_relation=p.subjects_per_relation, docs_per_month=p.docs_per_month)
     return prepare_stream_data(out_dir, corpus=corpus, world=world,
@@ -455,10 +409,20 @@ def prepare_preset_data(out_dir: str, preset: str = "tiny_test", seed: int = 0,
                                exact_vocab_size=False, shared_tokenizer=shared_tokenizer, split_dir=split_dir)
 
 
+def _stream_preset(preset: Union[str, StreamPreset]) -> StreamPreset:
+    if isinstance(preset, StreamPreset):
+        return preset
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)} or a StreamPreset, got {preset!r}")
+    return PRESETS[preset]
+
+
 def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus: Optional[Corpus] = None,
-                          preset: str = "smoke", seed: int = 0, mesh=None, shared_tokenizer: bool = False,
+                          preset: Union[str, StreamPreset] = "smoke", seed: int = 0, mesh=None,
+                          shared_tokenizer: bool = False,
                           compare_tokenizers: bool = False, split_dir: Optional[str] = None,
-                          cutoff: Union[datetime.date, None, str] = "preset") -> Dict[str, Any]:
+                          cutoff: Union[datetime.date, None, str] = "preset",
+                          preset_name: str = "custom") -> Dict[str, Any]:
     """The streaming-perplexity experiment end to end; a stage of `templm reproduce`.
 
     Args:
@@ -473,7 +437,7 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
         `split_<cut-off>/`, or `templm data splits`), used as they are instead of splitting here.
       cutoff: where the splits are made here: "preset" (the preset's, 2017-12-31), a date, or None (from the
         corpus: the latest cut-off whose validation and test months end with it).
-      preset: "smoke", "small" or "tiny_test" (see PRESETS).
+      preset: a study's name (PRESETS: the streaming halves of gin_configs/study/*.gin) or a StreamPreset.
       seed: world, splits, vocabulary, initialisation and data order.
       mesh: device mesh for training (default: all devices along the data axis).
       shared_tokenizer: one SentencePiece model for both setups, trained on both training splits, instead of the
@@ -490,9 +454,7 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
     TIME-STRATIFIED vs its static evaluation}, "months"}) plus "out_dir", "results" (the path of stream/results.json),
     "preset" and "timings_sec".
     """
-    if preset not in PRESETS:
-        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
-    p = PRESETS[preset]
+    p = _stream_preset(preset)
     out_dir = os.path.abspath(os.fspath(out_dir))
     timings: Dict[str, float] = {}
     t0 = time.time()
@@ -507,7 +469,7 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
 
     if compare_tokenizers and shared_tokenizer:
         raise ValueError("compare_tokenizers needs the per-setup tokenizers (shared_tokenizer=False)")
-    config = TransformerXLConfig(vocab_size=p.vocab_size, **p.model)
+    config = TransformerXLConfig(vocab_size=p.model_vocab_size, **p.model)
     setups = [("time_stratified", "time_stratified_train", "time_stratified"), ("control", "control_train", "control")]
     if compare_tokenizers:
         setups.append((CONTROL_TOKENIZER_RUN, "time_stratified_train", "control"))
@@ -531,7 +493,8 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
                                 if compare_tokenizers else None)
     timings["evaluate"] = time.time() - t0
     summary = summarize(results)
-    summary.update(out_dir=out_dir, results=results["files"]["results.json"], preset=preset, timings_sec=timings,
+    summary.update(out_dir=out_dir, results=results["files"]["results.json"],
+                   preset=preset if isinstance(preset, str) else preset_name, timings_sec=timings,
                    findings=results["findings"])
     if "tokenizer_comparison" in results:
         summary["tokenizer_comparison"] = results["tokenizer_comparison"]
@@ -565,19 +528,22 @@ def reproduce_stage(context: Any) -> Dict[str, Any]:
     """The streaming half as a `templm reproduce` extra stage: ``ExtraStage("streaming", reproduce_stage,
     estimated_s=ESTIMATED_SECONDS[preset])``.
 
-    context: reproduce's StageContext (uses .preset.name, .seed, .out_dir). The reproduce presets' worlds end before
-    the 24 test months after a 2017-12-31 cut-off, so this stage draws its own world (same seed, 2010-2020) under
-    out_dir/stream_experiment with the preset of the same name ("smoke" for an unknown one).
+    context: reproduce's StageContext (uses .preset.name, .stream_preset, .seed, .out_dir, .data). On the embedded
+    world the study's T5 world ends before the streaming half's test months, so this stage draws its own world (same
+    seed, the StreamPreset's years) under out_dir/stream_experiment; the StreamPreset is context.stream_preset, or
+    the study's of the preset's name ("smoke" for an unknown one). On a user's data it reads their corpus
+    (`_stream_data`).
     Returns the `run_stream_experiment` summary (with its "findings"), its "out_dir" and "results" relative to
     context.out_dir (the reproduction's results.json then names no path outside its own folder); the report's section
     and figures come from templm.reports.stream.streaming_section(summary, figures_dir).
     """
     name = getattr(context.preset, "name", "smoke")
-    preset = name if name in PRESETS else "smoke"
+    preset = getattr(context, "stream_preset", None) or (name if name in PRESETS else "smoke")
     corpus, split_dir, cutoff = _stream_data(context)
     try:
         summary = run_stream_experiment(os.path.join(context.out_dir, "stream_experiment"), preset=preset,
-                                        seed=int(context.seed), corpus=corpus, split_dir=split_dir, cutoff=cutoff)
+                                        seed=int(context.seed), corpus=corpus, split_dir=split_dir, cutoff=cutoff,
+                                        preset_name=name)
     except UnsplittableCorpus as e:
         raise StageSkipped(f"the corpus cannot be split: {e.reason}") from None
     base = os.path.abspath(context.out_dir)

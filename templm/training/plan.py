@@ -62,15 +62,50 @@ def _uneven(tree: Any, mesh) -> List[str]:
     return problems
 
 
+def _beside_params(opt_shapes: Any, params: Any, replicated) -> Any:
+    """The optimizer's state beside its parameter where it has the parameter's shape (Adam's moments), otherwise
+    replicated (Adafactor's factored rows and columns, counters): as training lays it out."""
+    flat_params = {(p.shape, p.dtype): p.sharding for p in jax.tree.leaves(params)}
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+        a.shape, a.dtype, sharding=flat_params.get((a.shape, a.dtype), replicated)), opt_shapes)
+
+
+def _measure(parameters: int, state: Any, batch: Any, step_fn: Any, mesh, device_kind: str,
+             compile_step: bool) -> Dict[str, Any]:
+    """The plan's dict for abstract `state` and `batch` (ShapeDtypeStructs with shardings) and the pure step
+    step_fn(state, batch, rng) -> (state, metrics), compiled with the state donated, as the trainers compile it."""
+    if device_kind not in DEVICE_MEMORY_GIB:
+        raise ValueError(f"device kind {device_kind!r}: expected one of {', '.join(DEVICE_MEMORY_GIB)}")
+    replicated = partitioning.replicated(mesh)
+    uneven = _uneven(state, mesh) + _uneven(batch, mesh)
+    memory = DEVICE_MEMORY_GIB[device_kind] * GIB
+    result: Dict[str, Any] = {
+        "mesh": dict(mesh.shape), "devices": int(mesh.size), "device_kind": device_kind, "device_memory": memory,
+        "parameters": int(parameters),
+        "bytes": {"params": _device_bytes(state["params"], mesh), "opt_state": _device_bytes(state["opt_state"], mesh),
+                  "batch": _device_bytes(batch, mesh), "temp": None, "total": None},
+        "uneven": uneven, "fits": None}
+    if uneven or not compile_step:
+        return result
+    step = jax.jit(step_fn, in_shardings=(jax.tree.map(lambda x: x.sharding, state),
+                                          jax.tree.map(lambda x: x.sharding, batch), replicated),
+                   out_shardings=(jax.tree.map(lambda x: x.sharding, state), replicated), donate_argnums=0)
+    rng = jax.ShapeDtypeStruct(jax.random.key(0).shape, jax.random.key(0).dtype, sharding=replicated)
+    analysis = step.lower(state, batch, rng).compile().memory_analysis()
+    b = result["bytes"]
+    b["temp"] = int(getattr(analysis, "temp_size_in_bytes", 0) or 0)
+    b["total"] = b["params"] + b["opt_state"] + b["batch"] + b["temp"]
+    result["fits"] = b["total"] <= HEADROOM * memory
+    return result
+
+
 def plan(model: Any, tx: Any, lengths: Mapping[str, int], batch_size: int, mesh, rules,
          microbatches: int = 1, device_kind: str = "tpu_v4", compile_step: bool = True) -> Dict[str, Any]:
-    """The memory plan of one train step (module docstring) as a dict: mesh, device_kind, device_memory, bytes
+    """The memory plan of one T5 train step (module docstring) as a dict: mesh, device_kind, device_memory, bytes
     per device (params, opt_state, batch, temp, total), uneven (arrays the mesh cannot shard), fits (bool, or None
     when the step was not compiled) and parameters (the model's parameter count)."""
     from templm.training.trainer import make_train_step  # the step templm trains with
 
-    if device_kind not in DEVICE_MEMORY_GIB:
-        raise ValueError(f"device kind {device_kind!r}: expected one of {', '.join(DEVICE_MEMORY_GIB)}")
     with mesh_rules(mesh, rules):
         param_shardings = partitioning.logical_shardings(model.logical_partition_specs(), mesh, rules)
         shapes = jax.eval_shape(lambda rng: model.init(rng, lengths["inputs"], lengths["targets"]),
@@ -78,40 +113,52 @@ def plan(model: Any, tx: Any, lengths: Mapping[str, int], batch_size: int, mesh,
         params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes,
                               param_shardings)
         replicated = partitioning.replicated(mesh)
-        opt_shapes = jax.eval_shape(tx.init, params)
-        # The optimizer's state beside its parameter where it has the parameter's shape (Adam's moments), otherwise
-        # replicated (Adafactor's factored rows and columns, counters): as training lays it out.
-        flat_params = {(p.shape, p.dtype): p.sharding for p in jax.tree.leaves(params)}
-        opt_state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(
-            a.shape, a.dtype, sharding=flat_params.get((a.shape, a.dtype), replicated)), opt_shapes)
         state = {"step": jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated), "params": params,
-                 "opt_state": opt_state}
+                 "opt_state": _beside_params(jax.eval_shape(tx.init, params), params, replicated)}
         data = partitioning.data_sharding(mesh)
         batch = {key: jax.ShapeDtypeStruct((batch_size, lengths["targets" if key.startswith("decoder") else
                                                                 "inputs"]), jnp.int32, sharding=data)
                  for key in BATCH_KEYS}
-        uneven = _uneven(state, mesh) + _uneven(batch, mesh)
-        memory = DEVICE_MEMORY_GIB[device_kind] * GIB
-        result: Dict[str, Any] = {
-            "mesh": dict(mesh.shape), "devices": int(mesh.size), "device_kind": device_kind, "device_memory": memory,
-            "parameters": int(sum(np.prod(p.shape, dtype=np.int64) for p in jax.tree.leaves(shapes))),
-            "bytes": {"params": _device_bytes(params, mesh), "opt_state": _device_bytes(opt_state, mesh),
-                      "batch": _device_bytes(batch, mesh), "temp": None, "total": None},
-            "uneven": uneven, "fits": None}
-        if uneven or not compile_step:
-            return result
-        step = jax.jit(make_train_step(model, tx, microbatches), in_shardings=(
-            jax.tree.map(lambda x: x.sharding, state), data, replicated),
-            out_shardings=(jax.tree.map(lambda x: x.sharding, state), replicated), donate_argnums=0)
-        rng = jax.ShapeDtypeStruct(jax.random.key(0).shape, jax.random.key(0).dtype, sharding=replicated)
-        compiled = step.lower(state, batch, rng).compile()
-        analysis = compiled.memory_analysis()
-        temp = int(getattr(analysis, "temp_size_in_bytes", 0) or 0)
-    b = result["bytes"]
-    b["temp"] = temp
-    b["total"] = b["params"] + b["opt_state"] + b["batch"] + temp
-    result["fits"] = b["total"] <= HEADROOM * memory
-    return result
+        parameters = sum(np.prod(p.shape, dtype=np.int64) for p in jax.tree.leaves(shapes))
+        return _measure(parameters, state, batch, make_train_step(model, tx, microbatches), mesh, device_kind,
+                        compile_step)
+
+
+def plan_lm(config: Any, tx: Any, batch_size: int, mesh, rules, device_kind: str = "tpu_v4",
+            compile_step: bool = True) -> Dict[str, Any]:
+    """The memory plan of one Transformer-XL train step (templm.training.lm_trainer's, memories in the state), as
+    `plan` gives it for T5: `config` a TransformerXLConfig, batch_size rows of config.tgt_len tokens."""
+    import flax.linen as nn
+    from jax.sharding import PartitionSpec
+
+    from templm.models.transformer_xl import TransformerXL
+    from templm.training.lm_trainer import make_lm_train_step
+
+    model = TransformerXL(config)
+    with mesh_rules(mesh, rules):
+        tokens = jax.ShapeDtypeStruct((batch_size, config.tgt_len), jnp.int32)
+        boxed = jax.eval_shape(lambda rng: model.init(rng, jnp.zeros(tokens.shape, tokens.dtype), None, True,
+                                                      mem_len=0)["params"], jax.random.key(0))
+        param_shardings = partitioning.logical_shardings(nn.get_partition_spec(boxed), mesh, rules)
+        shapes = jax.tree.map(lambda x: x.value if isinstance(x, nn.meta.AxisMetadata) else x, boxed,
+                              is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))  # the boxes' shapes
+        params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes,
+                              param_shardings)
+        replicated = partitioning.replicated(mesh)
+        mem_sharding = partitioning.logical_shardings(PartitionSpec("batch", "length", "embed"), mesh, rules)
+        rows = partitioning.logical_shardings(PartitionSpec("batch"), mesh, rules)
+        state = {"step": jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated), "params": params,
+                 "opt_state": _beside_params(jax.eval_shape(tx.init, params), params, replicated),
+                 "mems": [jax.ShapeDtypeStruct((batch_size, config.mem_len, config.d_model), config.dtype,
+                                               sharding=mem_sharding) for _ in range(config.n_layer + 1)],
+                 "mem_valid": jax.ShapeDtypeStruct((batch_size,), jnp.int32, sharding=rows)}
+        data = partitioning.data_sharding(mesh)
+        batch = {"inputs": jax.ShapeDtypeStruct((batch_size, config.tgt_len), jnp.int32, sharding=data),
+                 "targets": jax.ShapeDtypeStruct((batch_size, config.tgt_len), jnp.int32, sharding=data),
+                 "reset": jax.ShapeDtypeStruct((batch_size,), jnp.int32, sharding=data)}
+        parameters = sum(np.prod(p.shape, dtype=np.int64) for p in jax.tree.leaves(shapes))
+        return _measure(parameters, state, batch, make_lm_train_step(model, tx, config.mem_len), mesh, device_kind,
+                        compile_step)
 
 
 def describe(result: Mapping[str, Any], name: Optional[str] = None) -> str:

@@ -62,3 +62,39 @@ def test_the_verb_on_the_shipped_configs():
     assert "on 4 a100_80 devices (data 2 x model 2), 80 GiB each" in result.stdout and "fits:" in result.stdout
     missing = templm("plan", "--gin_file=gin_configs/temporal.gin", "--gin_file=gin_configs/mesh/gpu_8.gin")
     assert missing.returncode == 1 and "give --devices N" in missing.stderr
+
+
+def test_the_transformer_xl_step_is_planned_like_the_t5_one():
+    from templm.models.transformer_xl import TXL_CONFIGS
+    from templm.training.plan import plan_lm
+
+    config = TXL_CONFIGS["tiny"]
+    rules = partitioning.logical_axis_rules()
+    result = plan_lm(config, optax.adam(1e-3), 8, _mesh((8, 1)), rules, compile_step=False)
+    count = result["parameters"]
+    assert result["bytes"]["params"] == 4 * count and result["bytes"]["opt_state"] == 2 * 4 * count + 4
+    assert result["bytes"]["batch"] == (8 // 8) * 4 * (2 * config.tgt_len + 1)  # inputs, targets, reset
+    odd = dataclasses.replace(config, vocab_size=config.vocab_size + 1)  # 2 cannot split an odd vocabulary
+    uneven = plan_lm(odd, optax.adam(1e-3), 8, _mesh((4, 2)), rules)
+    assert any("['params']['embedding']: dimension 0" in line for line in uneven["uneven"])
+
+
+@pytest.mark.e2e
+def test_a_study_is_planned_training_by_training():
+    from templm.experiments.reproduce import t5_config
+    from templm.experiments.studies import load_study
+
+    study = load_study("tiny_test")
+    result = templm("plan", "--gin_file=gin_configs/study/tiny_test.gin",
+                    "--gin_file=gin_configs/mesh/cpu_fake8_4x2.gin", "--device_kind=cpu",
+                    env={"XLA_FLAGS": os.environ.get("XLA_FLAGS", "")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert (f"tiny_test study, T5 v1.1 tiny, batch 8: {count_parameters(t5_config(study.preset)):,} parameters on 8 "
+            "cpu devices (data 4 x model 2)") in out
+    assert "tiny_test study, Transformer-XL 1 layers, batch 8" in out
+    names = ["uniform", "temporal", "each yearly expert", "retrain (Temporal from scratch)", "adapt_alpha0.5",
+             "adapt_uniform_alpha0.5", "time_stratified (Transformer-XL)", "control (Transformer-XL)"]
+    lines = out.split("every training of the tiny_test study on 8 cpu devices:\n")[1].splitlines()
+    assert [line.split("  ")[1].strip() for line in lines] == names
+    assert all(line.rstrip().endswith("%)") and " fits (" in line for line in lines)

@@ -1,0 +1,244 @@
+"""The study's sizes, as gin: `gin_configs/study/<name>.gin` binds `templm.Study` (a `Preset`: the time-aware half)
+and `templm.StreamStudy` (a `StreamPreset`: the streaming half). Those files are the one definition of every study:
+
+  * `templm reproduce --preset NAME` has gin parse study/NAME.gin first, then any `--gin_file` and `--gin.Study.x=...`
+    binding on top (`study_from_gin` builds the study from what gin holds), so a study of any size is a gin file
+    (study/paper.gin is the papers' settings);
+  * `load_study(NAME)` reads the same file without touching gin's global configuration, for the library and the
+    tests (`reproduce("smoke", ...)`, `PRESETS`). `read_study_file` takes the subset of gin these files are written
+    in: `templm.Study.FIELD = <Python literal>` (a statement may span lines inside brackets), `include '...'`,
+    comments. A test checks that gin and it read every study file alike.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import datetime
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from templm.errors import ConfigError
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GIN_DIR = os.path.join(REPO_ROOT, "gin_configs")
+STUDY_DIR = os.path.join(GIN_DIR, "study")
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """Everything the time-aware half's size depends on (gin: templm.Study)."""
+
+    name: str
+    start_year: int  # the embedded world's years (a user's data brings its own)
+    end_year: int
+    future_years: int  # the last N years are never trained on (but the adaptation's new year is the first of them)
+    subjects_per_relation: int
+    docs_per_month: int
+    vocab_size: int
+    steps: int  # Uniform and Temporal
+    yearly_steps: int  # each Yearly expert
+    adapt_steps: int  # each alpha's fine-tuning
+    retrain_steps: int  # the Temporal model retrained from scratch on every year up to the new one
+    alphas: Tuple[float, ...]
+    adapt_eval_points: int = 1  # evaluations during each fine-tuning (the adaptation curve)
+    retrain_eval_points: int = 1
+    model: Tuple[Tuple[str, Any], ...] = ()  # T5Config changes on top of T5 v1.1 `base_model` (a dict in gin)
+    inputs_length: int = 64
+    targets_length: int = 16
+    batch_size: int = 32
+    learning_rate: float = 0.01
+    eval_batch_size: int = 32
+    max_gap: int = 10  # degradation: years past the last seen year
+    calibration_years: int = 4  # calibration: future years probed, from the first year after the seen ones
+    heldout_fraction: float = 0.1
+    estimated_steps_per_s: float = 8.0  # for the ETA before the first measurement (2 CPU cores, tiny model)
+    base_model: str = "tiny"  # a T5_1_1_CONFIGS name
+    dropout_rate: float = 0.0
+    initial_checkpoint: Optional[str] = None  # a templm or Hugging Face T5 folder every model starts from
+
+    def __post_init__(self):
+        if isinstance(self.model, Mapping):  # gin writes the changes as a dict; kept as pairs (hashable)
+            object.__setattr__(self, "model", tuple(self.model.items()))
+        object.__setattr__(self, "model", tuple(tuple(pair) for pair in self.model))
+        object.__setattr__(self, "alphas", tuple(self.alphas))
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamPreset:
+    """Sizes of the streaming half (gin: templm.StreamStudy). The world spans start_year..end_year; TIME-STRATIFIED
+    ends at `cutoff`, then 3 validation months and `test_months` test months of `test_docs_per_month` documents
+    each."""
+
+    docs_per_month: int
+    subjects_per_relation: int
+    test_docs_per_month: int
+    vocab_size: int
+    model: Dict[str, Any]
+    train_steps: int
+    batch_size: int
+    learning_rate: float
+    dynamic: Sequence[Mapping[str, Any]]
+    start_year: int = 2010
+    end_year: int = 2020
+    cutoff: datetime.date = datetime.date(2017, 12, 31)
+    test_months: int = 24
+    min_test_count: int = 50
+    n_topics: int = 10
+    train_count_documents: Optional[int] = None
+    ms_segments: int = 64
+    pad_vocab_to: int = 1  # the model's vocabulary rounded up to a multiple of this (a model axis must divide it)
+
+    @property
+    def model_vocab_size(self) -> int:
+        """The Transformer-XL's vocabulary: the SentencePiece pieces (vocab_size) rounded up to pad_vocab_to; the
+        rows past the pieces are never a target."""
+        return -(-self.vocab_size // self.pad_vocab_to) * self.pad_vocab_to
+
+    def __post_init__(self):
+        if not isinstance(self.pad_vocab_to, int) or self.pad_vocab_to < 1:
+            raise ConfigError(f"StreamStudy.pad_vocab_to must be an integer >= 1, got {self.pad_vocab_to!r}")
+        if isinstance(self.cutoff, str):  # gin writes the date as 'YYYY-MM-DD'
+            try:
+                object.__setattr__(self, "cutoff", datetime.date.fromisoformat(self.cutoff))
+            except ValueError:
+                raise ConfigError(f"StreamStudy.cutoff: expected a date 'YYYY-MM-DD', got {self.cutoff!r}") from None
+        object.__setattr__(self, "model", dict(self.model))
+        object.__setattr__(self, "dynamic", tuple(dict(v) for v in self.dynamic))
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+    preset: Preset
+    stream: StreamPreset
+
+
+CONFIGURABLES = {"Study": Preset, "StreamStudy": StreamPreset}
+
+
+def study_names() -> List[str]:
+    """The studies of gin_configs/study/, by name."""
+    if not os.path.isdir(STUDY_DIR):
+        return []
+    return sorted(f[:-len(".gin")] for f in os.listdir(STUDY_DIR) if f.endswith(".gin"))
+
+
+def study_file(name_or_path: str) -> str:
+    """The gin file of a study: a name in gin_configs/study/, or a path."""
+    if os.path.sep not in name_or_path and not name_or_path.endswith(".gin"):
+        path = os.path.join(STUDY_DIR, f"{name_or_path}.gin")
+        if not os.path.isfile(path):
+            raise ConfigError(f"unknown study {name_or_path!r}: expected one of {', '.join(study_names())} (the files "
+                              f"of {STUDY_DIR}) or a gin file")
+        return path
+    if not os.path.isfile(name_or_path):
+        raise ConfigError(f"{name_or_path}: no such study gin file")
+    return name_or_path
+
+
+def _statements(path: str) -> List[Tuple[int, str]]:
+    """(line number, text) of each statement of a gin file: comments dropped, a statement continued over the lines
+    its brackets span."""
+    out, pending, start, depth = [], "", 0, 0
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            code, quote = [], None
+            for ch in line.rstrip("\n"):
+                if quote:
+                    quote = None if ch == quote else quote
+                elif ch in "'\"":
+                    quote = ch
+                elif ch == "#":
+                    break
+                elif ch in "([{":
+                    depth += 1
+                elif ch in ")]}":
+                    depth -= 1
+                code.append(ch)
+            text = "".join(code).strip()
+            if not text and not pending:
+                continue
+            if not pending:
+                start = number
+            pending = f"{pending} {text}".strip()
+            if depth <= 0:
+                out.append((start, pending))
+                pending, depth = "", 0
+    if pending:
+        raise ConfigError(f"{path}:{start}: an unclosed bracket")
+    return out
+
+
+def read_study_file(path: str, _seen: Tuple[str, ...] = ()) -> Dict[str, Dict[str, Any]]:
+    """{"Study": {field: value}, "StreamStudy": {field: value}} that a study gin file (and what it includes) binds,
+    later bindings over earlier ones, as gin applies them."""
+    path = os.path.abspath(path)
+    if path in _seen:
+        raise ConfigError(f"{path}: includes itself")
+    bound: Dict[str, Dict[str, Any]] = {name: {} for name in CONFIGURABLES}
+    for number, text in _statements(path):
+        where = f"{path}:{number}"
+        if text.startswith("include "):
+            target = ast.literal_eval(text[len("include "):].strip())
+            for folder in (os.path.dirname(path), GIN_DIR, REPO_ROOT):
+                if os.path.isfile(os.path.join(folder, target)):
+                    break
+            else:
+                raise ConfigError(f"{where}: included file {target!r} not found")
+            for name, values in read_study_file(os.path.join(folder, target), _seen + (path,)).items():
+                bound[name].update(values)
+            continue
+        selector, sep, value = text.partition("=")
+        parts = selector.strip().split(".")
+        if not sep or len(parts) != 3 or parts[0] != "templm" or parts[1] not in CONFIGURABLES:
+            raise ConfigError(f"{where}: a study file binds templm.Study.FIELD or templm.StreamStudy.FIELD, got "
+                              f"{text[:60]!r}")
+        try:
+            bound[parts[1]][parts[2]] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            raise ConfigError(f"{where}: {parts[1]}.{parts[2]}: not a literal value: {value.strip()[:60]!r}") from None
+    return bound
+
+
+def _build(kind: str, values: Mapping[str, Any], where: str) -> Any:
+    cls = CONFIGURABLES[kind]
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ConfigError(f"{where}: {kind} has no field {unknown[0]!r} (its fields: {', '.join(sorted(fields))})")
+    try:
+        return cls(**values)
+    except TypeError as e:  # a field without a value
+        raise ConfigError(f"{where}: {kind}: {e}") from None
+
+
+def load_study(name_or_path: str, bindings: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Study:
+    """The study a gin file defines (a name in gin_configs/study/ or a path), with `bindings` ({"Study": {field:
+    value}, ...}) on top."""
+    path = study_file(name_or_path)
+    bound = read_study_file(path)
+    for kind, values in (bindings or {}).items():
+        bound[kind].update(values)
+    return Study(_build("Study", bound["Study"], path), _build("StreamStudy", bound["StreamStudy"], path))
+
+
+def study_from_gin() -> Study:
+    """The study gin holds now (after `templm reproduce` parsed its files and bindings)."""
+    import gin
+
+    register_gin()
+    values = {kind: dict(gin.get_bindings(f"templm.{kind}")) for kind in CONFIGURABLES}
+    return Study(_build("Study", values["Study"], "the gin configuration"),
+                 _build("StreamStudy", values["StreamStudy"], "the gin configuration"))
+
+
+_REGISTERED: Dict[str, Any] = {}
+
+
+def register_gin() -> None:
+    """Makes templm.Study and templm.StreamStudy known to gin (before it parses a study file)."""
+    import gin
+
+    for kind, cls in CONFIGURABLES.items():
+        if kind not in _REGISTERED:
+            _REGISTERED[kind] = gin.external_configurable(cls, name=kind, module="templm")

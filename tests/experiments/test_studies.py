@@ -1,0 +1,55 @@
+"""The studies' sizes as gin (templm/experiments/studies.py, gin_configs/study/*.gin): gin and templm's own reader
+of the study files give the same study for every file; bindings on the command line go on top; a study file with
+an unknown field or a missing one is one message naming it."""
+
+import gin
+import pytest
+
+from templm.cli import parse_gin
+from templm.errors import ConfigError
+from templm.experiments.studies import (Preset, StreamPreset, load_study, read_study_file, register_gin,
+                                        study_from_gin, study_names)
+
+
+@pytest.fixture
+def clean_gin():
+    register_gin()
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+def test_every_study_file_reads_the_same_through_gin_and_without_it(clean_gin):
+    assert {"tiny_test", "smoke", "small", "paper"} <= set(study_names())
+    for name in study_names():
+        gin.clear_config()
+        parse_gin([f"study/{name}.gin"], [])
+        assert study_from_gin() == load_study(name), name
+
+
+def test_bindings_go_on_top_and_included_files_come_first(clean_gin):
+    parse_gin(["study/small.gin"], ["Study.steps = 7", "StreamStudy.cutoff = '2016-06-30'"])
+    study = study_from_gin()
+    assert study.preset.steps == 7 and study.stream.cutoff.isoformat() == "2016-06-30"
+    assert study.preset.name == "small" and study.preset.adapt_steps == 400  # small's own, over smoke's
+    assert study.preset.inputs_length == load_study("smoke").preset.inputs_length  # what small takes from smoke
+    paper = load_study("paper", {"Study": {"initial_checkpoint": "t5-small-ssm"}})
+    assert (paper.preset.base_model, paper.preset.batch_size, paper.preset.steps, paper.preset.adapt_steps) == \
+        ("small", 2048, 300000, 50000)
+    assert paper.preset.initial_checkpoint == "t5-small-ssm" and paper.stream.model["n_layer"] == 18
+    assert isinstance(paper.preset, Preset) and isinstance(paper.stream, StreamPreset)
+
+
+def test_a_study_file_with_an_unknown_or_missing_field_is_one_message(tmp_path):
+    bad = tmp_path / "bad.gin"
+    bad.write_text("include 'study/smoke.gin'\ntemplm.Study.stepz = 3\n")
+    with pytest.raises(ConfigError, match=r"bad.gin: Study has no field 'stepz'"):
+        load_study(str(bad))
+    half = tmp_path / "half.gin"
+    half.write_text("templm.Study.name = 'half'  # nothing else\n"
+                    "templm.StreamStudy.model = {'d_model': 8,\n    'n_layer': 1}\n")
+    assert read_study_file(str(half))["StreamStudy"] == {"model": {"d_model": 8, "n_layer": 1}}
+    with pytest.raises(ConfigError, match=r"half.gin: Study: .*missing .*required"):
+        load_study(str(half))
+    with pytest.raises(ConfigError, match="unknown study 'huge'"):
+        load_study("huge")
