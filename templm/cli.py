@@ -509,7 +509,7 @@ def _plan_study(study, mesh, kind):
               FLAGS.compile)
     print(describe(t5, f"{p.name} study, T5 v1.1 {p.base_model}, batch {p.batch_size}"))
     txl_config = TransformerXLConfig(vocab_size=sp.model_vocab_size, **sp.model)
-    txl = plan_lm(txl_config, make_optimizer("adam", learning_rate_schedule("cosine", sp.learning_rate, 100,
+    txl = plan_lm(txl_config, make_optimizer("adam", learning_rate_schedule("cosine", sp.learning_rate, sp.warmup,
                                                                             sp.train_steps), max_grad_norm=0.25),
                   sp.batch_size, mesh, rules, kind, FLAGS.compile)
     print(describe(txl, f"{p.name} study, Transformer-XL {sp.model.get('n_layer')} layers, batch {sp.batch_size}"))

@@ -88,6 +88,11 @@ class StreamPreset:
     train_count_documents: Optional[int] = None
     ms_segments: int = 64
     pad_vocab_to: int = 1  # the model's vocabulary rounded up to a multiple of this (a model axis must divide it)
+    warmup_steps: Optional[int] = None  # the learning rate's linear warm-up (None: min(100, train_steps // 10))
+
+    @property
+    def warmup(self) -> int:
+        return min(100, self.train_steps // 10) if self.warmup_steps is None else int(self.warmup_steps)
 
     @property
     def model_vocab_size(self) -> int:
