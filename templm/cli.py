@@ -210,12 +210,16 @@ def _define_corpus_flags(split: bool = True):
                             "control_train, test, yearly/2014_train.")
 
 
-def _corpus_flag():
-    """--corpus as the library takes it: one entry as a str, several as their list (each may be a glob pattern)."""
-    value = FLAGS.corpus
-    if value is None or isinstance(value, str):
-        return value
+def _corpus_value(value):
+    """A repeatable corpus flag as the library takes it: one entry as a str, several as their list (each may be a
+    glob pattern), none as None."""
+    if not value or isinstance(value, str):
+        return value or None
     return value[0] if len(value) == 1 else list(value)
+
+
+def _corpus_flag():
+    return _corpus_value(FLAGS.corpus)
 
 
 def _corpus_documents():
@@ -701,8 +705,8 @@ def _define_reproduce():
     register_gin()  # templm.Study and templm.StreamStudy, before gin parses the study files
     flags.DEFINE_enum("preset", "smoke", study_names(), "The study, gin_configs/study/PRESET.gin, parsed before any "
                       "--gin_file (which may bind templm.Study / templm.StreamStudy on top, or be a whole study: "
-                      "study/paper.gin): smoke, every stage in minutes on 2 CPU cores (the demo); small, sized to show "
-                      "the findings; tiny_test, the test suite's; paper, the papers' settings (an accelerator slice).")
+                      "study/paper.gin). smoke: every stage in minutes on 2 CPU cores (the demo); small: sized to show "
+                      "the findings; tiny_test: the test suite's; paper: the papers' settings (an accelerator slice).")
     flags.DEFINE_string("out", None, "Output folder: report.md, figures/, results.json, data/, models/.",
                         required=True)
     flags.DEFINE_integer("seed", 0, "Seed of the world, the splits, the initialisation and the data order.")
@@ -733,11 +737,8 @@ def _study_data():
     """The --corpus ... flags of `templm reproduce` as a StudyData (the embedded world without any)."""
     from templm.experiments.reproduce import StudyData
 
-    def corpus(values):
-        return None if not values else (values[0] if len(values) == 1 else list(values))
-
-    return StudyData(corpus=corpus(FLAGS.corpus), templama_dir=FLAGS.templama_dir, task_data=FLAGS.task_data,
-                     calibration=FLAGS.calibration, stream_corpus=corpus(FLAGS.stream_corpus),
+    return StudyData(corpus=_corpus_flag(), templama_dir=FLAGS.templama_dir, task_data=FLAGS.task_data,
+                     calibration=FLAGS.calibration, stream_corpus=_corpus_value(FLAGS.stream_corpus),
                      split_dir=FLAGS.split_dir, cutoff=FLAGS.cutoff)
 
 
