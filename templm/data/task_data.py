@@ -33,7 +33,7 @@ from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 from absl import logging
 
-from templm.data.readers import Corpus, TemplamaReader, read_documents, templama_split_files
+from templm.data.readers import Corpus, TemplamaReader, read_documents, resolve_corpus, templama_split_files
 from templm.data.records import Document
 from templm.data.salient_spans import BuiltinEntityDetector, cloze_to_ssm, make_entity_detector, ssm_examples
 from templm.data.filters import FilterConfig
@@ -220,7 +220,10 @@ def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None) -> 
         "vocabulary": "spm/vocab.model",
         "counts": {folder: {split: dict(sorted(by_year.items())) for split, by_year in splits.items()}
                    for folder, splits in writers.counts.items()},
-        "config": _jsonable(dataclasses.asdict(config)),
+        # Where the data came from, as absolute files (a pattern expanded): the study's later stages read them again.
+        "config": _jsonable({**dataclasses.asdict(config),
+                             "corpus": None if config.corpus is None else resolve_corpus(config.corpus),
+                             "templama_dir": config.templama_dir and os.path.abspath(config.templama_dir)}),
     }
     with open(os.path.join(root, MANIFEST), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1)

@@ -218,3 +218,27 @@ def test_data_flags_that_do_not_go_together_are_one_message_before_any_work(own_
         result = templm("reproduce", "--preset=tiny_test", f"--out={tmp_path / 'run'}", *flags)
         assert result.returncode == 1 and message in result.stderr, (flags, result.stderr[-2000:])
         assert not os.path.exists(tmp_path / "run")
+
+
+def test_prepared_task_data_is_read_where_it_is_and_names_its_release(own_data, tmp_path):
+    """--task_data: a `templm data tasks` folder is the study's data as it is (no copy); the TempLAMA test split and
+    the corpus for the streaming half are the ones it was built from."""
+    from templm.data.task_data import TaskDataConfig, prepare_task_data
+    from templm.experiments.reproduce import PRESETS, Reproduction, StudyData, StageContext
+    from templm.experiments.streaming import _stream_data
+
+    built = str(tmp_path / "task_data")
+    prepare_task_data(TaskDataConfig(corpus=own_data["corpus"], templama_dir=own_data["templama"], vocab_size=300,
+                                     exact_vocab_size=False, future_years=1), built)
+    run = Reproduction(PRESETS["tiny_test"], str(tmp_path / "run"), 0, StudyData(task_data=built))
+    manifest = run.prepare_data()
+    assert run.data_dir == built and not os.path.exists(tmp_path / "run" / "data")
+    assert (manifest["seen_years"], run.new_year) == ([2015, 2016, 2017], 2018)
+    world = run.results["world"]
+    assert world["source"] == "task data" and world["task_data"] == built
+    assert world["templama_splits"] == {"train": 16, "val": 8, "test": 24}
+    assert run.templama_test_file() == os.path.join(own_data["templama"], "test.json")
+    assert run.calibration_file() is None
+    context = StageContext(run.preset, 0, str(tmp_path / "run"), built, manifest, "", {}, run.data)
+    corpus, split_dir, cutoff = _stream_data(context)
+    assert corpus == manifest["config"]["corpus"] and len(corpus) == 4 and (split_dir, cutoff) == (None, None)
