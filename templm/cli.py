@@ -567,16 +567,17 @@ def _define_infer():
                         "_X_ and `date`), to answer.", required=True)
     flags.DEFINE_string("output", None, "JSON lines written here: the input fields plus `prediction`.",
                         required=True)
-    flags.DEFINE_enum("regime", "temporal", ["temporal", "uniform"], "For TempLAMA lines: prefix `year: YYYY ` "
-                      "(temporal) or not (uniform).")
+    flags.DEFINE_enum("regime", "temporal", ["temporal", "uniform"], "For TempLAMA lines: as the regime's model "
+                      "reads them (temporal: prefixed `year: YYYY `; uniform: as they are).")
     flags.DEFINE_enum("method", "greedy", ["greedy", "beam"], "Decoding.")
     import templm.evaluation.checkpoint_eval  # noqa: F401  (registers templm.infer_checkpoint for the configs)
 
 
 def _read_inference_inputs(path: str, regime: str):
+    from templm.data import regimes
     from templm.data.readers import open_text
-    from templm.errors import DataError
     from templm.data.salient_spans import cloze_to_ssm
+    from templm.errors import DataError
 
     rows, texts = [], []
     with open_text(path) as f:
@@ -588,9 +589,7 @@ def _read_inference_inputs(path: str, regime: str):
                 if "inputs" in row:
                     text = str(row["inputs"])
                 else:
-                    text = cloze_to_ssm(row["query"])
-                    if regime == "temporal":
-                        text = f"year: {int(row['date'])} {text}"
+                    text = regimes.regime(regime).model_input(int(row["date"]), cloze_to_ssm(row["query"]))
             except (ValueError, KeyError, TypeError) as e:
                 raise DataError(f"expected a JSON object with `inputs`, or `query` and `date`: {e}", path,
                                 lineno) from None

@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import jax
 import numpy as np
 
+from templm.data import regimes
 from templm.data.salient_spans import cloze_to_ssm
 from templm.errors import DataError
 from templm.metrics import qa, time_analysis
@@ -31,11 +32,10 @@ EOS_ID = 1
 
 
 def year_input(regime: str, year: int, query: str) -> str:
-    """A cloze query (with `_X_`, or already in SSM form) as the regime's model reads it in `year`."""
+    """A cloze query (with `_X_`, or already in SSM form) as the regime's model is asked about `year`
+    (templm.data.regimes: the prefix, or the year in words)."""
     cloze = cloze_to_ssm(query) if "_X_" in query else query
-    if regime == "temporal":
-        return f"year: {int(year)} {cloze}"
-    return f"In {int(year)}, {cloze}"
+    return regimes.regime(regime).probe_input(year, cloze)
 
 
 class TextScorer:

@@ -50,6 +50,7 @@ import jax
 import seqio
 
 from templm import console, tasks
+from templm.data.regimes import SHARED_MODEL
 from templm.data.readers import Corpus, TemplamaReader, resolve_corpus, templama_split_files
 from templm.data.task_data import TaskDataConfig, prepare_task_data, read_manifest
 from templm.data.world import WorldConfig
@@ -452,7 +453,7 @@ def _shared(preset: Preset, config: Any) -> Dict[str, Any]:
 
 def _stage_train_main(run: Reproduction) -> None:
     run.configure(run.data_dir)  # the mixtures' training splits hold the seen years only
-    for regime in ("uniform", "temporal"):
+    for regime in SHARED_MODEL:
         run.train(regime, regime, f"{regime}_mixture", run.preset.steps)
 
 
@@ -480,7 +481,7 @@ def _stage_evaluate(run: Reproduction) -> None:
     run.configure(run.data_dir)
     fns = run.shared["fns"]
     evaluations = {}
-    for regime in ("uniform", "temporal"):
+    for regime in SHARED_MODEL:
         _stop_if_asked(regime)
         model_fns = with_params(fns, run.params[regime])
         templama = evaluate_model(model_fns, f"templama_{regime}", run.lengths)
@@ -556,7 +557,7 @@ def _stage_future(run: Reproduction) -> None:
     run.results["degradation"] = {}
     if calibration is not None:
         run.results["calibration"] = {}
-    for regime in ("uniform", "temporal"):
+    for regime in SHARED_MODEL:
         _stop_if_asked(f"the {regime} model's future years")
         run.results["degradation"][regime] = future_degradation(scorer, run.params[regime], regime, run.test_queries,
                                                                 last_seen, run.preset.max_gap)

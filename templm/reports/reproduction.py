@@ -18,6 +18,7 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from templm.data.regimes import ORDER as REGIME_TABLE_ORDER, label as regime_label
 from templm.io import atomic_write, jsonable, lookup
 from templm.metrics.findings import CHANGE_CLASSES, CLAIMS, findings
 from templm.metrics.statistics import ALPHA, mean_interval
@@ -26,7 +27,7 @@ from templm.reports import stream
 from templm.reports.figures import pyplot, save_figure
 from templm.reports.tables import Estimate, finding_line, fmt_number, markdown_table
 
-REGIME_ORDER = ("uniform", "yearly", "temporal")
+REGIME_ORDER = REGIME_TABLE_ORDER  # Uniform, Yearly, Temporal (templm.data.regimes)
 FIGURES = ("yearly_gap", "answer_duration", "future_loglik", "future_entropy", "adaptation")
 
 
@@ -133,7 +134,7 @@ def _section_main_table(results) -> str:
     for regime in _regimes(results):
         r = results["regimes"][regime]
         s = lookup(results, "summary", regime, default={}) or {}
-        rows.append([regime.capitalize(), f"{s.get('params', 0):,}", s.get("steps", ""),
+        rows.append([regime_label(regime), f"{s.get('params', 0):,}", s.get("steps", ""),
                      _num(lookup(r, "customnews", "seen_f1")), _num(lookup(r, "customnews", "future_f1")),
                      _num(s.get("seen_ppl")), _num(s.get("future_ppl")),
                      _num(lookup(r, "templama", "seen_f1")), _num(lookup(r, "templama", "future_f1")),
@@ -148,10 +149,10 @@ def _section_main_table(results) -> str:
             "each example routed to its year's expert (the closest one for future years); its parameters and steps "
             "are summed over the experts.", "", markdown_table(header, rows), ""]
     years = [int(y) for y in world.get("years", [])]
-    by_year = [[regime.capitalize()] + [_num(lookup(results, "regimes", regime, "templama", f"f1_{y}")) for y in years]
-               for regime in _regimes(results)]
+    by_year = [[regime_label(regime)] + [_num(lookup(results, "regimes", regime, "templama", f"f1_{y}"))
+                                          for y in years] for regime in _regimes(results)]
     text += ["TempLAMA F1 by year:", "", markdown_table(["model"] + [str(y) for y in years], by_year)]
-    by_year = [[regime.capitalize()] + [_num(lookup(results, "regimes", regime, "customnews", f"f1_{y}"))
+    by_year = [[regime_label(regime)] + [_num(lookup(results, "regimes", regime, "customnews", f"f1_{y}"))
                                         for y in years] for regime in _regimes(results)]
     text += ["", "CustomNews F1 by year:", "", markdown_table(["model"] + [str(y) for y in years], by_year)]
     return "\n".join(text)
@@ -192,7 +193,7 @@ def _section_duration(results) -> str:
     rows = []
     for regime in _regimes(results):
         d = lookup(results, "duration", regime, default={}) or {}
-        rows.append([regime.capitalize()] + [f"{_num(lookup(d, b, 'f1'))} ({int(lookup(d, b, 'count', default=0))})"
+        rows.append([regime_label(regime)] + [f"{_num(lookup(d, b, 'f1'))} ({int(lookup(d, b, 'count', default=0))})"
                                              for b in DURATION_BUCKETS])
     return "\n".join(["## F1 by how long the answer stays valid (the paper's Figure 2)", "",
                       "Seen-year test queries grouped by how many years the fact of their (first) answer lasts: "
@@ -213,10 +214,10 @@ def _section_degradation(results) -> str:
         gaps = d.get("gaps", gaps)
         for group in ("single", "multiple"):
             g = lookup(d, "groups", group, default={}) or {}
-            rows.append([regime.capitalize(), group, g.get("count", 0)] +
+            rows.append([regime_label(regime), group, g.get("count", 0)] +
                         [_num(lookup(g, "mean", str(k)), 3) for k in gaps])
     ref = next((d.get("reference_year") for d in deg.values() if d), None)
-    answered = ", ".join(f"{r.capitalize()} {d.get('answered', 0)}/{d.get('queries', 0)}"
+    answered = ", ".join(f"{regime_label(r)} {d.get('answered', 0)}/{d.get('queries', 0)}"
                          for r, d in deg.items() if d)
     return "\n".join(["## Degradation into the future", "",
                       f"Test queries of the last seen year ({ref}) that the model answers exactly ({answered}); the "
@@ -238,7 +239,7 @@ def _section_calibration(results) -> str:
         for cls in CHANGE_CLASSES:
             raw = lookup(c, "entropy", cls, default={}) or {}
             norm = lookup(c, "normalized_entropy", cls, default={}) or {}
-            rows.append([regime.capitalize(), cls, lookup(c, "count", cls, default=0)] +
+            rows.append([regime_label(regime), cls, lookup(c, "count", cls, default=0)] +
                         [f"{_num(raw.get(y), 3)} ({_num(norm.get(y), 2)})" for y in years])
     return "\n".join(["## Calibration on future relations", "",
                       "Entropy (nats) of the model's distribution over a fixed candidate set (every candidate scored, "
@@ -282,11 +283,11 @@ def _section_adaptation(results) -> str:
             continue
         base, news_base = s["base"], news.get("base") or {}
         scratch, news_scratch = s["retrained"], news.get("retrained") or {}
-        rows.append([f"{regime.capitalize()} (no adaptation)", "-", 0, base["steps"], _num(base["new_f1"]),
+        rows.append([f"{regime_label(regime)} (no adaptation)", "-", 0, base["steps"], _num(base["new_f1"]),
                      _num(base["old_f1"]), _num(news_base.get("new_f1")), _num(news_base.get("old_f1")), "", ""])
         for alpha, row in sorted(s.get("alphas", {}).items(), key=lambda kv: float(kv[0])):
             news_row = lookup(news, "alphas", alpha, default={}) or {}
-            rows.append([f"{regime.capitalize()} + fine-tuning", alpha, row["steps"], row["total_steps"],
+            rows.append([f"{regime_label(regime)} + fine-tuning", alpha, row["steps"], row["total_steps"],
                          _num(row["new_f1"]), _num(row["old_f1"]), _num(news_row.get("new_f1")),
                          _num(news_row.get("old_f1")), _num(row["new_gain"]), _kept(row["old_kept"])])
     if scratch:
@@ -464,7 +465,7 @@ def _figure_duration(results, ax) -> None:
         d = results["duration"][regime]
         values = [lookup(d, b, "f1", default=0.0) or 0.0 for b in DURATION_BUCKETS]
         ax.bar([j + i * width for j in range(len(DURATION_BUCKETS))], [float(v) for v in values], width,
-               yerr=_errors(values), capsize=3, label=regime.capitalize())
+               yerr=_errors(values), capsize=3, label=regime_label(regime))
     ax.set_xticks([j + width * (len(regimes) - 1) / 2 for j in range(len(DURATION_BUCKETS))])
     ax.set_xticklabels([f"{b} yr" for b in DURATION_BUCKETS])
     ax.set_xlabel("years the answer stays valid")
@@ -484,7 +485,7 @@ def _figure_loglik(results, ax) -> None:
             if mean:
                 gaps = sorted(mean, key=int)
                 _line(ax, [int(g) for g in gaps], [mean[g] for g in gaps], style, marker=marker,
-                      label=f"{regime.capitalize()}, {group} answer")
+                      label=f"{regime_label(regime)}, {group} answer")
                 drawn = True
     if not drawn:
         return _empty(ax, "no correctly answered queries")
@@ -506,7 +507,7 @@ def _figure_entropy(results, ax) -> None:
             if values:
                 years = sorted(values, key=int)
                 _line(ax, [int(y) for y in years], [values[y] for y in years], style, marker="o",
-                      color=colors[cls], label=f"{regime.capitalize()}, {cls}")
+                      color=colors[cls], label=f"{regime_label(regime)}, {cls}")
                 drawn = True
     if not drawn:
         return _empty(ax)
@@ -532,7 +533,7 @@ def _figure_adaptation(results, axes) -> None:
                 points = [(0, base.get(key))] + [(p["step"], p.get(key)) for p in run.get("curve", [])]
                 points = [(s, v) for s, v in points if v is not None]
                 if points:
-                    _line(ax, *zip(*points), style, label=f"{regime.capitalize()}, alpha {alpha}")
+                    _line(ax, *zip(*points), style, label=f"{regime_label(regime)}, alpha {alpha}")
         curve = [(p["step"], p.get(key)) for p in retrain.get("curve", []) if p.get(key) is not None]
         if curve:
             _line(ax, *zip(*curve), "k^:", label="Temporal retrained from scratch")

@@ -31,10 +31,11 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 import seqio
 import tensorflow as tf
 
+from templm.data import regimes
 from templm.metrics import qa
 
 CUSTOMNEWS, TEMPLAMA = "customnews", "templama"
-REGIMES = ("uniform", "temporal")
+REGIMES = regimes.SHARED_MODEL  # the regimes with every-year tasks and mixtures (yearly has its per-year ones)
 SPLITS = ("train", "validation", "test")
 NEWS_TO_TEMPLAMA_RATE = 1000.0
 ADAPT_ALPHAS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -106,10 +107,11 @@ def _parse(dataset: tf.data.Dataset) -> tf.data.Dataset:
 
 
 def add_year_prefix(dataset: tf.data.Dataset) -> tf.data.Dataset:
-    """The Temporal regime: inputs become "year: YYYY " + inputs."""
+    """The Temporal regime: inputs become "year: YYYY " + inputs (templm.data.regimes.year_prefix)."""
     def prefix(ex):
         ex = dict(ex)
-        ex["inputs"] = tf.strings.join(["year: ", tf.strings.as_string(ex["year"]), " ", ex["inputs"]])
+        ex["inputs"] = tf.strings.join([regimes.PREFIX_HEAD, tf.strings.as_string(ex["year"]), regimes.PREFIX_TAIL,
+                                        ex["inputs"]])
         return ex
 
     return dataset.map(prefix, num_parallel_calls=tf.data.AUTOTUNE)
@@ -140,7 +142,7 @@ def _task(name: str, folder: str, pattern: str, regime: str, data_dir: str, ensu
     source = PreparedSource(ensure, split_to_filepattern=patterns, feature_description=_FEATURES,
                             num_input_examples=num_examples)
     preprocessors = [_parse]
-    if regime == "temporal":
+    if regimes.regime(regime).year_prefix:
         preprocessors.append(add_year_prefix)
     # Tokenized before seqio's cache point (an offline `seqio` cache stores token ids, as T5's tasks do); EOS after.
     preprocessors.append(seqio.preprocessors.tokenize)
@@ -255,7 +257,8 @@ def adapt_mixture(year: int, alpha: float, regime: str = "temporal") -> str:
                          f"(have {_adapt_years})")
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"adapt_mixture: alpha must be in (0, 1), got {alpha}")
-    stem = "customnews_ssm_temporal" if regime == "temporal" else "customnews_ssm_yearly"
+    # One year's news with the year prefix (the temporal slices) or without it (the yearly tasks' slices).
+    stem = "customnews_ssm_temporal" if regimes.regime(regime).year_prefix else "customnews_ssm_yearly"
     rates = [(f"{stem}_{year}", alpha)]
     rates += [(f"{stem}_{y}", (1.0 - alpha) / len(older)) for y in older]
     _mixture(name, rates)
