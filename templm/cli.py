@@ -784,18 +784,10 @@ def _main_reproduce():
             paths = write_seeds_report(results, out)
     if seeds is None:
         print(f"templm reproduce: {name} preset, seed {FLAGS.seed}: {paths['report']}")
-        findings, extra_findings = results["findings"], {
-            stage: value.get("findings") or {} for stage, value in (results.get("extra") or {}).items()}
     else:
         print(f"templm reproduce: {name} preset, seeds {','.join(map(str, seeds))}: {paths['report']}")
-        findings, extra_findings = results["findings"], results["extra_findings"]
-    rows = list(findings.items()) + [(f"{stage}_{name}", item) for stage, items in extra_findings.items()
-                                     for name, item in items.items()]
-    for name, item in rows:
-        print(f"  {name}: {item['verdict']} ({item['evidence']})")
-    for stage, reason in (results.get("skipped") or {}).items():
-        if stage.startswith("extra: "):  # an extra stage's findings are not listed at all when it was skipped
-            print(f"  {stage[len('extra: '):]}: skipped ({reason})")
+    for finding, item in results["findings"].items():  # both halves, one shape (templm.metrics.findings)
+        print(f"  {finding}: {item['verdict']} ({item['evidence']})")
 
 
 def _define_train_lm():

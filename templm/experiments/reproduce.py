@@ -13,7 +13,9 @@
     run.json              the preset and seed of the run these folders belong to
     results.json          every number, with the findings judged from them (keys sorted; times only under "timing")
 
-and returns the results dict; the command line then writes report.md and figures/ (templm.reports.reproduction).
+and returns the results dict, whose "findings" hold both halves' findings in the one shape of
+templm.metrics.findings ({name: finding}, as over several seeds); the command line then writes report.md and
+figures/ (templm.reports.reproduction).
 
 A run stopped by SIGTERM saves the model it was training and raises Preempted (nothing is reported); the same command
 run again finds run.json unchanged, keeps the models and resumes each from its checkpoint, so it ends with the numbers
@@ -29,10 +31,15 @@ demo: every stage, small and noisy), `small` (sized so that the paper's findings
 suite's) and `paper` (the papers' settings, for an accelerator slice). A run prints one line as each stage starts and
 ends (elapsed time and an ETA) and one per model trained.
 
+The stages are functions of a `Reproduction` (what they all read and none changes) and of what the earlier stages
+returned: `prepare_data` gives TaskData, `train_main` and `train_yearly` the TrainedModels, `evaluate` an Evaluation,
+`future_probes` and `adapt` a StageOutput; `_reproduce` runs them in order and puts results.json together.
+
 The Transformer-XL streaming half ("Mind the Gap": TIME-STRATIFIED and CONTROL models, monthly degradation, dynamic
 evaluation) is the extra stage "streaming", registered in `EXTRA_STAGES` below; `extra_stages=[]` (the CLI's
 --nostreaming) leaves it out. An extra stage gets a `StageContext` and returns a JSON-able dict that lands in
-`results["extra"][name]`; the report renders it (templm.reports.reproduction.STAGE_SECTIONS).
+`results["extra"][name]`, its findings (an ExtraStage with a `half`) in results["findings"]; the report renders it
+(templm.reports.reproduction.STAGE_SECTIONS).
 """
 
 from __future__ import annotations
@@ -64,9 +71,8 @@ from templm.experiments import adaptation, streaming
 from templm.experiments.studies import Preset, StreamPreset, load_study, study_names
 from templm.io import format_duration, jsonable, write_json
 from templm.metrics import qa, time_analysis
-from templm.metrics.findings import CLAIMS, DIRECTIONS, combine_findings, findings
+from templm.metrics.findings import STREAMING, TIME_AWARE, combine_findings, judge
 from templm.metrics.statistics import mean_interval
-from templm.metrics.stream import STREAM_DIRECTIONS
 from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, count_parameters
 from templm.outputs import writing_into
 from templm.training import partitioning, trainer
@@ -148,10 +154,10 @@ EMBEDDED = StudyData()
 # --------------------------------------------------------------------------------------------------------------------
 # HOOK: extra stages. Each runs after adaptation, gets a StageContext, and returns a JSON-able dict stored as
 # results["extra"][name]; wall-clock seconds returned under "timings_sec" move to results["timing"] (results outside
-# "timing" must repeat exactly with the same seed). The report renders a stage named in
-# templm.reports.reproduction.STAGE_SECTIONS with its own section and figures, any other as JSON. The Transformer-XL
-# streaming half ("Mind the Gap", templm/experiments/streaming.py) is registered this way at the bottom of this
-# section.
+# "timing" must repeat exactly with the same seed), and the findings a stage with a `half` returns under "findings"
+# join results["findings"]. The report renders a stage named in templm.reports.reproduction.STAGE_SECTIONS with its
+# own section and figures, any other as JSON. The Transformer-XL streaming half ("Mind the Gap",
+# templm/experiments/streaming.py) is registered this way at the bottom of this section.
 # --------------------------------------------------------------------------------------------------------------------
 
 
@@ -173,6 +179,9 @@ class ExtraStage:
     name: str
     run: Callable[[StageContext], Dict[str, Any]]
     estimated_s: Union[float, Callable[[Preset], float]] = 60.0  # for the ETA: seconds, or seconds by preset
+    # The half of the study (templm.metrics.findings.HALVES) whose findings the stage returns under "findings"
+    # ({name: finding}, as findings.judge gives them): they join the study's findings; None: it returns none.
+    half: Optional[str] = None
 
     def estimate(self, preset: Preset) -> float:
         return float(self.estimated_s(preset) if callable(self.estimated_s) else self.estimated_s)
@@ -182,7 +191,8 @@ def _streaming_estimate(preset: Preset) -> float:
     return streaming.ESTIMATED_SECONDS.get(preset.name, streaming.ESTIMATED_SECONDS["smoke"])
 
 
-EXTRA_STAGES: List[ExtraStage] = [ExtraStage("streaming", streaming.reproduce_stage, _streaming_estimate)]
+EXTRA_STAGES: List[ExtraStage] = [ExtraStage("streaming", streaming.reproduce_stage, _streaming_estimate,
+                                              half=STREAMING)]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -295,9 +305,11 @@ def _data_summary(source: str, data_dir: str, manifest: Mapping[str, Any]) -> Di
 
 
 class Reproduction:
-    """The state one reproduction carries from stage to stage: the preset, the model and its optimizer, the device
-    mesh, where things live, the trained parameters and the results so far. `reproduce` drives it through the
-    stages; `prepare_data` and `train` are also what a test re-runs to check that a stage repeats exactly."""
+    """What every stage of one reproduction reads and none changes: the preset, the seed, where the data and the
+    models live, the data's source, the model, its optimizer and the device mesh (shared by every run of the preset
+    in one process). Each stage is a function of it and of what the earlier stages returned (TaskData, trained
+    parameters, an Evaluation), and returns what it found; `_reproduce` puts the results together. `prepare_data`
+    and `train` are also what a test re-runs to check that a stage repeats exactly."""
 
     def __init__(self, preset: Preset, out_dir: str, seed: int, data: StudyData = EMBEDDED,
                  stream_preset: Optional[StreamPreset] = None):
@@ -308,18 +320,16 @@ class Reproduction:
         self.model, self.optimizer, self.mesh = shared["model"], shared["optimizer"], shared["mesh"]
         self.shared = shared
         self.params_count = count_parameters(config)
-        model_config = {k: getattr(config, k) for k in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim",
-                                                          "num_encoder_layers", "num_decoder_layers")}
+        self.model_config = {k: getattr(config, k) for k in ("vocab_size", "emb_dim", "num_heads", "head_dim",
+                                                             "mlp_dim", "num_encoder_layers", "num_decoder_layers")}
         self.lengths = {"inputs": preset.inputs_length, "targets": preset.targets_length}
         self.data_dir = os.path.abspath(data.task_data) if data.task_data else os.path.join(out_dir, "data")
         self.models_dir = os.path.join(out_dir, "models")
-        self.skipped: Dict[str, str] = {}  # stage (or part of one) -> why the data could not support it
-        self.results: Dict[str, Any] = {"preset": preset.name, "seed": seed, "config": dataclasses.asdict(preset),
-                                        "model_config": model_config, "models": {}, "regimes": {}, "summary": {}}
-        self.model_times: Dict[str, float] = {}
-        self.extra_times: Dict[str, Any] = {}
-        self.params: Dict[str, Any] = {}
-        self.base_evaluations: Dict[str, Dict[str, Any]] = {}  # regime -> {"templama", "customnews"} evaluations
+
+    def header(self) -> Dict[str, Any]:
+        """The results every run starts from, before any stage: the preset, the seed and the model's shape."""
+        return {"preset": self.preset.name, "seed": self.seed, "config": dataclasses.asdict(self.preset),
+                "model_config": dict(self.model_config), "models": {}, "regimes": {}, "summary": {}}
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def train_kwargs(self) -> Dict[str, Any]:
@@ -333,33 +343,33 @@ class Reproduction:
         """What a model trained from the start (not fine-tuned) starts from: the study's initial checkpoint."""
         return {"initial_checkpoint_path": self.preset.initial_checkpoint} if self.preset.initial_checkpoint else {}
 
-    def train(self, name: str, regime: str, mixture: str, steps: int, init: str = "scratch") -> Any:
+    def train(self, name: str, regime: str, mixture: str, steps: int, init: str = "scratch") -> "TrainedModel":
         start = time.time()
         result = trainer.train(model_dir=os.path.join(self.models_dir, name), mixture_or_task_name=mixture,
                                train_steps=steps, eval_period=0, **self.train_kwargs(), **self.start_kwargs())
-        self.model_times[name] = time.time() - start
-        self.record_model(name, regime, mixture, int(result["step"]), result.get("train", {}).get("loss"), init)
-        self.params[name] = result["params"]
-        return result["params"]
+        return self.trained(name, regime, mixture, int(result["step"]), result.get("train", {}).get("loss"), init,
+                            time.time() - start, result["params"])
 
-    def record_model(self, name, regime, mixture, steps, loss, init) -> None:
+    def trained(self, name, regime, mixture, steps, loss, init, seconds, params=None) -> "TrainedModel":
+        """A model a stage trained, as results["models"] records it (one line on the terminal)."""
         if init == "scratch" and self.preset.initial_checkpoint:
             init = self.preset.initial_checkpoint
-        self.results["models"][name] = {"regime": regime, "mixture": mixture, "params": self.params_count,
-                                        "steps": steps, "batch_size": self.preset.batch_size,
-                                        "train_loss": None if loss is None else float(loss), "init": init}
+        record = {"regime": regime, "mixture": mixture, "params": self.params_count, "steps": steps,
+                  "batch_size": self.preset.batch_size, "train_loss": None if loss is None else float(loss),
+                  "init": init}
         console.say(f"  trained {name}: {steps} steps, final loss "
-                    f"{'n/a' if loss is None else f'{float(loss):.3f}'}, {format_duration(self.model_times[name])}")
+                    f"{'n/a' if loss is None else f'{float(loss):.3f}'}, {format_duration(seconds)}")
+        return TrainedModel(params, record, seconds)
 
     def configure(self, data_dir: str, train_years: Optional[Sequence[int]] = None) -> None:
         """The SeqIO tasks over `data_dir`, training on `train_years` (default: the seen years)."""
         tasks.configure(data_dir=data_dir, train_years=train_years)
 
-    def prepare_data(self) -> dict:
-        """The task data and its manifest: the embedded world's (world, yearly splits, vocabulary and task records
-        under data/), the user's corpus and TempLAMA release turned into task data under data/, or the prepared
-        task data the run was given. Raises StageSkipped when the data holds no TempLAMA queries (the time-aware
-        half needs them)."""
+    def prepare_data(self) -> "TaskData":
+        """The task data and what the study reads of it: the embedded world's (world, yearly splits, vocabulary and
+        task records under data/), the user's corpus and TempLAMA release turned into task data under data/, or the
+        prepared task data the run was given. Raises StageSkipped when there is no TempLAMA release to build from;
+        TaskData.check says whether the time-aware half can run on what was built."""
         p = self.preset
         d = self.data
         if d.task_data:
@@ -387,28 +397,13 @@ class Reproduction:
                                     seed=self.seed, heldout_fraction=p.heldout_fraction)
             manifest = prepare_task_data(config, self.data_dir)
             source = "embedded world"
-        self.manifest = manifest
-        self.seen, self.future = list(manifest["seen_years"]), list(manifest["future_years"])
-        self.new_year = self.future[0] if self.future else None
         if source == "embedded world":
             with open(os.path.join(self.data_dir, "world", "stats.json"), encoding="utf-8") as f:
-                self.results["world"] = _world_summary(json.load(f), manifest)
+                summary = _world_summary(json.load(f), manifest)
         else:
-            self.results["world"] = _data_summary(source, self.data_dir, manifest)
-            if not self.results["world"]["templama_test_examples"]:
-                raise StageSkipped(f"the task data in {self.data_dir} holds no TempLAMA test queries: the "
-                                   "time-aware half asks them")
-        if not self.seen:
-            raise StageSkipped(f"no seen year: the data spans {_years(manifest['years'])} and the last "
-                               f"{p.future_years} are kept as future years")
-        return manifest
-
-    def templama_test_file(self) -> str:
-        """The TempLAMA test split the task data was built from."""
-        folder = (self.manifest.get("config") or {}).get("templama_dir")
-        if folder:
-            return templama_split_files(folder)["test"]
-        return os.path.join(self.data_dir, "world", "templama", "test.jsonl")
+            summary = _data_summary(source, self.data_dir, manifest)
+        return TaskData(self.data_dir, manifest, list(manifest["seen_years"]), list(manifest["future_years"]),
+                        source, summary, p.future_years)
 
     def calibration_file(self) -> Optional[str]:
         """The calibration relations: the given file, or the embedded world's; None without either."""
@@ -417,18 +412,84 @@ class Reproduction:
         world = os.path.join(self.data_dir, "world", "calibration.jsonl")
         return world if os.path.exists(world) else None
 
-    def run_extra_stage(self, stage: ExtraStage) -> Dict[str, Any]:
-        """Runs an extra stage (see the HOOK above) and files what it returns under results["extra"][name]."""
-        context = StageContext(self.preset, self.seed, self.out_dir, self.data_dir,
-                               dict(getattr(self, "manifest", None) or {}), os.path.join(self.out_dir, "figures"),
-                               dict(self.results), self.data, self.stream_preset)
-        os.makedirs(context.figures_dir, exist_ok=True)
-        result = dict(stage.run(context))
-        timings = result.pop("timings_sec", None)
-        if timings is not None:
-            self.extra_times[stage.name] = timings
-        self.results.setdefault("extra", {})[stage.name] = result
-        return result
+
+@dataclasses.dataclass(frozen=True)
+class TaskData:
+    """What the data stage found: the task data's folder and manifest, its seen and future years, its source
+    ("embedded world", "corpus", "task data") and what results["world"] says of it."""
+
+    data_dir: str
+    manifest: Mapping[str, Any]
+    seen: List[int]
+    future: List[int]
+    source: str
+    summary: Dict[str, Any]
+    future_years: int  # how many of the last years the study keeps as future years
+
+    @property
+    def new_year(self) -> Optional[int]:
+        """The year adaptation adapts to: the first future year."""
+        return self.future[0] if self.future else None
+
+    def check(self) -> None:
+        """Raises StageSkipped when the time-aware half cannot run on this data: no TempLAMA test queries, no seen
+        year."""
+        if self.source != "embedded world" and not self.summary["templama_test_examples"]:
+            raise StageSkipped(f"the task data in {self.data_dir} holds no TempLAMA test queries: the time-aware "
+                               "half asks them")
+        if not self.seen:
+            raise StageSkipped(f"no seen year: the data spans {_years(self.manifest['years'])} and the last "
+                               f"{self.future_years} are kept as future years")
+
+    def templama_test_file(self) -> str:
+        """The TempLAMA test split the task data was built from."""
+        folder = (self.manifest.get("config") or {}).get("templama_dir")
+        if folder:
+            return templama_split_files(folder)["test"]
+        return os.path.join(self.data_dir, "world", "templama", "test.jsonl")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedModel:
+    """A model a stage trained: its parameters (None once a stage has no more use for them), what results["models"]
+    records of it, and its wall-clock seconds (results["timing"])."""
+
+    params: Any
+    record: Dict[str, Any]
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """What the evaluation stage found: the sections it adds to results.json ("regimes", "summary", "yearly",
+    "per_query", "duration"), the un-adapted Uniform and Temporal models' evaluations (regime -> {"templama",
+    "customnews"}; adaptation compares with them query by query) and the TempLAMA test queries (the future probes
+    ask them)."""
+
+    results: Dict[str, Any]
+    base: Dict[str, Dict[str, Any]]
+    test_queries: List[Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class StageOutput:
+    """What a later stage adds to the results: sections of results.json, the models it trained (in order) and the
+    parts of it the data could not support ({part: why})."""
+
+    results: Dict[str, Any]
+    models: Dict[str, TrainedModel] = dataclasses.field(default_factory=dict)
+    skipped: Dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def run_extra_stage(run: Reproduction, stage: ExtraStage, data: Optional[TaskData],
+                    results: Mapping[str, Any]) -> Dict[str, Any]:
+    """Runs an extra stage (see the HOOK above) on what the earlier stages found (`results`, read only) and returns
+    what it returned, for results["extra"][name]."""
+    context = StageContext(run.preset, run.seed, run.out_dir, run.data_dir,
+                           dict(data.manifest) if data is not None else {}, os.path.join(run.out_dir, "figures"),
+                           dict(results), run.data, run.stream_preset)
+    os.makedirs(context.figures_dir, exist_ok=True)
+    return dict(stage.run(context))
 
 
 _SHARED: Dict[Any, Dict[str, Any]] = {}
@@ -451,24 +512,25 @@ def _shared(preset: Preset, config: Any) -> Dict[str, Any]:
     return _SHARED[preset]
 
 
-def _stage_train_main(run: Reproduction) -> None:
-    run.configure(run.data_dir)  # the mixtures' training splits hold the seen years only
-    for regime in SHARED_MODEL:
-        run.train(regime, regime, f"{regime}_mixture", run.preset.steps)
+def train_main(run: Reproduction, data: TaskData) -> Dict[str, TrainedModel]:
+    """The Uniform and Temporal models, on the seen years (the mixtures' training splits hold only those)."""
+    run.configure(data.data_dir)
+    return {regime: run.train(regime, regime, f"{regime}_mixture", run.preset.steps) for regime in SHARED_MODEL}
 
 
-def _stage_train_yearly(run: Reproduction) -> None:
-    run.configure(run.data_dir)
-    for year in run.seen:
-        run.train(f"yearly_{year}", "yearly", f"yearly_{year}_mixture", run.preset.yearly_steps)
+def train_yearly(run: Reproduction, data: TaskData) -> Dict[str, TrainedModel]:
+    """One expert per seen year, on that year's data."""
+    run.configure(data.data_dir)
+    return {f"yearly_{year}": run.train(f"yearly_{year}", "yearly", f"yearly_{year}_mixture", run.preset.yearly_steps)
+            for year in data.seen}
 
 
-def _qa_summary(run: Reproduction, regime: str, templama, customnews, params: int, steps: int) -> None:
-    run.results["regimes"][regime] = {"templama": templama.metrics, "customnews": customnews.metrics}
-    run.results["summary"][regime] = {
-        "params": params, "steps": steps,
-        "seen_ppl": time_analysis.pooled_perplexity(customnews.metrics, run.seen),
-        "future_ppl": time_analysis.pooled_perplexity(customnews.metrics, run.future)}
+def _qa_summary(data: TaskData, templama, customnews, params: int, steps: int) -> Tuple[Dict, Dict]:
+    """(results["regimes"][regime], results["summary"][regime]) of one model's evaluations."""
+    return ({"templama": templama.metrics, "customnews": customnews.metrics},
+            {"params": params, "steps": steps,
+             "seen_ppl": time_analysis.pooled_perplexity(customnews.metrics, data.seen),
+             "future_ppl": time_analysis.pooled_perplexity(customnews.metrics, data.future)})
 
 
 def _stop_if_asked(where: str) -> None:
@@ -477,57 +539,60 @@ def _stop_if_asked(where: str) -> None:
         raise Preempted(f"while evaluating {where} (the models trained so far are saved; nothing is reported)")
 
 
-def _stage_evaluate(run: Reproduction) -> None:
-    run.configure(run.data_dir)
+def evaluate(run: Reproduction, data: TaskData, params: Mapping[str, Any]) -> Evaluation:
+    """TempLAMA and CustomNews of the Uniform and Temporal models and of the yearly router, each expert on every
+    year (the fall-off with the year gap), and F1 by answer duration. `params`: {model name: parameters}."""
+    run.configure(data.data_dir)
     fns = run.shared["fns"]
+    regimes: Dict[str, Any] = {}
+    summary: Dict[str, Any] = {}
     evaluations = {}
+    base = {}
     for regime in SHARED_MODEL:
         _stop_if_asked(regime)
-        model_fns = with_params(fns, run.params[regime])
+        model_fns = with_params(fns, params[regime])
         templama = evaluate_model(model_fns, f"templama_{regime}", run.lengths)
         customnews = evaluate_model(model_fns, f"customnews_ssm_{regime}", run.lengths)
-        _qa_summary(run, regime, templama, customnews, run.params_count, run.preset.steps)
+        regimes[regime], summary[regime] = _qa_summary(data, templama, customnews, run.params_count, run.preset.steps)
         evaluations[regime] = templama
-        run.base_evaluations[regime] = {"templama": templama, "customnews": customnews}
+        base[regime] = {"templama": templama, "customnews": customnews}
     _stop_if_asked("the yearly experts")
-    router = YearRouter({year: run.params[f"yearly_{year}"] for year in run.seen})
+    router = YearRouter({year: params[f"yearly_{year}"] for year in data.seen})
     templama = evaluate_router(router, fns, "templama_uniform", run.lengths)
     customnews = evaluate_router(router, fns, "customnews_ssm_uniform", run.lengths)
-    _qa_summary(run, "yearly", templama, customnews, run.params_count * len(run.seen),
-                run.preset.yearly_steps * len(run.seen))
-    run.results["regimes"]["yearly"]["routes"] = {str(y): router.route(y) for y in run.manifest["years"]}
+    regimes["yearly"], summary["yearly"] = _qa_summary(data, templama, customnews, run.params_count * len(data.seen),
+                                                       run.preset.yearly_steps * len(data.seen))
+    regimes["yearly"]["routes"] = {str(y): router.route(y) for y in data.manifest["years"]}
     evaluations["yearly"] = templama
 
     # Each expert on every year's test examples, TempLAMA and CustomNews: the fall-off with the year gap.
     experts: Dict[str, Dict[int, Any]] = {"templama": {}, "customnews": {}}
     expert_evaluations: Dict[str, Dict[str, Any]] = {"templama": {}, "customnews": {}}
-    for year in run.seen:
+    for year in data.seen:
         _stop_if_asked(f"the {year} expert")
         for folder, task in (("templama", "templama_uniform"), ("customnews", "customnews_ssm_uniform")):
-            evaluation = evaluate_model(with_params(fns, run.params[f"yearly_{year}"]), task, run.lengths)
+            evaluation = evaluate_model(with_params(fns, params[f"yearly_{year}"]), task, run.lengths)
             experts[folder][year] = {k: v for k, v in evaluation.metrics.items()
                                      if k.split("_")[0] in ("f1", "em", "count")}
             expert_evaluations[folder][str(year)] = evaluation
     by_gap = time_analysis.f1_by_year_gap(experts["templama"])
     news_by_gap = time_analysis.f1_by_year_gap(experts["customnews"])
-    run.results["yearly"] = {"experts": experts["templama"], "by_gap": by_gap, "falloff": time_analysis.falloff(by_gap),
-                             "per_query": per_query_f1(expert_evaluations["templama"]),
-                             "customnews": {"experts": experts["customnews"], "by_gap": news_by_gap,
-                                            "falloff": time_analysis.falloff(news_by_gap),
-                                            "per_query": per_query_f1(expert_evaluations["customnews"])}}
-    run.results["per_query"] = per_query_f1(evaluations)
+    yearly = {"experts": experts["templama"], "by_gap": by_gap, "falloff": time_analysis.falloff(by_gap),
+              "per_query": per_query_f1(expert_evaluations["templama"]),
+              "customnews": {"experts": experts["customnews"], "by_gap": news_by_gap,
+                             "falloff": time_analysis.falloff(news_by_gap),
+                             "per_query": per_query_f1(expert_evaluations["customnews"])}}
 
-    queries = list(TemplamaReader(run.templama_test_file()))
-    run.test_queries = queries
+    queries = list(TemplamaReader(data.templama_test_file()))
     durations = time_analysis.answer_durations(queries)
-    seen = set(run.seen)
-    run.results["duration"] = {}
+    seen = set(data.seen)
+    duration = {}
     for regime, evaluation in evaluations.items():
         ids = {ex["id"] for ex in evaluation.examples if ex.get("year") in seen}
         predictions = {i: p for i, p in evaluation.predictions().items() if i in ids}
-        run.results["duration"][regime] = time_analysis.f1_by_duration(predictions, evaluation.answers(),
-                                                                       durations)
-    run.fns = fns
+        duration[regime] = time_analysis.f1_by_duration(predictions, evaluation.answers(), durations)
+    return Evaluation({"regimes": regimes, "summary": summary, "yearly": yearly,
+                       "per_query": per_query_f1(evaluations), "duration": duration}, base, queries)
 
 
 def per_query_f1(evaluations: Mapping[str, Any]) -> Dict[str, Any]:
@@ -543,46 +608,57 @@ def per_query_f1(evaluations: Mapping[str, Any]) -> Dict[str, Any]:
             "f1": {name: [s[i][1] for i in ids] for name, s in scored.items()}}
 
 
-def _stage_future(run: Reproduction) -> None:
+def future_probes(run: Reproduction, data: TaskData, params: Mapping[str, Any],
+                  test_queries: Sequence[Any]) -> StageOutput:
+    """The Uniform and Temporal models asked about the years after the last seen one: the log-likelihood of the
+    test queries' answers by year gap, and the entropy over the calibration relations' candidates (skipped, with
+    the reason, without calibration relations)."""
+    if not data.future:
+        raise StageSkipped(f"no future year: the data's years {_years(data.manifest['years'])} are all seen years")
     vocabulary = seqio.get_mixture_or_task("templama_temporal").output_features["targets"].vocabulary
     scorer = run.shared["scorer"].with_vocabulary(vocabulary)
     path = run.calibration_file()
     calibration = read_calibration(path) if path else None
+    skipped = {}
     if calibration is None:
-        run.skipped["calibration"] = ("no calibration relations: the embedded world writes calibration.jsonl; give "
-                                      "one with --calibration")
-        console.say(f"  calibration: skipped: {run.skipped['calibration']}")
-    last_seen = run.seen[-1]
+        skipped["calibration"] = ("no calibration relations: the embedded world writes calibration.jsonl; give one "
+                                  "with --calibration")
+        console.say(f"  calibration: skipped: {skipped['calibration']}")
+    last_seen = data.seen[-1]
     years = list(range(last_seen + 1, last_seen + 1 + run.preset.calibration_years))
-    run.results["degradation"] = {}
+    results: Dict[str, Any] = {"degradation": {}}
     if calibration is not None:
-        run.results["calibration"] = {}
+        results["calibration"] = {}
     for regime in SHARED_MODEL:
         _stop_if_asked(f"the {regime} model's future years")
-        run.results["degradation"][regime] = future_degradation(scorer, run.params[regime], regime, run.test_queries,
-                                                                last_seen, run.preset.max_gap)
+        results["degradation"][regime] = future_degradation(scorer, params[regime], regime, test_queries, last_seen,
+                                                            run.preset.max_gap)
         if calibration is not None:
-            run.results["calibration"][regime] = future_calibration(scorer, run.params[regime], regime,
-                                                                    calibration, years)
+            results["calibration"][regime] = future_calibration(scorer, params[regime], regime, calibration, years)
+    return StageOutput(results, skipped=skipped)
 
 
-def _stage_adaptation(run: Reproduction) -> None:
+def adapt(run: Reproduction, data: TaskData, base: Evaluation) -> StageOutput:
     """Dhingra et al., Section 5: the Uniform and the Temporal model each fine-tuned on alpha mixtures of the new
     year's news (with and without the year prefix), scored on TempLAMA and CustomNews for the new and the old
-    years, against the Temporal model retrained from scratch on every year up to the new one."""
+    years, against the Temporal model retrained from scratch on every year up to the new one. `base`: the
+    evaluation stage's Evaluation (the un-adapted models' scores, compared query by query)."""
     p = run.preset
-    if run.new_year is None:
-        raise StageSkipped(f"no future year to adapt to: the data's years {_years(run.manifest['years'])} are all "
+    new_year, seen = data.new_year, data.seen
+    if new_year is None:
+        raise StageSkipped(f"no future year to adapt to: the data's years {_years(data.manifest['years'])} are all "
                            "seen years")
-    run.configure(run.data_dir)
+    run.configure(data.data_dir)
+    fns = run.shared["fns"]
     kwargs = run.train_kwargs()
+    models: Dict[str, TrainedModel] = {}
     evaluated: Dict[Tuple[int, str], Any] = {}  # (id(params), task) -> its evaluation, reused for the per-query scores
 
     def evaluate_on(task):
         def evaluate(params):  # the final scores, with the functions the evaluation stage compiled
             key = (id(params), task)
             if key not in evaluated:
-                evaluated[key] = evaluate_model(with_params(run.fns, params), task, run.lengths)
+                evaluated[key] = evaluate_model(with_params(fns, params), task, run.lengths)
             return evaluated[key].metrics
         return evaluate
 
@@ -596,52 +672,50 @@ def _stage_adaptation(run: Reproduction) -> None:
         return max(1, steps // points) if points > 1 else None
 
     # The reference: the Temporal model retrained from scratch on the seen years and the new one.
-    run.configure(run.data_dir, train_years=run.seen + [run.new_year])
+    run.configure(data.data_dir, train_years=seen + [new_year])
     try:
         retrained = adaptation.train_with_curve(os.path.join(run.models_dir, "retrain"), "temporal_mixture",
-                                                p.retrain_steps, "templama_temporal", run.new_year, run.seen,
+                                                p.retrain_steps, "templama_temporal", new_year, seen,
                                                 period(p.retrain_steps, p.retrain_eval_points),
                                                 evaluate=evaluate_on("templama_temporal"), **kwargs,
                                                 **run.start_kwargs())
     finally:
-        run.configure(run.data_dir)
-    run.model_times["retrain"] = retrained.pop("wall_s")
+        run.configure(data.data_dir)
+    seconds = retrained.pop("wall_s")
     retrained_evaluations = evaluations_of(retrained.pop("params"), "temporal")
-    retrained["customnews"] = adaptation.new_and_old_f1(retrained_evaluations["customnews"].metrics, run.new_year,
-                                                        run.seen)
-    run.record_model("retrain", "temporal", f"temporal_mixture ({_years(run.seen + [run.new_year])})",
-                     retrained["steps"], retrained["train_loss"], "scratch")
+    retrained["customnews"] = adaptation.new_and_old_f1(retrained_evaluations["customnews"].metrics, new_year, seen)
+    models["retrain"] = run.trained("retrain", "temporal", f"temporal_mixture ({_years(seen + [new_year])})",
+                                    retrained["steps"], retrained["train_loss"], "scratch", seconds)
 
     regimes = {}
     for regime in ("temporal", "uniform"):
-        base_evaluations = run.base_evaluations[regime]
-        base = adaptation.new_and_old_f1(base_evaluations["templama"].metrics, run.new_year, run.seen)
-        runs = adaptation.fine_tune_alphas(os.path.join(run.models_dir, regime, "checkpoints"), run.new_year,
-                                           run.seen, p.alphas, p.adapt_steps, os.path.join(run.models_dir, "adapt"),
+        base_evaluations = base.base[regime]
+        base_f1 = adaptation.new_and_old_f1(base_evaluations["templama"].metrics, new_year, seen)
+        runs = adaptation.fine_tune_alphas(os.path.join(run.models_dir, regime, "checkpoints"), new_year, seen,
+                                           p.alphas, p.adapt_steps, os.path.join(run.models_dir, "adapt"),
                                            f"templama_{regime}", period(p.adapt_steps, p.adapt_eval_points),
                                            evaluate_on(f"templama_{regime}"), regime=regime, **kwargs)
         per_query = {folder: {"base": evaluation} for folder, evaluation in base_evaluations.items()}
         for alpha, r in runs.items():
             _stop_if_asked(f"the {regime} model adapted with alpha {alpha}")
             name = f"adapt_alpha{alpha}" if regime == "temporal" else f"adapt_{regime}_alpha{alpha}"
-            run.model_times[name] = r.pop("wall_s")
+            seconds = r.pop("wall_s")
             for folder, evaluation in evaluations_of(r.pop("params"), regime).items():
                 per_query[folder][alpha] = evaluation
-            r["customnews"] = adaptation.new_and_old_f1(per_query["customnews"][alpha].metrics, run.new_year,
-                                                        run.seen)
-            run.record_model(name, regime, r["mixture"], r["steps"], r["train_loss"], regime)
+            r["customnews"] = adaptation.new_and_old_f1(per_query["customnews"][alpha].metrics, new_year, seen)
+            models[name] = run.trained(name, regime, r["mixture"], r["steps"], r["train_loss"], regime, seconds)
         if regime == "temporal":
             per_query["templama"]["retrained"] = retrained_evaluations["templama"]
             per_query["customnews"]["retrained"] = retrained_evaluations["customnews"]
-        news_base = adaptation.new_and_old_f1(base_evaluations["customnews"].metrics, run.new_year, run.seen)
+        news_base = adaptation.new_and_old_f1(base_evaluations["customnews"].metrics, new_year, seen)
         regimes[regime] = {
-            "runs": runs, "summary": adaptation.summarize(base, runs, retrained, p.steps),
+            "runs": runs, "summary": adaptation.summarize(base_f1, runs, retrained, p.steps),
             "customnews_summary": adaptation.summarize(
                 news_base, {a: {**r["customnews"], "steps": r["steps"]} for a, r in runs.items()},
                 {**retrained["customnews"], "steps": retrained["steps"]}, p.steps),
             "per_query": {folder: per_query_f1(evaluations) for folder, evaluations in per_query.items()}}
-    run.results["adaptation"] = {"new_year": run.new_year, "old_years": run.seen, "retrained": retrained,
-                                 "regimes": regimes}
+    return StageOutput({"adaptation": {"new_year": new_year, "old_years": seen, "retrained": retrained,
+                                       "regimes": regimes}}, models)
 
 
 def _years(years: Sequence[int]) -> str:
@@ -717,54 +791,87 @@ def _reproduce(preset: Preset, out_dir: str, seed: int, extra: List[ExtraStage],
     t0 = time.time()
     run = Reproduction(preset, out_dir, seed, data, stream_preset)
     progress = Progress(_plan(preset, preset.end_year - preset.start_year + 1 - preset.future_years, extra))
+    results = run.header()
+    skipped: Dict[str, str] = {}  # stage (or part of one) -> why the data could not support it
+    model_times: Dict[str, float] = {}
+    extra_times: Dict[str, Any] = {}
+    found: Dict[str, Dict[str, Any]] = {}  # the extra stages' findings
 
-    def future_stage():
-        if not run.future:
-            raise StageSkipped(f"no future year: the data's years {_years(run.manifest['years'])} are all seen "
-                               "years")
-        _stage_future(run)
+    def stage(name: str, fn: Callable[[], Any]) -> Any:
+        """Runs one stage and returns what it returned; None where it was skipped (or the data stage was, for the
+        time-aware half's stages), with one line saying why."""
+        if sigterm_received():
+            raise Preempted(f"before the stage '{name}' (the models trained so far are saved in {out_dir})")
+        if "data" in skipped and name in T5_STAGES:
+            skipped[name] = skipped["data"]
+            progress.skip(name, "the time-aware half has no data (see the data stage)")
+            return None
+        progress.start(name)
+        try:
+            value = fn()
+        except StageSkipped as e:
+            skipped[name] = str(e)
+            progress.skip(name, str(e))
+            return None
+        progress.end()
+        return value
 
-    stages: List[Tuple[str, Callable[[], None]]] = [
-        ("data", run.prepare_data),
-        ("train uniform and temporal", lambda: _stage_train_main(run)),
-        ("train yearly experts", lambda: _stage_train_yearly(run)),
-        ("evaluate", lambda: _stage_evaluate(run)),
-        ("future probes", future_stage),
-        ("adaptation", lambda: _stage_adaptation(run)),
-    ]
-    stages += [(f"extra: {stage.name}", lambda stage=stage: run.run_extra_stage(stage)) for stage in extra]
+    def keep(models: Optional[Mapping[str, TrainedModel]]) -> Dict[str, Any]:
+        """Files the models a stage trained under results["models"]; returns their parameters by name."""
+        for name, model in (models or {}).items():
+            results["models"][name] = model.record
+            model_times[name] = model.seconds
+        return {name: model.params for name, model in (models or {}).items()}
+
+    def add(output: Optional[StageOutput]) -> None:
+        if output is not None:
+            results.update(output.results)
+            skipped.update(output.skipped)
+            keep(output.models)
+
+    def data_stage() -> TaskData:
+        task_data = run.prepare_data()
+        results["world"] = task_data.summary
+        task_data.check()
+        return task_data
+
     # SIGTERM while a model trains: its loop saves and raises Preempted. Between trainings (evaluation, data): the
     # signal is noted and the run stops before the next stage. Either way nothing is written and a rerun resumes.
     try:
         with watch_sigterm():
-            for name, fn in stages:
-                if sigterm_received():
-                    raise Preempted(f"before the stage '{name}' (the models trained so far are saved in {out_dir})")
-                if "data" in run.skipped and name in T5_STAGES:
-                    run.skipped[name] = run.skipped["data"]
-                    progress.skip(name, "the time-aware half has no data (see the data stage)")
+            task_data = stage("data", data_stage)
+            params = keep(stage("train uniform and temporal", lambda: train_main(run, task_data)))
+            params.update(keep(stage("train yearly experts", lambda: train_yearly(run, task_data))))
+            evaluation = stage("evaluate", lambda: evaluate(run, task_data, params))
+            if evaluation is not None:
+                results.update(evaluation.results)
+            add(stage("future probes", lambda: future_probes(run, task_data, params, evaluation.test_queries)))
+            add(stage("adaptation", lambda: adapt(run, task_data, evaluation)))
+            for extra_stage in extra:
+                value = stage(f"extra: {extra_stage.name}",
+                              lambda: run_extra_stage(run, extra_stage, task_data, results))
+                if value is None:
                     continue
-                progress.start(name)
-                try:
-                    fn()
-                except StageSkipped as e:
-                    run.skipped[name] = str(e)
-                    progress.skip(name, str(e))
-                    continue
-                progress.end()
+                if "timings_sec" in value:
+                    extra_times[extra_stage.name] = value.pop("timings_sec")
+                if extra_stage.half is not None:
+                    found.update(value.pop("findings", None) or {})
+                results.setdefault("extra", {})[extra_stage.name] = value
             if sigterm_received():
                 raise Preempted(f"after the last stage (the models are saved in {out_dir})")
     finally:
         _restore_tasks(previous_data_dir)
-    run.results["timing"] = {"stages": [[n, t] for n, t in progress.times.items()],
-                             "models": [[n, t] for n, t in run.model_times.items()],
-                             "extra": run.extra_times,
-                             "total_s": time.time() - t0, "machine": _machine()}
-    if run.skipped:
-        run.results["skipped"] = dict(run.skipped)
-    results = jsonable(run.results)
-    results["findings"] = {item["name"]: {k: v for k, v in item.items() if k != "name"}
-                           for item in findings(results)}
+    results["timing"] = {"stages": [[n, t] for n, t in progress.times.items()],
+                         "models": [[n, t] for n, t in model_times.items()], "extra": extra_times,
+                         "total_s": time.time() - t0, "machine": _machine()}
+    if skipped:
+        results["skipped"] = dict(skipped)
+    results = jsonable(results)
+    results["findings"] = judge(results, TIME_AWARE)
+    for extra_stage in extra:  # a half whose stage the data could not support: its findings say why
+        if extra_stage.half is not None and f"extra: {extra_stage.name}" in skipped:
+            found.update(judge({}, extra_stage.half, skipped=skipped))
+    results["findings"].update(found)
     write_json(os.path.join(out_dir, "results.json"), results, sort_keys=True)
     return results
 
@@ -805,23 +912,13 @@ def reproduce_seeds(preset: Union[str, Preset], out_dir: str, seeds: Sequence[in
 
 
 def combine_seeds(per_seed: Mapping[str, Mapping[str, Any]]) -> Dict[str, Any]:
-    """{"preset", "seeds", "findings", "extra_findings", "aggregate", "per_seed"} from the results of each seed
-    ({seed: results}, in run order): findings combined over the seeds (templm.metrics.findings.combine_findings),
-    the extra stages' findings likewise, and `aggregate_numbers` of the summary numbers."""
+    """{"preset", "seeds", "findings", "aggregate", "per_seed"} from the results of each seed ({seed: results}, in
+    run order): the findings of both halves combined over the seeds (templm.metrics.findings.combine_findings, the
+    same {name: finding} shape as one seed's) and `aggregate_numbers` of the summary numbers."""
     seeds = list(per_seed)
     runs = [per_seed[s] for s in seeds]
-    combined = combine_findings([[{"name": n, **f} for n, f in r["findings"].items()] for r in runs], DIRECTIONS,
-                                CLAIMS)
-    extra_findings = {}
-    for stage in (runs[0].get("extra") or {}):
-        lists = [[{"name": n, **f} for n, f in ((r.get("extra") or {}).get(stage, {}).get("findings") or {}).items()]
-                 for r in runs]
-        if all(lists):
-            extra_findings[stage] = {f["name"]: {k: v for k, v in f.items() if k != "name"}
-                                     for f in combine_findings(lists, STREAM_DIRECTIONS, {})}
     return {"preset": runs[0].get("preset"), "seeds": [int(s) for s in seeds],
-            "findings": {f["name"]: {k: v for k, v in f.items() if k != "name"} for f in combined},
-            "extra_findings": extra_findings,
+            "findings": combine_findings([r["findings"] for r in runs]),
             "aggregate": aggregate_numbers(runs, skip=PER_ITEM_KEYS | {"timing", "findings", "config"}),
             "per_seed": dict(per_seed)}
 

@@ -51,8 +51,9 @@ from templm.evaluation import dynamic_eval
 from templm.evaluation.stream_eval import evaluate_stream
 from templm.experiments.studies import StreamPreset, load_study, study_names
 from templm.io import file_sha256, write_json
-from templm.metrics.stream import (CONTROL_TOKENIZER_RUN, perplexity, stream_findings, stream_results, summarize,
-                                   tokenizer_comparison, word_log_probs)
+from templm.metrics.findings import STREAMING, judge
+from templm.metrics.stream import (CONTROL_TOKENIZER_RUN, perplexity, stream_results, summarize, tokenizer_comparison,
+                                   word_log_probs)
 from templm.models.transformer_xl import TransformerXLConfig
 from templm.training.lm_trainer import load_lm, train_lm
 
@@ -306,7 +307,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
                           "validation_split_file": (os.path.abspath(validation_split_file) if validation_docs
                                                     else None),
                           "chosen": chosen}
-    results["findings"] = stream_findings(results)
+    results["findings"] = judge(results, STREAMING)
     comparison = tokenizer_comparison(results)
     if comparison is not None:
         results["tokenizer_comparison"] = comparison

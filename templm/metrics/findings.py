@@ -1,10 +1,13 @@
-"""The findings the time-aware T5 reproduction expects (Dhingra et al.), each a statistical test on the per-item
+"""The study's expected findings, both halves in one registry (`REGISTRY`), each a statistical test on the per-item
 numbers of one run's results (templm.metrics.statistics), and their combination over several seeds.
 
-A finding is a dict: "name", "claim", and the test result: "test", "effect", "interval" ([low, high], 95 %),
-"p_value", "n", "verdict" ("appears": the test supports the claim at the level alpha; "opposite": it supports the
-reverse; "inconclusive": neither), plus "evidence" (one line with the numbers) and test-specific details. Over several
-seeds, "per_seed" holds each seed's result and the verdict comes from a test on the per-seed effects.
+`judge(results, half)` gives {name: finding} for one half of the study; a finding is a dict: "claim", "half", and the
+test result: "test", "effect", "interval" ([low, high], 95 %), "p_value", "n", "verdict" ("appears": the test
+supports the claim at the level alpha; "opposite": it supports the reverse; "inconclusive": neither), plus "evidence"
+(one line with the numbers) and test-specific details. Over several seeds (`combine_findings`, the same shape),
+"per_seed" holds each seed's result and the verdict comes from a test on the per-seed effects.
+
+The time-aware half (Dhingra et al.), on the T5 study's results:
 
     temporal_beats_uniform     paired bootstrap / sign-flip test over the same seen-year test queries of the
                                per-query F1, Temporal minus Uniform (claim: > 0)
@@ -23,16 +26,25 @@ seeds, "per_seed" holds each seed's result and the verdict comes from a test on 
     temporal_forgets_less      for every alpha, a paired test over the old-year test queries of the F1 each model
                                lost by fine-tuning, Temporal minus Uniform (claim < 0; intersection-union over the
                                alphas); CustomNews as a detail
+
+The streaming half (Lazaridou et al.), on one stream run's results (templm.metrics.stream.judge_*):
+
+    streaming_gap              paired test over the test documents of the log word perplexity, TIME-STRATIFIED minus
+                               CONTROL (claim > 0)
+    streaming_growth           the t-test on the least-squares slope of the monthly relative increase (claim > 0)
+    streaming_dynamic          paired test over the test documents, dynamic evaluation minus static (claim < 0); whether
+                               the monthly gap narrows, paired over months, as a detail
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+import dataclasses
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from templm.io import jsonable, lookup
-from templm.metrics import statistics
+from templm.metrics import statistics, stream
 
 CHANGE_CLASSES = ("frequent", "rare", "never")
 OLD_F1_KEPT = 0.8  # "keeps most of its old-year F1": at least this share of the un-adapted model's
@@ -244,41 +256,77 @@ def _temporal_forgets_less(results, alpha) -> Dict[str, Any]:
     return out
 
 
-FINDINGS: Tuple[Tuple[str, str, int, Callable], ...] = (
-    ("temporal_beats_uniform", "Temporal beats Uniform on seen-year TempLAMA F1", +1, _temporal_beats_uniform),
-    ("yearly_falloff", "Yearly experts fall off with the year gap", -1, _yearly_falloff),
-    ("multi_answer_falls_faster", "The log-likelihood of multi-answer facts falls faster into the future than that "
-     "of single-answer facts", -1, _multi_answer_falls_faster),
-    ("entropy_order", "Entropy over candidates orders frequent > rare > never changing relations", +1,
-     _entropy_order),
-    ("adaptation", f"Alpha-mixture adaptation gains on the new year while keeping most (>= {OLD_F1_KEPT:.0%}) of "
-     "the old-years F1", +1, _adaptation),
-    ("temporal_forgets_less", "Adapted to a new year, the Temporal model forgets the old years less than the Uniform "
-     "model", -1, _temporal_forgets_less),
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One expected finding of the study: its `name` (unique over both halves), the `claim` in words, the sign the
+    claim gives the effect (`direction`), the `half` of the study whose results it is tested on ("time-aware": the
+    T5 study's results dict; "streaming": one stream run's results, templm.metrics.stream), the stages its numbers
+    come from (`needs`: where the run's results["skipped"] names one, the finding is not tested and says why) and
+    `judge(results, alpha)`, the test."""
+
+    name: str
+    claim: str
+    direction: int
+    half: str
+    needs: Tuple[str, ...]
+    judge: Callable[[Mapping[str, Any], float], Dict[str, Any]]
+
+
+TIME_AWARE, STREAMING = "time-aware", "streaming"
+HALVES = (TIME_AWARE, STREAMING)
+
+# Every finding of the study, in the order the report and the command line list them.
+REGISTRY: Tuple[Finding, ...] = (
+    Finding("temporal_beats_uniform", "Temporal beats Uniform on seen-year TempLAMA F1", +1, TIME_AWARE,
+            ("data", "evaluate"), _temporal_beats_uniform),
+    Finding("yearly_falloff", "Yearly experts fall off with the year gap", -1, TIME_AWARE, ("data", "evaluate"),
+            _yearly_falloff),
+    Finding("multi_answer_falls_faster", "The log-likelihood of multi-answer facts falls faster into the future "
+            "than that of single-answer facts", -1, TIME_AWARE, ("data", "future probes"),
+            _multi_answer_falls_faster),
+    Finding("entropy_order", "Entropy over candidates orders frequent > rare > never changing relations", +1,
+            TIME_AWARE, ("data", "future probes", "calibration"), _entropy_order),
+    Finding("adaptation", f"Alpha-mixture adaptation gains on the new year while keeping most (>= {OLD_F1_KEPT:.0%}) "
+            "of the old-years F1", +1, TIME_AWARE, ("data", "adaptation"), _adaptation),
+    Finding("temporal_forgets_less", "Adapted to a new year, the Temporal model forgets the old years less than the "
+            "Uniform model", -1, TIME_AWARE, ("data", "adaptation"), _temporal_forgets_less),
+    Finding("streaming_gap", "TIME-STRATIFIED perplexity is above CONTROL's on the test documents", +1, STREAMING,
+            ("streaming",), stream.judge_gap),
+    Finding("streaming_growth", "the gap grows month by month (the slope of the monthly relative increase, the "
+            "paper's t-test)", +1, STREAMING, ("streaming",), stream.judge_growth),
+    Finding("streaming_dynamic", "dynamic evaluation (SGD, all parameters) lowers TIME-STRATIFIED perplexity", -1,
+            STREAMING, ("streaming",), stream.judge_dynamic),
 )
+BY_NAME: Mapping[str, Finding] = {f.name: f for f in REGISTRY}
 
 
-# The stages (or parts of a stage) each finding's numbers come from: where the data could not support one, the
-# run's results["skipped"] names it with the reason, and the finding says it was not tested, and why.
-NEEDS = {"temporal_beats_uniform": ("data", "evaluate"), "yearly_falloff": ("data", "evaluate"),
-         "multi_answer_falls_faster": ("data", "future probes"),
-         "entropy_order": ("data", "future probes", "calibration"),
-         "adaptation": ("data", "adaptation"), "temporal_forgets_less": ("data", "adaptation")}
+def of_half(half: str) -> Tuple[Finding, ...]:
+    if half not in HALVES:
+        raise ValueError(f"unknown half of the study {half!r}: one of {', '.join(HALVES)}")
+    return tuple(f for f in REGISTRY if f.half == half)
 
 
-def findings(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -> List[Dict[str, Any]]:
-    """[{name, claim, verdict, test, effect, interval, p_value, n, evidence, ...}] for each expected finding, tested on
-    the per-item numbers of one run's results; a finding whose stage was skipped is not tested, with the reason."""
+def judge(results: Mapping[str, Any], half: str = TIME_AWARE, alpha: float = statistics.ALPHA,
+          skipped: Optional[Mapping[str, str]] = None) -> Dict[str, Dict[str, Any]]:
+    """{name: finding} for each finding of `half`, in REGISTRY order, tested on that half's results; a finding is a
+    dict {"claim", "half", "verdict", "test", "effect", "interval", "p_value", "n", "evidence", ...}, the one shape
+    results.json, the seeds' combination, the report and the command line all use. A finding whose stage was skipped
+    (`skipped`, default results["skipped"]: {stage: reason}; an extra stage is named "extra: NAME") is not tested,
+    with the reason."""
     results = jsonable(results)
-    skipped = results.get("skipped") or {}
-    out = []
-    for name, claim, _, judge in FINDINGS:
-        found = jsonable(judge(results, alpha))
-        stage = next((stage for stage in NEEDS.get(name, ()) if stage in skipped), None)
-        if stage is not None:
-            reason = f"not tested: the {stage} stage was skipped ({skipped[stage]})"
-            found = {**_missing(found.get("test", ""), reason), "skipped": stage}
-        out.append({"name": name, "claim": claim, **found})
+    if skipped is None:
+        skipped = results.get("skipped") or {}
+    skipped = {k[len("extra: "):] if k.startswith("extra: ") else k: v for k, v in skipped.items()}
+    out = {}
+    for finding in of_half(half):
+        stage = next((stage for stage in finding.needs if stage in skipped), None)
+        if stage is None:
+            found = jsonable(finding.judge(results, alpha))
+        else:
+            test = finding.judge({}, alpha).get("test", "")
+            found = {**_missing(test, f"not tested: the {stage} stage was skipped ({skipped[stage]})"),
+                     "skipped": stage}
+        out[finding.name] = {"claim": finding.claim, "half": finding.half, **found}
     return out
 
 
@@ -297,17 +345,10 @@ def combine(per_seed: Sequence[Mapping[str, Any]], direction: int, alpha: float 
     return jsonable(out)
 
 
-def combine_findings(per_seed: Sequence[Sequence[Mapping[str, Any]]], directions: Mapping[str, int],
-                     claims: Mapping[str, str], alpha: float = statistics.ALPHA) -> List[Dict[str, Any]]:
-    """Each finding (by name, in the order of the first seed) combined over the seeds' finding lists."""
-    names = [f["name"] for f in per_seed[0]]
-    out = []
-    for name in names:
-        results = [next(f for f in seed if f["name"] == name) for seed in per_seed]
-        out.append({"name": name, "claim": claims.get(name, results[0].get("claim", name)),
-                    **combine(results, directions[name], alpha)})
-    return out
-
-
-DIRECTIONS = {name: direction for name, _, direction, _ in FINDINGS}
-CLAIMS = {name: claim for name, claim, _, _ in FINDINGS}
+def combine_findings(per_seed: Sequence[Mapping[str, Mapping[str, Any]]], alpha: float = statistics.ALPHA
+                     ) -> Dict[str, Dict[str, Any]]:
+    """The findings of several seeds ({name: finding} each, as `judge` gives them) combined, finding by finding, in
+    REGISTRY order: the findings every seed holds."""
+    names = [f.name for f in REGISTRY if all(f.name in seed for seed in per_seed)]
+    return {name: {"claim": BY_NAME[name].claim, "half": BY_NAME[name].half,
+                   **combine([seed[name] for seed in per_seed], BY_NAME[name].direction, alpha)} for name in names}

@@ -15,7 +15,8 @@ a file (the topic and part-of-speech labels come from templm.data.stream_annotat
 
 `stream_results` gathers all of them into one JSON-able dict (what `templm stream` writes as results.json and
 templm.reports.stream turns into report.md and figures); `summarize` keeps its headline numbers and
-`stream_findings` judges the study's three expected findings from them. The usual recipe:
+`judge_gap`, `judge_growth` and `judge_dynamic` test the study's three expected findings on them (registered in
+templm.metrics.findings). The usual recipe:
 
     stream = build_stream(test_docs, processor)
     lp = {"time_stratified": {"static": evaluate_stream(model, ts_params, stream),
@@ -360,15 +361,6 @@ def summarize(results: Mapping[str, Any]) -> Dict[str, Any]:
             "months": list(results.get("months", []))}
 
 
-# The streaming half's expected findings ("Mind the Gap"): name, claim, the sign the claim gives the effect.
-STREAM_FINDINGS = (
-    ("gap", "TIME-STRATIFIED perplexity is above CONTROL's on the test documents", +1),
-    ("growth", "the gap grows month by month (the slope of the monthly relative increase, the paper's t-test)", +1),
-    ("dynamic", "dynamic evaluation (SGD, all parameters) lowers TIME-STRATIFIED perplexity", -1),
-)
-STREAM_DIRECTIONS = {name: direction for name, _, direction in STREAM_FINDINGS}
-
-
 # The TIME-STRATIFIED setup trained with CONTROL's tokenizer, for the paper's outdated-tokenizer comparison.
 CONTROL_TOKENIZER_RUN = "time_stratified_control_tokenizer"
 
@@ -409,65 +401,66 @@ def _document_log_ppl(documents: Mapping[str, Any], key: str) -> Optional[np.nda
     return np.asarray(nll, np.float64) / np.maximum(np.asarray(documents["words"], np.float64), 1.0)
 
 
-def stream_findings(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -> Dict[str, Any]:
-    """The streaming half's findings ("Mind the Gap"), each a statistical test on the stream results:
+def _missing(test: str, reason: str) -> Dict[str, Any]:
+    return {"test": test, "effect": None, "interval": [None, None], "p_value": None, "n": 0,
+            "verdict": "inconclusive", "reason": reason, "evidence": reason}
 
-    gap      paired bootstrap / sign-flip test over the test documents of the log word perplexity, TIME-STRATIFIED
-             minus CONTROL (static; claim > 0);
-    growth   least-squares slope of the monthly relative increase of TIME-STRATIFIED over CONTROL (static) against
-             the month, with its t-test (claim > 0);
-    dynamic  paired test over the test documents of the log word perplexity, TIME-STRATIFIED with SGD dynamic
-             evaluation minus static (claim < 0); whether it also narrows the monthly gap, paired over months, as a
-             detail.
 
-    Returns {name: {"claim", "verdict", "test", "effect", "interval", "p_value", "n", "evidence", ...}}."""
+# The streaming half's findings ("Mind the Gap"), each a statistical test on one stream run's results; they are
+# registered, with their claims and directions, in templm.metrics.findings.REGISTRY.
+
+
+def judge_gap(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -> Dict[str, Any]:
+    """Paired bootstrap / sign-flip test over the test documents of the log word perplexity, TIME-STRATIFIED minus
+    CONTROL (static; claim > 0)."""
     documents = results.get("documents") or {}
     primary, baseline = results.get("primary", "time_stratified"), results.get("baseline", "control")
-    claims = {name: claim for name, claim, _ in STREAM_FINDINGS}
-    out: Dict[str, Any] = {}
-
-    def missing(name, test, reason):
-        out[name] = {"claim": claims[name], "test": test, "effect": None, "interval": [None, None], "p_value": None,
-                     "n": 0, "verdict": "inconclusive", "reason": reason, "evidence": reason}
-
     ts, ctl = _document_log_ppl(documents, f"{primary}/static"), _document_log_ppl(documents, f"{baseline}/static")
     name = "paired bootstrap of the per-document log word perplexity difference"
     if ts is None or ctl is None or len(ts) < 2:
-        missing("gap", name, "no per-document perplexities of both models")
-    else:
-        r = statistics.paired_difference(ts, ctl, direction=+1, alpha=alpha)
-        out["gap"] = {"claim": claims["gap"], **r, "test": name,
-                      "evidence": "log word perplexity TIME-STRATIFIED minus CONTROL "
-                                  f"{statistics.describe(r, 'nats/word', 3)} (x{np.exp(r['effect']):.2f} perplexity)"}
+        return _missing(name, "no per-document perplexities of both models")
+    r = statistics.paired_difference(ts, ctl, direction=+1, alpha=alpha)
+    return {**r, "test": name, "evidence": "log word perplexity TIME-STRATIFIED minus CONTROL "
+                                           f"{statistics.describe(r, 'nats/word', 3)} (x{np.exp(r['effect']):.2f} "
+                                           "perplexity)"}
 
-    relative = (results.get("relative") or {}).get("static") or {}
-    per_month = relative.get("per_month") or {}
-    months = sorted((m for m, v in per_month.items() if v is not None), key=month_number)
+
+def _monthly_increase(results: Mapping[str, Any], mode: str) -> Dict[str, float]:
+    per_month = (((results.get("relative") or {}).get(mode) or {}).get("per_month") or {})
+    return {m: v for m, v in per_month.items() if v is not None}
+
+
+def judge_growth(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -> Dict[str, Any]:
+    """Least-squares slope of the monthly relative increase of TIME-STRATIFIED over CONTROL (static) against the
+    month, with its t-test (claim > 0)."""
+    per_month = _monthly_increase(results, "static")
+    months = sorted(per_month, key=month_number)
     name = "least-squares slope of the monthly relative increase, t-test"
     if len(months) < 3:
-        missing("growth", name, "fewer than three test months with a relative increase")
-    else:
-        x = np.array([month_number(m) - month_number(months[0]) for m in months], np.float64)
-        r = statistics.slope(x, np.array([per_month[m] for m in months], np.float64), direction=+1, alpha=alpha)
-        out["growth"] = {"claim": claims["growth"], **r, "test": name,
-                         "evidence": f"slope {statistics.describe(r, 'per month', 4)} of the relative increase"}
+        return _missing(name, "fewer than three test months with a relative increase")
+    x = np.array([month_number(m) - month_number(months[0]) for m in months], np.float64)
+    r = statistics.slope(x, np.array([per_month[m] for m in months], np.float64), direction=+1, alpha=alpha)
+    return {**r, "test": name, "evidence": f"slope {statistics.describe(r, 'per month', 4)} of the relative increase"}
 
-    dyn = _document_log_ppl(documents, f"{primary}/dynamic")
+
+def judge_dynamic(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -> Dict[str, Any]:
+    """Paired test over the test documents of the log word perplexity, TIME-STRATIFIED with SGD dynamic evaluation
+    minus static (claim < 0); whether it also narrows the monthly gap, paired over months, as a detail."""
+    documents = results.get("documents") or {}
+    primary = results.get("primary", "time_stratified")
+    ts, dyn = (_document_log_ppl(documents, f"{primary}/{mode}") for mode in ("static", "dynamic"))
     name = "paired bootstrap of the per-document log word perplexity difference, dynamic minus static"
     if dyn is None or ts is None or len(ts) < 2:
-        missing("dynamic", name, "no SGD dynamic evaluation in this run")
-    else:
-        r = statistics.paired_difference(dyn, ts, direction=-1, alpha=alpha)
-        finding = {"claim": claims["dynamic"], **r, "test": name,
-                   "evidence": f"log word perplexity dynamic minus static {statistics.describe(r, 'nats/word', 3)} "
-                               f"(x{np.exp(r['effect']):.2f} perplexity)"}
-        dynamic_months = ((results.get("relative") or {}).get("dynamic") or {}).get("per_month") or {}
-        paired = [m for m in months if dynamic_months.get(m) is not None]
-        if len(paired) >= 2:
-            narrows = statistics.paired_difference(np.array([dynamic_months[m] for m in paired]),
-                                                   np.array([per_month[m] for m in paired]), direction=-1,
-                                                   alpha=alpha)
-            finding["gap_narrows"] = {k: narrows[k] for k in ("effect", "interval", "p_value", "n", "verdict")}
-            finding["evidence"] += f"; monthly gap, dynamic minus static {statistics.describe(narrows, '', 3)}"
-        out["dynamic"] = finding
-    return jsonable(out)
+        return _missing(name, "no SGD dynamic evaluation in this run")
+    r = statistics.paired_difference(dyn, ts, direction=-1, alpha=alpha)
+    out = {**r, "test": name, "evidence": f"log word perplexity dynamic minus static "
+                                          f"{statistics.describe(r, 'nats/word', 3)} (x{np.exp(r['effect']):.2f} "
+                                          "perplexity)"}
+    static, dynamic = _monthly_increase(results, "static"), _monthly_increase(results, "dynamic")
+    paired = sorted(set(static) & set(dynamic), key=month_number)
+    if len(paired) >= 2:
+        narrows = statistics.paired_difference(np.array([dynamic[m] for m in paired]),
+                                               np.array([static[m] for m in paired]), direction=-1, alpha=alpha)
+        out["gap_narrows"] = {k: narrows[k] for k in ("effect", "interval", "p_value", "n", "verdict")}
+        out["evidence"] += f"; monthly gap, dynamic minus static {statistics.describe(narrows, '', 3)}"
+    return out

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from templm.data.regimes import ORDER as REGIME_TABLE_ORDER, label as regime_label
 from templm.io import atomic_write, jsonable, lookup
-from templm.metrics.findings import CHANGE_CLASSES, CLAIMS, findings
+from templm.metrics.findings import CHANGE_CLASSES, HALVES, REGISTRY, TIME_AWARE, judge
 from templm.metrics.statistics import ALPHA, mean_interval
 from templm.metrics.time_analysis import DURATION_BUCKETS
 from templm.reports import stream
@@ -314,24 +314,33 @@ def _section_adaptation(results) -> str:
                       "![Adaptation curves](figures/adaptation.png)"])
 
 
-def _section_findings(items: Sequence[Mapping[str, Any]], alpha: float) -> str:
+# How the findings section names each half of the study.
+HALF_TITLES = {"time-aware": "The time-aware T5 models (Dhingra et al.)",
+               "streaming": "Streaming perplexity, Transformer-XL (Lazaridou et al.)"}
+
+
+def _section_findings(found: Mapping[str, Mapping[str, Any]], alpha: float) -> str:
     lines = ["## Expected findings: what the tests say", "",
              f"Each finding is a statistical test at the level {alpha:g} (two-sided; effect, 95 % interval, p and n "
              "below): **appears** where the test supports the claim, **opposite** where it supports the reverse, "
              "**inconclusive** where it supports neither.", ""]
-    lines += [finding_line(item) for item in items]
-    lines += ["", "The numbers are the numbers: a finding that does not appear here is reported as such, not tuned "
+    halves = [h for h in HALVES if any(f.get("half", TIME_AWARE) == h for f in found.values())]
+    for half in halves:
+        if len(halves) > 1:
+            lines += [f"{HALF_TITLES[half]}:", ""]
+        lines += [finding_line(f) for f in found.values() if f.get("half", TIME_AWARE) == half] + [""]
+    lines += ["The numbers are the numbers: a finding that does not appear here is reported as such, not tuned "
               "away. Toy models on a small world are noisy; the `small` preset is the one sized to show them."]
     return "\n".join(lines)
 
 
-def reproduction_findings(results: Mapping[str, Any]) -> List[Dict[str, Any]]:
-    """The findings results.json holds ({name: finding}), in FINDINGS order with their claims; tested afresh from the
-    numbers when it holds none."""
+def reproduction_findings(results: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """The findings results.json holds ({name: finding}, both halves), in REGISTRY order; the time-aware half's tested
+    afresh from the numbers when it holds none."""
     stored = results.get("findings")
     if not isinstance(stored, Mapping) or not stored:
-        return findings(results)
-    return [{"name": name, "claim": CLAIMS[name], **stored[name]} for name in CLAIMS if name in stored]
+        return judge(results, TIME_AWARE)
+    return {f.name: {"claim": f.claim, "half": f.half, **stored[f.name]} for f in REGISTRY if f.name in stored}
 
 
 def _section_extra(results, fig_dir: Optional[str]) -> str:
@@ -374,9 +383,9 @@ def _section_timing(results) -> str:
 def markdown(results: Mapping[str, Any], fig_dir: Optional[str] = None) -> str:
     """The whole report.md text for `results`; the extra stages' figures are drawn into `fig_dir` when given."""
     results = jsonable(results)
-    items = reproduction_findings(results)
+    found = reproduction_findings(results)
     sections = [f"# templm reproduction: time-aware language models ({results.get('preset')} preset)",
-                _section_run(results), _section_findings(items, results.get("alpha", ALPHA)),
+                _section_run(results), _section_findings(found, results.get("alpha", ALPHA)),
                 _section_main_table(results),
                 _section_yearly(results), _section_duration(results), _section_degradation(results),
                 _section_calibration(results), _section_adaptation(results)]
@@ -593,9 +602,6 @@ def seeds_view(results: Mapping[str, Any]) -> Dict[str, Any]:
 
     view = merge(jsonable(results["per_seed"][seeds[0]]), results.get("aggregate") or {})
     view["findings"] = results["findings"]
-    for stage, stage_findings in (results.get("extra_findings") or {}).items():
-        if stage in (view.get("extra") or {}):
-            view["extra"][stage]["findings"] = stage_findings
     timing = results.get("timing") or {}
     view["timing"] = {"stages": [[f"seed {s}", t] for s, t in (timing.get("per_seed_s") or {}).items()],
                       "total_s": timing.get("total_s"), "machine": timing.get("machine")}

@@ -3,12 +3,12 @@
 Two writers, both from numbers the experiment already computed (templm.experiments.streaming):
 
   * `write_stream_report(results, out_dir)`: the report of one `templm stream` run, beside its results.json:
-    report.md (perplexity overall and per month, subword and word level, the relative increase over CONTROL and its
-    slope, emerging words, first and later occurrences, topics, parts of speech), relative_perplexity.png and
-    emerging_words.png;
+    report.md (the expected findings with their verdicts, perplexity overall and per month, subword and word level,
+    the relative increase over CONTROL and its slope, emerging words, first and later occurrences, topics, parts of
+    speech), relative_perplexity.png and emerging_words.png;
   * `streaming_section(summary, figures_dir)`: the section of the reproduction's report on the Transformer-XL half:
-    the three expected findings with their verdicts, the headline numbers, and the two figures drawn into
-    figures_dir from the stream's results.json.
+    the headline numbers and the two figures drawn into figures_dir from the stream's results.json (the findings
+    are listed with the time-aware half's, in the report's findings section).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 from templm import console
 from templm.data.token_stream import month_number
 from templm.io import atomic_write, jsonable
-from templm.metrics.stream import OCCURRENCE_CATEGORIES, STREAM_FINDINGS
+from templm.metrics.stream import OCCURRENCE_CATEGORIES
 from templm.reports.tables import finding_line, fmt_number, fmt_percent, markdown_table
 
 # The figures of one run: file name in a stream report, file name among the reproduction's figures, title.
@@ -49,6 +49,9 @@ def stream_markdown(results: Mapping[str, Any]) -> str:
     if settings:
         out += ["Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()), ""]
 
+    findings = results.get("findings") or {}
+    if findings:
+        out += ["## Expected findings", ""] + [finding_line({"name": name, **f}) for name, f in findings.items()] + [""]
     out += ["## Overall", ""]
     rows = [[name, mode, _fmt(a["overall"]["subword_ppl"]), _fmt(a["overall"]["word_ppl"]),
              a["overall"]["n_tokens"], a["overall"]["n_words"]]
@@ -254,20 +257,17 @@ def write_stream_report(results: Mapping[str, Any], out_dir: str) -> Dict[str, s
 
 
 def streaming_section(summary: Mapping[str, Any], figures_dir: str) -> str:
-    """The reproduction report's section on the streaming half, from `run_stream_experiment`'s summary: the expected
-    findings and whether they appear, overall word perplexities, the relative increase over CONTROL per mode (slope
-    per month and mean), what each dynamic-evaluation variant changes, and the figures, drawn into figures_dir as
-    stream_relative_perplexity.png and stream_emerging_words.png from the stream results.json the summary names
-    (summary["results"]) and linked as `<figures_dir's name>/<file>` (report.md sits beside figures_dir)."""
+    """The reproduction report's section on the streaming half, from `run_stream_experiment`'s summary: overall word
+    perplexities, the relative increase over CONTROL per mode (slope per month and mean), what each
+    dynamic-evaluation variant changes, and the figures, drawn into figures_dir as stream_relative_perplexity.png and
+    stream_emerging_words.png from the stream results.json the summary names (summary["results"])
+    and linked as `<figures_dir's name>/<file>` (report.md sits beside figures_dir)."""
     figures = _draw_summary_figures(summary, figures_dir)
-    findings = summary.get("findings") or {}
     lines = ["## Streaming perplexity and dynamic evaluation (Transformer-XL)", "",
              "Transformer-XL trained on TIME-STRATIFIED (up to the cut-off) and CONTROL (same size, overlapping the "
              "test period) splits, evaluated on one stream of the test months in date order.", ""]
-    lines += [finding_line({"claim": claim, **findings.get(key, {"evidence": "not tested in this run"})})
-              for key, claim, _ in STREAM_FINDINGS]
-    lines += ["", markdown_table(["run / mode", "word ppl"],
-                                 [[k, _fmt(v)] for k, v in summary["overall_word_ppl"].items()])]
+    lines += [markdown_table(["run / mode", "word ppl"],
+                             [[k, _fmt(v)] for k, v in summary["overall_word_ppl"].items()])]
     lines += ["", markdown_table(
         ["mode", "relative increase over CONTROL (mean)", "slope per month", "first month", "last month"],
         [[mode, fmt_percent(r["mean"], 1), fmt_percent(r["slope_per_month"], 1), fmt_percent(r["first_month"], 1),

@@ -19,8 +19,9 @@ def test_data_and_vocabulary_stages_pass_for_20_seeds(preset, tmp_path):
     try:
         for seed in SEEDS:
             run = Reproduction(PRESETS[preset], str(tmp_path / f"{preset}_{seed}"), seed)
-            manifest = run.prepare_data()
-            assert run.seen and run.future and manifest["counts"]["templama"]["test"]
+            data = run.prepare_data()
+            data.check()  # the time-aware half can run on it
+            assert data.seen and data.future and data.manifest["counts"]["templama"]["test"]
             model = sentencepiece.SentencePieceProcessor(model_file=f"{run.data_dir}/spm/vocab.model")
             assert 100 < model.get_piece_size() <= PRESETS[preset].vocab_size
             pieces["t5"].add(model.get_piece_size())

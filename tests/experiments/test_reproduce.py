@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from templm.errors import EXIT_PREEMPTED
-from templm.experiments.reproduce import PRESETS, ExtraStage, Reproduction
-from templm.metrics.findings import FINDINGS
+from templm.experiments.reproduce import PRESETS, ExtraStage, Reproduction, run_extra_stage
+from templm.metrics.findings import REGISTRY, STREAMING
 from templm.metrics.statistics import verdict
 from templm.reports import reproduction as report
 from templm_testing import run_templm as templm
@@ -35,10 +35,8 @@ def run_dir(tmp_path_factory):
     result = templm("reproduce", "--preset=tiny_test", f"--out={out}", "--seed=0")
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"templm reproduce: tiny_test preset, seed 0: {out}/report.md" in result.stdout
-    for name, _, _, _ in FINDINGS:
-        assert f"  {name}: " in result.stdout
-    for name in ("gap", "growth", "dynamic"):
-        assert f"  streaming_{name}: " in result.stdout
+    for finding in REGISTRY:  # both halves, streaming_gap etc. included
+        assert f"  {finding.name}: " in result.stdout
     assert "reproduce [1/7] data: starting" in result.stderr and "ETA" in result.stderr  # progress
     assert "  trained uniform: 6 steps" in result.stderr
     return out
@@ -84,8 +82,10 @@ def test_the_streaming_half_runs_inside_reproduce(run_dir, results):
     text = (run_dir / "report.md").read_text()
     assert "## Streaming perplexity and dynamic evaluation (Transformer-XL)" in text
     assert "figures/stream_relative_perplexity.png" in text and "## streaming" not in text
-    assert set(stream["findings"]) == {"gap", "growth", "dynamic"}
-    dynamic = stream["findings"]["dynamic"]
+    assert "findings" not in stream  # the stage's findings are the study's, in one place
+    assert {n for n, f in results["findings"].items() if f["half"] == STREAMING} == {
+        "streaming_gap", "streaming_growth", "streaming_dynamic"}
+    dynamic = results["findings"]["streaming_dynamic"]
     assert dynamic["verdict"] == verdict(dynamic["effect"], dynamic["p_value"], -1)
     assert (dynamic["effect"] < 0) == (gain < 0)  # per document and overall, the same direction here
     assert (run_dir / "figures" / "stream_relative_perplexity.png").read_bytes()[:4] == b"\x89PNG"
@@ -152,7 +152,7 @@ def test_results_json_holds_every_stage(results):
         assert set(adapted["customnews_summary"]["alphas"]) == {"0.5"}
         assert set(adapted["per_query"]) == {"templama", "customnews"}
     assert [name for name, _ in results["timing"]["stages"]] == STAGES  # in run order
-    assert set(results["findings"]) == {name for name, _, _, _ in FINDINGS}
+    assert set(results["findings"]) == {f.name for f in REGISTRY}
     assert all(f["verdict"] in ("appears", "opposite", "inconclusive") for f in results["findings"].values())
     ids = results["per_query"]["id"]
     assert ids and set(results["per_query"]["f1"]) == {"uniform", "temporal", "yearly"}
@@ -189,7 +189,7 @@ def test_a_stage_repeats_exactly_with_the_same_seed(run_dir, results, tmp_path):
 
     again = Reproduction(PRESET, str(tmp_path), seed=0)
     try:
-        again.prepare_data()
+        data = again.prepare_data()
         compared = 0
         for folder, _, files in os.walk(run_dir / "data"):
             for name in files:
@@ -202,7 +202,10 @@ def test_a_stage_repeats_exactly_with_the_same_seed(run_dir, results, tmp_path):
                 compared += 1
         assert compared > 20
         again.configure(again.data_dir)
-        params = again.train("uniform", "uniform", "uniform_mixture", PRESET.steps)
+        uniform = again.train("uniform", "uniform", "uniform_mixture", PRESET.steps)
+        params = uniform.params
+        assert uniform.record["steps"] == PRESET.steps == results["models"]["uniform"]["steps"]
+        assert uniform.record["train_loss"] == results["models"]["uniform"]["train_loss"]
         stored, _ = load_params(str(run_dir / "models" / "uniform" / "checkpoints"))
         for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(stored)):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -220,11 +223,10 @@ def test_a_stage_repeats_exactly_with_the_same_seed(run_dir, results, tmp_path):
                         figures=os.path.isdir(context.figures_dir), models=sorted(context.results["models"]))
             return {"markdown": "Streaming numbers.", "value": 3, "timings_sec": {"train": 1.5}}
 
-        again.run_extra_stage(ExtraStage("probe", probe))
+        value = run_extra_stage(again, ExtraStage("probe", probe), data, {"models": {"uniform": uniform.record}})
         assert seen == {"preset": "tiny_test", "seed": 0, "years": [2016, 2017], "figures": True,
                         "models": ["uniform"]}
-        assert again.results["extra"] == {"probe": {"markdown": "Streaming numbers.", "value": 3}}
-        assert again.extra_times == {"probe": {"train": 1.5}}  # wall-clock numbers go to the timing section
+        assert value == {"markdown": "Streaming numbers.", "value": 3, "timings_sec": {"train": 1.5}}
     finally:
         tasks.configure()
 

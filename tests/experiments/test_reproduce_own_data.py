@@ -184,7 +184,7 @@ def test_findings_are_tested_on_the_data_and_the_unsupported_one_says_why(own_da
 def test_the_streaming_half_reads_the_published_split_files(own_data, study):
     out, results, result = study
     stream = results["extra"]["streaming"]
-    assert set(stream["findings"]) == {"gap", "growth", "dynamic"}
+    assert {"streaming_gap", "streaming_growth", "streaming_dynamic"} <= set(results["findings"])
     assert len(stream["months"]) == 12 and stream["months"][0] == "2018-01"
     with open(out / stream["results"], encoding="utf-8") as f:
         inputs = json.load(f)["inputs"]
@@ -210,6 +210,29 @@ def test_a_corpus_without_templama_skips_the_time_aware_half_and_says_why(own_da
     assert "- skipped: data (no TempLAMA release" in (out / "report.md").read_text()
 
 
+def test_a_corpus_that_cannot_be_split_skips_the_streaming_half_and_its_findings_say_why(own_data, tmp_path):
+    """A cut-off after the corpus's last month leaves no test months: the streaming stage is skipped with the
+    splitter's reason, and its three findings (one registry with the time-aware half's) say they were not tested."""
+    out = tmp_path / "run"
+    result = templm("reproduce", "--preset=tiny_test", f"--out={out}", f"--corpus={own_data['corpus']}",
+                    "--cutoff=2018-12-15")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "reproduce [7/7] extra: streaming: skipped: the corpus cannot be split: no document dated" in result.stderr
+    with open(out / "results.json", encoding="utf-8") as f:
+        results = json.load(f)
+    reason = results["skipped"]["extra: streaming"]
+    assert reason.startswith("the corpus cannot be split: no document dated 2019-")
+    streaming = {n: f for n, f in results["findings"].items() if f["half"] == "streaming"}
+    assert set(streaming) == {"streaming_gap", "streaming_growth", "streaming_dynamic"}
+    for name, found in streaming.items():
+        assert found["evidence"] == f"not tested: the streaming stage was skipped ({reason})", name
+        assert found["verdict"] == "inconclusive" and found["n"] == 0
+        assert f"  {name}: inconclusive (not tested: the streaming stage was skipped" in result.stdout
+    assert "extra" not in results and not os.path.exists(out / "stream_experiment" / "time_stratified")
+    text = (out / "report.md").read_text()
+    assert "Streaming perplexity, Transformer-XL (Lazaridou et al.):" in text
+
+
 def test_data_flags_that_do_not_go_together_are_one_message_before_any_work(own_data, tmp_path):
     cases = [(["--templama_dir", own_data["templama"]], "a TempLAMA folder (--templama_dir) goes with the news corpus"),
              (["--corpus", own_data["corpus"], "--split_dir", own_data["split_dir"], "--cutoff", "2017-09-30"],
@@ -231,13 +254,15 @@ def test_prepared_task_data_is_read_where_it_is_and_names_its_release(own_data, 
     prepare_task_data(TaskDataConfig(corpus=own_data["corpus"], templama_dir=own_data["templama"], vocab_size=300,
                                      exact_vocab_size=False, future_years=1), built)
     run = Reproduction(PRESETS["tiny_test"], str(tmp_path / "run"), 0, StudyData(task_data=built))
-    manifest = run.prepare_data()
-    assert run.data_dir == built and not os.path.exists(tmp_path / "run" / "data")
-    assert (manifest["seen_years"], run.new_year) == ([2015, 2016, 2017], 2018)
-    world = run.results["world"]
+    data = run.prepare_data()
+    data.check()
+    manifest = data.manifest
+    assert run.data_dir == data.data_dir == built and not os.path.exists(tmp_path / "run" / "data")
+    assert (manifest["seen_years"], data.new_year) == ([2015, 2016, 2017], 2018)
+    world = data.summary
     assert world["source"] == "task data" and world["task_data"] == built
     assert world["templama_splits"] == {"train": 16, "val": 8, "test": 24}
-    assert run.templama_test_file() == os.path.join(own_data["templama"], "test.json")
+    assert data.templama_test_file() == os.path.join(own_data["templama"], "test.json")
     assert run.calibration_file() is None
     context = StageContext(run.preset, 0, str(tmp_path / "run"), built, manifest, "", {}, run.data)
     corpus, split_dir, cutoff = _stream_data(context)

@@ -1,20 +1,25 @@
-"""Every finding's test on constructed inputs (templm/metrics/findings.py and the streaming findings of
-templm/metrics/stream.py): a clear effect gives "appears", its mirror "opposite", and a difference inside the noise
-"inconclusive"; over several seeds the verdict comes from the per-seed effects."""
+"""Every finding's test on constructed inputs (the registry of templm/metrics/findings.py, both halves): a clear
+effect gives "appears", its mirror "opposite", and a difference inside the noise "inconclusive"; over several seeds
+the verdict comes from the per-seed effects."""
 
 import json
 
 import numpy as np
 import pytest
 
-from templm.metrics.findings import CLAIMS, DIRECTIONS, FINDINGS, combine, combine_findings, findings
-from templm.metrics.stream import STREAM_FINDINGS, stream_findings
+from templm.metrics.findings import (BY_NAME, HALVES, REGISTRY, STREAMING, TIME_AWARE, combine, combine_findings,
+                                     judge, of_half)
 
 SEEN, NEW = [2014, 2015, 2016], 2017
 
 
 def by_name(results):
-    return {f["name"]: f for f in findings(results)}
+    return judge(results, TIME_AWARE)
+
+
+def stream_findings(results):
+    """The streaming half's findings by their short names (gap, growth, dynamic)."""
+    return {name[len("streaming_"):]: f for name, f in judge(results, STREAMING).items()}
 
 
 def noise(n, scale, seed=0):
@@ -195,7 +200,7 @@ def test_stream_findings_three_ways():
     assert found["gap"]["effect"] == pytest.approx(0.5, abs=0.05) and found["gap"]["n"] == 48
     assert found["growth"]["n"] == 24 and found["growth"]["effect"] == pytest.approx(0.01, abs=0.003)
     assert found["dynamic"]["gap_narrows"]["verdict"] == "appears"
-    assert set(found) == {name for name, _, _ in STREAM_FINDINGS}
+    assert set(judge(stream_results(0.5, 0.01, -0.3), STREAMING)) == {f.name for f in of_half(STREAMING)}
     mirror = stream_findings(stream_results(-0.5, -0.01, +0.3))
     assert {k: v["verdict"] for k, v in mirror.items()} == {"gap": "opposite", "growth": "opposite",
                                                            "dynamic": "opposite"}
@@ -215,21 +220,50 @@ def test_stream_findings_three_ways():
 def test_seeds_combine_through_their_effects():
     seeds = [by_name(per_query(u, u + 10 + noise(50, 3, s), [SEEN[i % 3] for i in range(50)]))
              for s, u in enumerate(np.clip(50 + noise(150, 20, 12), 0, 100).reshape(3, 50))]
-    combined = combine([s["temporal_beats_uniform"] for s in seeds], DIRECTIONS["temporal_beats_uniform"])
+    combined = combine([s["temporal_beats_uniform"] for s in seeds], BY_NAME["temporal_beats_uniform"].direction)
     assert combined["verdict"] == "appears" and combined["n"] == 3 and len(combined["per_seed"]) == 3
     assert combined["effect"] == pytest.approx(np.mean([s["temporal_beats_uniform"]["effect"] for s in seeds]))
-    lists = [[{"name": n, **f} for n, f in s.items()] for s in seeds]
-    everything = combine_findings(lists, DIRECTIONS, CLAIMS)
-    assert [f["name"] for f in everything] == [name for name, _, _, _ in FINDINGS]
+    everything = combine_findings(seeds)  # the shape of one seed's findings, in the registry's order
+    assert list(everything) == [f.name for f in of_half(TIME_AWARE)]
+    assert all(f["claim"] == BY_NAME[n].claim and f["half"] == TIME_AWARE for n, f in everything.items())
     one = combine([seeds[0]["temporal_beats_uniform"]], +1)
     assert one["verdict"] == seeds[0]["temporal_beats_uniform"]["verdict"]
 
 
 def test_each_finding_is_json_with_the_evidence_fields():
-    for found in findings({}):  # nothing to test: every finding says so
-        assert found["verdict"] == "inconclusive" and found["reason"]
-    results = {**per_query([50.0, 60.0, 70.0], [55.0, 66.0, 71.0], SEEN), **degradation(-1.0, -0.1)}
-    for found in findings(results):
+    for half in HALVES:
+        for found in judge({}, half).values():  # nothing to test: every finding says so
+            assert found["verdict"] == "inconclusive" and found["reason"] and found["half"] == half
+    both = {**judge({**per_query([50.0, 60.0, 70.0], [55.0, 66.0, 71.0], SEEN), **degradation(-1.0, -0.1)}),
+            **judge(stream_results(0.5, 0.01, -0.3), STREAMING)}
+    assert list(both) == [f.name for f in REGISTRY]  # one shape, one order, both halves
+    for name, found in both.items():
         text = json.dumps(found, allow_nan=False)
-        assert {"name", "claim", "verdict", "test", "effect", "interval", "p_value", "n", "evidence"} <= set(found)
+        assert {"claim", "half", "verdict", "test", "effect", "interval", "p_value", "n", "evidence"} <= set(found)
+        assert found["claim"] == BY_NAME[name].claim and found["half"] == BY_NAME[name].half
         assert found["verdict"] in ("appears", "opposite", "inconclusive") and text
+
+
+def test_a_skipped_stage_leaves_its_findings_untested_and_says_why():
+    results = {**stream_results(0.5, 0.01, -0.3)}
+    found = judge(results, STREAMING, skipped={"extra: streaming": "the corpus cannot be split: one month"})
+    for f in found.values():
+        assert f["verdict"] == "inconclusive" and f["n"] == 0 and f["effect"] is None
+        assert f["evidence"] == "not tested: the streaming stage was skipped (the corpus cannot be split: one month)"
+    assert found["streaming_gap"]["test"] == "paired bootstrap of the per-document log word perplexity difference"
+    time_aware = judge({**per_query([50.0] * 3, [60.0] * 3, SEEN), "skipped": {"calibration": "no file"}})
+    assert time_aware["entropy_order"]["skipped"] == "calibration"
+    assert "skipped" not in time_aware["temporal_beats_uniform"]
+
+
+def test_both_halves_combine_over_seeds_in_the_same_shape():
+    seeds = [{**judge(per_query(u, u + 10 + noise(50, 3, s), [SEEN[i % 3] for i in range(50)])),
+              **judge(stream_results(0.5 + 0.1 * s, 0.01 + 0.004 * s, -0.3 - 0.1 * s), STREAMING)}
+             for s, u in enumerate(np.clip(50 + noise(100, 20, 5), 0, 100).reshape(2, 50))]
+    combined = combine_findings(seeds)
+    assert list(combined) == [f.name for f in REGISTRY]
+    gap = combined["streaming_gap"]
+    assert gap["half"] == STREAMING and len(gap["per_seed"]) == 2 and gap["n"] == 2
+    assert gap["effect"] == pytest.approx(np.mean([s["streaming_gap"]["effect"] for s in seeds]))
+    del seeds[1]["streaming_growth"]  # a finding one seed lacks is left out, not combined from the other
+    assert "streaming_growth" not in combine_findings(seeds)

@@ -7,8 +7,9 @@ import math
 import numpy as np
 
 from templm.data.token_stream import EOS_WORD, TokenStream
+from templm.metrics.findings import STREAMING, judge
 from templm.metrics.stream import (context_start, emerging_words, month_perplexities, occurrence_table,
-                                   relative_increase, stream_findings, summarize, topic_perplexity, word_log_probs)
+                                   relative_increase, summarize, topic_perplexity, word_log_probs)
 
 
 
@@ -157,9 +158,11 @@ def test_per_document_word_nll_adds_up_to_the_overall_perplexity(drifting_stream
         name, mode = key.split("/")
         overall = results["runs"][name][mode]["overall"]["word_ppl"]
         assert math.isclose(math.exp(sum(nll) / sum(docs["words"])), overall, rel_tol=1e-9)
-    found = stream_findings(results)
-    assert set(found) == {"gap", "growth", "dynamic"} and found["gap"]["n"] == 9 and found["growth"]["n"] == 3
-    assert found["gap"]["effect"] > 0 and found["dynamic"]["effect"] < 0  # the drift, and half of it undone
+    found = judge(results, STREAMING)
+    assert set(found) == {"streaming_gap", "streaming_growth", "streaming_dynamic"}
+    assert found["streaming_gap"]["n"] == 9 and found["streaming_growth"]["n"] == 3
+    # the drift, and half of it undone
+    assert found["streaming_gap"]["effect"] > 0 and found["streaming_dynamic"]["effect"] < 0
 
 
 def test_emerging_occurrences_and_relative_increase_per_topic(drifting_stream):

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from templm.experiments.reproduce import combine_seeds
-from templm.metrics.findings import CLAIMS, FINDINGS, findings
+from templm.metrics.findings import BY_NAME, REGISTRY, STREAMING, TIME_AWARE, judge, of_half
 from templm.reports import reproduction as report
 from templm.reports.tables import Estimate, finding_line
 
@@ -36,7 +36,7 @@ def written(results, tmp_path_factory):
 
 
 def verdicts(results):
-    return {item["name"]: item["verdict"] for item in findings(results)}
+    return {name: item["verdict"] for name, item in judge(results).items()}
 
 
 def test_report_files_and_figures(results, written):
@@ -79,15 +79,21 @@ def test_report_sections_and_numbers(results, written):
 
 
 def test_findings_from_the_stored_numbers(results, written):
-    """results.json holds each finding's test; the report prints them, and testing the stored per-item numbers
-    again gives the same verdicts."""
+    """results.json holds each finding's test, both halves' in one place; the report lists them under their half,
+    and testing the stored per-item numbers of the time-aware half again gives the same verdicts."""
     stored = results["findings"]
-    assert set(stored) == {name for name, _, _, _ in FINDINGS}
-    assert {name: f["verdict"] for name, f in stored.items()} == verdicts(results)
+    assert set(stored) == {f.name for f in REGISTRY}
+    assert {name: f["verdict"] for name, f in stored.items() if f["half"] == TIME_AWARE} == verdicts(results)
     text = (written[0] / "report.md").read_text()
     for name, found in stored.items():
-        assert {"verdict", "test", "effect", "interval", "p_value", "n", "evidence"} <= set(found)
-        assert finding_line({"claim": CLAIMS[name], **found}) in text
+        assert {"claim", "half", "verdict", "test", "effect", "interval", "p_value", "n", "evidence"} <= set(found)
+        assert found["claim"] == BY_NAME[name].claim
+        assert finding_line(found) in text
+    findings_section = text[text.index("## Expected findings"):text.index("## TempLAMA F1")]
+    streaming_part = findings_section[findings_section.index("Streaming perplexity, Transformer-XL"):]
+    assert all(finding_line(stored[f.name]) in streaming_part for f in of_half(STREAMING))
+    streaming_section = text[text.index("## Streaming perplexity and dynamic evaluation"):]
+    assert "**appears**" not in streaming_section and "**inconclusive**" not in streaming_section  # listed once
 
 
 def test_findings_follow_the_numbers(results):
@@ -99,7 +105,7 @@ def test_findings_follow_the_numbers(results):
     f1["temporal"], f1["uniform"] = f1["uniform"], f1["temporal"]
     assert verdicts(r)["temporal_beats_uniform"] == "opposite"
     del r["degradation"]["temporal"]["items"], r["calibration"]
-    items = {i["name"]: i for i in findings(r)}
+    items = judge(r)
     assert items["multi_answer_falls_faster"]["verdict"] == "inconclusive"
     assert "no per-query log-likelihood changes" in items["multi_answer_falls_faster"]["evidence"]
     assert items["entropy_order"]["verdict"] == "inconclusive"
@@ -150,5 +156,6 @@ def test_an_empty_results_dict_still_gives_a_report(tmp_path):
     text = open(paths["report"]).read()
     for heading in SECTIONS:
         assert heading in text
-    assert sum(line.startswith("- ") and "**inconclusive**" in line for line in text.splitlines()) == len(FINDINGS)
+    assert (sum(line.startswith("- ") and "**inconclusive**" in line for line in text.splitlines())
+            == len(of_half(TIME_AWARE)))  # no streaming half ran: its findings are not listed
     assert len(paths["figures"]) == len(report.FIGURES)
