@@ -224,11 +224,12 @@ def _corpus_flag():
 
 def _corpus_documents():
     """The documents of --corpus, or of its --split; returns (iterable, report) where report() -> dict."""
+    from templm.data.lm_data import split_path
     from templm.data.readers import read_documents
     from templm.data.splits import apply_split
 
     if FLAGS.split_dir:
-        path = os.path.join(FLAGS.split_dir, FLAGS.split + ".gz")
+        path = split_path(None, FLAGS.split_dir, FLAGS.split)
         docs, report = apply_split(_corpus_flag(), path, FLAGS.format, FLAGS.on_error)
         return docs, report.as_dict
     reader = read_documents(_corpus_flag(), FLAGS.format, FLAGS.on_error)

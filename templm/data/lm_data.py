@@ -35,12 +35,15 @@ DATA_ORDERS = ("date", "shuffle")
 
 
 def split_path(split_file: Optional[str], split_dir: Optional[str], split: str) -> str:
-    """The split file: `split_file` if given, else `split_dir/split.gz`."""
+    """The split file: `split_file` if given, else `split_dir/split.gz` (the WMT release and `templm data splits`), or
+    `split_dir/split` uncompressed without a suffix where only that exists (the arXiv release)."""
     if split_file:
         return os.fspath(split_file)
     if not split_dir:
         raise ValueError("give a split file (split_file) or a split folder (split_dir) and a split name")
-    return os.path.join(os.fspath(split_dir), f"{split}.gz")
+    compressed = os.path.join(os.fspath(split_dir), f"{split}.gz")
+    plain = os.path.join(os.fspath(split_dir), split)
+    return plain if not os.path.exists(compressed) and os.path.isfile(plain) else compressed
 
 
 def read_split_documents(corpus: Corpus, split_file: str, format: str = "auto", on_error: str = "raise",

@@ -333,20 +333,22 @@ STREAM_SPLIT_FILES = ("time_stratified_train", "time_stratified_validation", "co
 
 def published_split_stats(split_dir: str) -> Dict[str, Any]:
     """The sizes and date ranges of the split files in `split_dir` (a published release's or `templm data splits`'
-    folder), read from the files themselves; DataError naming the folder for a missing file."""
+    folder: NAME.gz, or NAME uncompressed as the arXiv release ships them), read from the files themselves; DataError
+    naming the folder for a missing file."""
     split_dir = os.path.abspath(os.fspath(split_dir))
-    missing = [f"{name}.gz" for name in STREAM_SPLIT_FILES if not os.path.isfile(os.path.join(split_dir, f"{name}.gz"))]
+    files = {name: split_path(None, split_dir, name) for name in STREAM_SPLIT_FILES}
+    missing = [f"{name}.gz" for name, path in files.items() if not os.path.isfile(path)]
     if missing:
         raise DataError(f"not a TIME-STRATIFIED / CONTROL split folder: {', '.join(missing)} missing (expected "
-                        f"{', '.join(n + '.gz' for n in STREAM_SPLIT_FILES)}, as the paper's release and `templm "
-                        "data splits` write them)", split_dir)
+                        f"{', '.join(n + '.gz' for n in STREAM_SPLIT_FILES)}, as the paper's WMT release and `templm "
+                        "data splits` write them, or the same names without .gz, as its arXiv release)", split_dir)
     splits = {}
-    for name in STREAM_SPLIT_FILES:
-        dates = [date for date, _ in read_split_file(os.path.join(split_dir, f"{name}.gz"))]
+    for name, path in files.items():
+        dates = [date for date, _ in read_split_file(path)]
         if not dates:
-            raise DataError("names no document", os.path.join(split_dir, f"{name}.gz"))
+            raise DataError("names no document", path)
         splits[name] = {"documents": len(dates), "first_date": min(dates).isoformat(),
-                        "last_date": max(dates).isoformat()}
+                        "last_date": max(dates).isoformat(), "file": os.path.basename(path)}
     return {"split_dir": split_dir, "published": True, "cutoff": splits["time_stratified_train"]["last_date"],
             "splits": splits}
 
@@ -385,7 +387,7 @@ def prepare_stream_data(out_dir: str, *, corpus: Optional[Corpus] = None, world:
         {"time_stratified": ("time_stratified_train",), "control": ("control_train",)}
     files = {}
     for group, splits in groups.items():
-        ids = {doc_id for name in splits for _, doc_id in read_split_file(os.path.join(split_dir, f"{name}.gz"))}
+        ids = {doc_id for name in splits for _, doc_id in read_split_file(split_path(None, split_dir, name))}
         docs = (d for d in read_documents(corpus) if d.id in ids)
         prefix = os.path.join(out_dir, "spm" if shared_tokenizer else f"spm_{group}")
         files[group] = train_spm(docs, prefix, vocab_size=vocab_size, max_sentences=max_spm_sentences, seed=seed,

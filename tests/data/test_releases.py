@@ -145,6 +145,46 @@ def test_an_arxiv_snapshot_with_a_byte_order_mark_is_detected_as_arxiv(tmp_path)
     assert (doc.id, doc.date, doc.text) == ("0704.0001", datetime.date(2007, 4, 2), "We study things.")
 
 
+def test_the_arxiv_split_files_as_released_uncompressed_and_without_a_suffix(tmp_path):
+    """The arXiv half of the Mind the Gap release lists its splits in plain files named `time_stratified_train`,
+    `test`, ... (no .gz), one `YYYYMMDD<TAB>arXiv id` per line, ids such as `solv-int/9812025` included: the split
+    folder is read as it is, the same as the WMT release's .gz files."""
+    from templm.data.lm_data import read_split_documents, split_path
+    from templm.experiments.streaming import STREAM_SPLIT_FILES, published_split_stats
+
+    snapshot = tmp_path / "arxiv-metadata-oai-snapshot.json"
+    months = {"time_stratified_train": ["2017-06", "2017-07"], "time_stratified_validation": ["2017-11"],
+              "control_train": ["2017-07", "2018-03"], "control_validation": ["2017-12"], "test": ["2018-02"]}
+    records, listed = [], {}
+    for name, dates in months.items():
+        listed[name] = []
+        for k, month in enumerate(dates):
+            year, mon = month.split("-")
+            n = len(records)
+            paper = f"solv-int/98{n:05d}" if name == "test" else f"{year[2:]}{mon}.{n:05d}"  # old-style ids too
+            day = datetime.date(int(year), int(mon), 3 + k)
+            records.append({"id": paper, "abstract": f"  Abstract {len(records)} of\n a paper. ", "versions": [
+                {"version": "v1", "created": day.strftime("%a, %d %b %Y 10:00:00 GMT")}]})
+            listed[name].append((day.strftime("%Y%m%d"), paper))
+    snapshot.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    release = tmp_path / "arxiv" / "split_2017-09-30"
+    release.mkdir(parents=True)
+    for name, rows in listed.items():
+        (release / name).write_text("".join(f"{d}\t{i}\n" for d, i in rows), encoding="utf-8")
+
+    stats = published_split_stats(str(release))
+    assert {name: s["documents"] for name, s in stats["splits"].items()} == {n: len(listed[n]) for n in listed}
+    assert stats["splits"]["test"]["file"] == "test" and stats["cutoff"] == "2017-07-04"
+    test_docs = read_split_documents(str(snapshot), split_path(None, str(release), "test"))
+    assert [d.id for d in test_docs] == [listed["test"][0][1]] and test_docs[0].text == "Abstract 6 of a paper."
+    (release / "test.gz").write_bytes(gzip.compress(b"20180210\t1802.00006\n"))  # both: the .gz is the one read
+    assert split_path(None, str(release), "test") == str(release / "test.gz")
+    (release / "control_train").unlink()
+    with pytest.raises(DataError, match="control_train.gz missing .* or the same names without .gz"):
+        published_split_stats(str(release))
+    assert len(STREAM_SPLIT_FILES) == 5
+
+
 def test_sentencepiece_trains_on_a_corpus_of_a_hundred_lines_or_fewer(tmp_path):
     docs = [Document(str(i), datetime.date(2019, 1, 1), f"The cat number {i} sat on the mat with a hat.")
             for i in range(40)]
