@@ -399,10 +399,24 @@ def _configure_tasks():
     tasks.configure()
 
 
-def _define_train():
+def _define_distributed():
     flags.DEFINE_string("coordinator_address", None, "Multi-host: host:port of process 0 for jax.distributed.")
     flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
     flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
+
+
+def _join_processes():
+    """Multi-host: joins the run's processes (--coordinator_address ...); only process 0 prints progress."""
+    import jax
+
+    from templm.training.partitioning import initialize_distributed
+
+    initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    console.set_enabled(jax.process_index() == 0)
+
+
+def _define_train():
+    _define_distributed()
     import templm.evaluation.checkpoint_eval  # noqa: F401  (registers every configurable the T5 configs bind)
 
 
@@ -413,10 +427,7 @@ def _main_train():
     from templm.io import jsonable
     from templm.training import trainer
 
-    if FLAGS.coordinator_address:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU hosts talk through gloo
-        jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-    console.set_enabled(jax.process_index() == 0)
+    _join_processes()
     _configure_tasks()
     result = trainer.train(evaluator=evaluate_params)
     if jax.process_index() == 0:
@@ -731,6 +742,7 @@ def _define_reproduce():
                         "published split_<cut-off>/ folder, or `templm data splits` output.")
     flags.DEFINE_string("cutoff", None, "The streaming half's cut-off (YYYY-MM-DD) when no --split_dir; default: the "
                         "latest whose 3 validation and the preset's test months end with the corpus.")
+    _define_distributed()  # the same command on every host of a slice (WORKSPACE.md)
 
 
 def _study_data():
@@ -763,26 +775,27 @@ def _reproduce_seeds() -> Optional[List[int]]:
 
 
 def _main_reproduce():
-    from templm.experiments.reproduce import REPRODUCTION, reproduce, reproduce_seeds
-    from templm.outputs import writing_into
-    from templm.reports.reproduction import write_report, write_seeds_report
-
+    from templm.experiments.reproduce import reproduce, reproduce_seeds, reproduction_folder
     from templm.experiments.studies import study_from_gin
+    from templm.reports.reproduction import write_report, write_seeds_report
+    from templm.training.partitioning import is_lead
 
+    _join_processes()  # multi-host: every host runs this command; process 0 writes the results and the report
     extra = None if FLAGS.streaming else []
     seeds = _reproduce_seeds()
     data = _study_data()
     study = study_from_gin()  # study/PRESET.gin, then --gin_file and --gin bindings
     name = study.preset.name
-    with writing_into(FLAGS.out, REPRODUCTION, FLAGS.overwrite) as out:  # before any work; the report under the lock
+    with reproduction_folder(FLAGS.out, FLAGS.overwrite) as out:  # before any work; the report under the lock
         if seeds is None:
             results = reproduce(study.preset, out, FLAGS.seed, extra_stages=extra, overwrite=FLAGS.overwrite,
                                 data=data, stream_preset=study.stream)
-            paths = write_report(results, out)
         else:
             results = reproduce_seeds(study.preset, out, seeds, extra_stages=extra, overwrite=FLAGS.overwrite,
                                       data=data, stream_preset=study.stream)
-            paths = write_seeds_report(results, out)
+        if not is_lead():
+            return
+        paths = write_report(results, out) if seeds is None else write_seeds_report(results, out)
     if seeds is None:
         print(f"templm reproduce: {name} preset, seed {FLAGS.seed}: {paths['report']}")
     else:

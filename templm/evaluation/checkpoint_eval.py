@@ -25,8 +25,10 @@ from templm.training.trainer import restore_params
 def evaluate_params(model, params, mixture_or_task_name: str, task_feature_lengths: Mapping[str, int], split: str,
                     num_examples: Optional[int], batch_size: int, step: int) -> Dict[str, Dict[str, float]]:
     """Every task's metrics (EM/F1, perplexity, by year and slice) for `params` on `split`: {task: {metric: value}}.
-    This is the `evaluator` templm.training.trainer.train takes."""
-    fns = ModelFns(model, params, batch_size=batch_size, max_decode_length=task_feature_lengths["targets"])
+    This is the `evaluator` templm.training.trainer.train takes; in a run of several processes each evaluates the
+    whole parameters on its own device (partitioning.host_local)."""
+    fns = ModelFns(model, partitioning.host_local(params), batch_size=batch_size,
+                   max_decode_length=task_feature_lengths["targets"])
     return evaluate(fns, mixture_or_task_name, task_feature_lengths, split=split, num_examples=num_examples,
                     step=step)
 

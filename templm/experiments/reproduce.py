@@ -31,6 +31,11 @@ demo: every stage, small and noisy), `small` (sized so that the paper's findings
 suite's) and `paper` (the papers' settings, for an accelerator slice). A run prints one line as each stage starts and
 ends (elapsed time and an ETA) and one per model trained.
 
+Several processes (a multi-host slice, jax.distributed) run the same call: process 0 checks and locks the folder,
+writes run.json, builds the task data and writes results.json; every training spans all processes (the one loop of
+templm.training.trainer, its batches fixed by `Study.data_shards`); each process evaluates on its own device with the
+parameters gathered from all (partitioning.host_local); the streaming stage runs in one process only and is skipped.
+
 The stages are functions of a `Reproduction` (what they all read and none changes) and of what the earlier stages
 returned: `prepare_data` gives TaskData, `train_main` and `train_yearly` the TrainedModels, `evaluate` an Evaluation,
 `future_probes` and `adapt` a StageOutput; `_reproduce` runs them in order and puts results.json together.
@@ -44,6 +49,7 @@ evaluation) is the extra stage "streaming", registered in `EXTRA_STAGES` below; 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -51,7 +57,7 @@ import os
 import platform
 import shutil
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import jax
 import seqio
@@ -335,7 +341,8 @@ class Reproduction:
     def train_kwargs(self) -> Dict[str, Any]:
         p = self.preset
         return dict(task_feature_lengths=self.lengths, batch_size=p.batch_size, model=self.model,
-                    optimizer=self.optimizer, seed=self.seed, mesh=self.mesh, save_period=0, keep_checkpoints=1,
+                    optimizer=self.optimizer, seed=self.seed, mesh=self.mesh, data_shards=p.data_shards,
+                    save_period=0, keep_checkpoints=1,
                     log_period=max(10, p.steps // 10), eval_batch_size=p.eval_batch_size, evaluator=evaluate_params,
                     progress=False, final_input_state=False)  # models of fixed length (a SIGTERM's save keeps it)
 
@@ -347,8 +354,9 @@ class Reproduction:
         start = time.time()
         result = trainer.train(model_dir=os.path.join(self.models_dir, name), mixture_or_task_name=mixture,
                                train_steps=steps, eval_period=0, **self.train_kwargs(), **self.start_kwargs())
+        params = partitioning.host_local(result["params"])  # each process evaluates on its own device
         return self.trained(name, regime, mixture, int(result["step"]), result.get("train", {}).get("loss"), init,
-                            time.time() - start, result["params"])
+                            time.time() - start, params)
 
     def trained(self, name, regime, mixture, steps, loss, init, seconds, params=None) -> "TrainedModel":
         """A model a stage trained, as results["models"] records it (one line on the terminal)."""
@@ -370,40 +378,49 @@ class Reproduction:
         task records under data/), the user's corpus and TempLAMA release turned into task data under data/, or the
         prepared task data the run was given. Raises StageSkipped when there is no TempLAMA release to build from;
         TaskData.check says whether the time-aware half can run on what was built."""
-        p = self.preset
-        d = self.data
-        if d.task_data:
+        source, config = self._task_data_config()
+        manifest, built = None, False
+        try:  # several processes: process 0 builds the task data, the others read it once it is there
+            if partitioning.is_lead() and config is not None:
+                manifest = prepare_task_data(config, self.data_dir)
+            built = True
+        finally:
+            if not partitioning.lead_succeeded(built) and not partitioning.is_lead():
+                raise DataError("process 0 could not build the task data (its messages say why)", self.data_dir)
+        if manifest is None:
             manifest = read_manifest(self.data_dir)
             if manifest is None:
                 raise DataError("not task data (no manifest.json): build it with `templm data tasks`", self.data_dir)
-            source = "task data"
-        elif d.corpus is not None:
-            if d.templama_dir is None:
-                raise StageSkipped("no TempLAMA release (--templama_dir): the time-aware half asks its queries")
-            config = TaskDataConfig(corpus=resolve_corpus(d.corpus), templama_dir=os.path.abspath(d.templama_dir),
-                                    vocab_size=p.vocab_size,
-                                    exact_vocab_size=False, future_years=p.future_years, seed=self.seed,
-                                    heldout_fraction=p.heldout_fraction)
-            manifest = prepare_task_data(config, self.data_dir)
-            source = "corpus"
-        elif d.stream_corpus is not None:
-            raise StageSkipped("no news corpus and TempLAMA release (--corpus, --templama_dir) for the time-aware "
-                               "half; the streaming half reads --stream_corpus")
-        else:
-            config = TaskDataConfig(world=WorldConfig(seed=self.seed, start_year=p.start_year, end_year=p.end_year,
-                                                      subjects_per_relation=p.subjects_per_relation,
-                                                      docs_per_month=p.docs_per_month),
-                                    vocab_size=p.vocab_size, exact_vocab_size=False, future_years=p.future_years,
-                                    seed=self.seed, heldout_fraction=p.heldout_fraction)
-            manifest = prepare_task_data(config, self.data_dir)
-            source = "embedded world"
         if source == "embedded world":
             with open(os.path.join(self.data_dir, "world", "stats.json"), encoding="utf-8") as f:
                 summary = _world_summary(json.load(f), manifest)
         else:
             summary = _data_summary(source, self.data_dir, manifest)
         return TaskData(self.data_dir, manifest, list(manifest["seen_years"]), list(manifest["future_years"]),
-                        source, summary, p.future_years)
+                        source, summary, self.preset.future_years)
+
+    def _task_data_config(self) -> Tuple[str, Optional[TaskDataConfig]]:
+        """(source, the TaskDataConfig to build; None for prepared task data), or StageSkipped when the data has no
+        time-aware half: decided from the study's data alone, the same in every process, before any work."""
+        p = self.preset
+        d = self.data
+        if d.task_data:
+            return "task data", None
+        if d.corpus is not None:
+            if d.templama_dir is None:
+                raise StageSkipped("no TempLAMA release (--templama_dir): the time-aware half asks its queries")
+            return "corpus", TaskDataConfig(corpus=resolve_corpus(d.corpus),
+                                            templama_dir=os.path.abspath(d.templama_dir), vocab_size=p.vocab_size,
+                                            exact_vocab_size=False, future_years=p.future_years, seed=self.seed,
+                                            heldout_fraction=p.heldout_fraction)
+        if d.stream_corpus is not None:
+            raise StageSkipped("no news corpus and TempLAMA release (--corpus, --templama_dir) for the time-aware "
+                               "half; the streaming half reads --stream_corpus")
+        return "embedded world", TaskDataConfig(
+            world=WorldConfig(seed=self.seed, start_year=p.start_year, end_year=p.end_year,
+                              subjects_per_relation=p.subjects_per_relation, docs_per_month=p.docs_per_month),
+            vocab_size=p.vocab_size, exact_vocab_size=False, future_years=p.future_years, seed=self.seed,
+            heldout_fraction=p.heldout_fraction)
 
     def calibration_file(self) -> Optional[str]:
         """The calibration relations: the given file, or the embedded world's; None without either."""
@@ -500,12 +517,10 @@ def _shared(preset: Preset, config: Any) -> Dict[str, Any]:
     optimizer objects, the mesh, and the compiled evaluation functions made from them, so each is compiled once."""
     if preset not in _SHARED:
         _SHARED.clear()
-        # CPU: one device (fake host devices share the same cores and only add overhead); accelerators: all.
-        devices = jax.devices()
         model = EncoderDecoderModel(config)
         _SHARED[preset] = {
             "model": model, "optimizer": make_optimizer(name="adafactor", learning_rate=preset.learning_rate),
-            "mesh": partitioning.make_mesh(devices=devices[:1] if devices[0].platform == "cpu" else devices),
+            "mesh": partitioning.make_mesh(devices=partitioning.run_devices()),
             "fns": ModelFns(model, None, batch_size=preset.eval_batch_size, max_decode_length=preset.targets_length),
             "scorer": TextScorer(model, None, {"inputs": preset.inputs_length, "targets": preset.targets_length},
                                  preset.eval_batch_size)}
@@ -658,7 +673,8 @@ def adapt(run: Reproduction, data: TaskData, base: Evaluation) -> StageOutput:
         def evaluate(params):  # the final scores, with the functions the evaluation stage compiled
             key = (id(params), task)
             if key not in evaluated:
-                evaluated[key] = evaluate_model(with_params(fns, params), task, run.lengths)
+                local = partitioning.host_local(params)  # each process evaluates on its own device
+                evaluated[key] = evaluate_model(with_params(fns, local), task, run.lengths)
             return evaluated[key].metrics
         return evaluate
 
@@ -731,7 +747,11 @@ def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[Ex
     """Records the run in out_dir/run.json. The models of an earlier run with the same record are kept (each trainer
     resumes from its checkpoint); otherwise the models of an earlier run are removed, so a run
     never resumes another's checkpoints. The results of an earlier run are removed either way: they are written
-    again only when this run completes. Returns True when resuming."""
+    again only when this run completes. Returns True when resuming. Several processes: process 0 does it, the
+    others wait for it (and return False)."""
+    if not partitioning.is_lead():
+        partitioning.barrier("reproduce: run.json")
+        return False
     record = {"preset": dataclasses.asdict(preset), "seed": seed, "extra_stages": [stage.name for stage in extra]}
     if not data.embedded:  # the embedded world's record stays as it was, so its earlier runs still resume
         record["data"] = data.record()
@@ -751,7 +771,19 @@ def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[Ex
         elif os.path.exists(target):
             os.remove(target)
     write_json(path, record)
+    partitioning.barrier("reproduce: run.json")
     return resuming
+
+
+@contextlib.contextmanager
+def reproduction_folder(out_dir: str, overwrite: bool = False) -> Iterator[str]:
+    """The reproduction's folder (absolute), checked, created and locked by process 0 (templm.outputs.writing_into);
+    the other processes of a multi-host run use the folder process 0 holds."""
+    if not partitioning.is_lead():
+        yield os.path.abspath(os.fspath(out_dir))
+        return
+    with writing_into(out_dir, REPRODUCTION, overwrite) as folder:
+        yield folder
 
 
 def reproduce(preset: Union[str, Preset], out_dir: str, seed: int = 0,
@@ -773,7 +805,7 @@ def reproduce(preset: Union[str, Preset], out_dir: str, seed: int = 0,
         study = load_study(preset)
         preset, stream_preset = study.preset, stream_preset or study.stream
     extra = list(EXTRA_STAGES if extra_stages is None else extra_stages)
-    with writing_into(out_dir, REPRODUCTION, overwrite) as out_dir:
+    with reproduction_folder(out_dir, overwrite) as out_dir:
         return _reproduce(preset, out_dir, seed, extra, data, stream_preset)
 
 
@@ -872,7 +904,9 @@ def _reproduce(preset: Preset, out_dir: str, seed: int, extra: List[ExtraStage],
         if extra_stage.half is not None and f"extra: {extra_stage.name}" in skipped:
             found.update(judge({}, extra_stage.half, skipped=skipped))
     results["findings"].update(found)
-    write_json(os.path.join(out_dir, "results.json"), results, sort_keys=True)
+    partitioning.barrier("reproduce: done")  # every process has finished its part before process 0 writes
+    if partitioning.is_lead():
+        write_json(os.path.join(out_dir, "results.json"), results, sort_keys=True)
     return results
 
 
@@ -897,7 +931,7 @@ def reproduce_seeds(preset: Union[str, Preset], out_dir: str, seeds: Sequence[in
     seeds = [int(s) for s in seeds]
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct and at least one, got {seeds}")
-    with writing_into(out_dir, REPRODUCTION, overwrite) as out_dir:
+    with reproduction_folder(out_dir, overwrite) as out_dir:
         t0 = time.time()
         per_seed = {}
         for i, seed in enumerate(seeds):
@@ -907,7 +941,8 @@ def reproduce_seeds(preset: Union[str, Preset], out_dir: str, seeds: Sequence[in
         results = combine_seeds(per_seed)
         results["timing"] = {"total_s": time.time() - t0, "machine": _machine(),
                              "per_seed_s": {s: r["timing"]["total_s"] for s, r in per_seed.items()}}
-        write_json(os.path.join(out_dir, "results.json"), results, sort_keys=True)
+        if partitioning.is_lead():
+            write_json(os.path.join(out_dir, "results.json"), results, sort_keys=True)
     return results
 
 

@@ -36,6 +36,7 @@ import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import gin
+import jax
 import numpy as np
 from absl import logging
 
@@ -540,6 +541,10 @@ def reproduce_stage(context: Any) -> Dict[str, Any]:
     context.out_dir (the reproduction's results.json then names no path outside its own folder); the report's section
     and figures come from templm.reports.stream.streaming_section(summary, figures_dir).
     """
+    if jax.process_count() > 1:
+        raise StageSkipped("the streaming half runs in one process: on a multi-host slice run the study with "
+                           "--nostreaming, and the streaming half on one host (WORKSPACE.md, \"The whole study on an "
+                           "accelerator\")")
     name = getattr(context.preset, "name", "smoke")
     preset = getattr(context, "stream_preset", None) or (name if name in PRESETS else "smoke")
     corpus, split_dir, cutoff = _stream_data(context)

@@ -69,3 +69,59 @@ def data_sharding(mesh: Mesh) -> NamedSharding:
 
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Several processes (multi-host): every process runs the same program; process 0 writes what is written once.
+
+
+def initialize_distributed(coordinator_address: Optional[str], num_processes: Optional[int],
+                           process_id: Optional[int]) -> None:
+    """Joins the processes of one run (jax.distributed) when a coordinator is given; CPU hosts talk through gloo.
+    Without one, a single process runs (on a Cloud TPU slice jax finds its hosts by itself)."""
+    if coordinator_address:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator_address, num_processes, process_id)
+
+
+def is_lead() -> bool:
+    """Whether this process writes what a run writes once (results, reports, shared data): process 0."""
+    return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+    """Every process waits here until all have come (nothing to wait for in one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def lead_succeeded(ok: bool) -> bool:
+    """Process 0's `ok`, known to every process (after work that process 0 alone did): the others stop instead of
+    waiting on a run that failed."""
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.broadcast_one_to_all(np.int32(1 if ok else 0)))
+
+
+def host_local(tree):
+    """A pytree of arrays as whole values on this process's first device, so that one process can evaluate alone:
+    arrays that span several processes are gathered from all of them (every process must call this at the same
+    point). In one process the tree is returned as it is."""
+    if jax.process_count() == 1:
+        return tree
+    from jax.experimental import multihost_utils
+
+    return jax.device_put(multihost_utils.process_allgather(tree, tiled=True), jax.local_devices()[0])
+
+
+def run_devices() -> list:
+    """The devices one run of the study trains on: every accelerator; on CPU one device per process (host devices of
+    one process share its cores, so more of them only add overhead)."""
+    devices = jax.devices()
+    if devices[0].platform != "cpu":
+        return list(devices)
+    return [jax.local_devices(process_index=p)[0] for p in range(jax.process_count())]
