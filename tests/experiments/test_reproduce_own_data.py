@@ -194,32 +194,34 @@ def test_the_streaming_half_reads_the_published_split_files(own_data, study):
     assert "  streaming_gap: " in result.stdout
 
 
-def test_a_corpus_without_templama_skips_the_time_aware_half_and_says_why(own_data, tmp_path):
-    out = tmp_path / "run"
+@pytest.fixture(scope="module")
+def unsupported(own_data, tmp_path_factory):
+    """A corpus without TempLAMA, and a streaming cut-off after its last month (no test months): neither half can
+    run, and each says why."""
+    out = tmp_path_factory.mktemp("unsupported") / "run"
     result = templm("reproduce", "--preset=tiny_test", f"--out={out}", f"--corpus={own_data['corpus']}",
-                    "--nostreaming")
+                    "--cutoff=2018-12-15")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "reproduce [1/6] data: skipped: no TempLAMA release (--templama_dir)" in result.stderr
     with open(out / "results.json", encoding="utf-8") as f:
-        results = json.load(f)
+        return out, json.load(f), result
+
+
+def test_a_corpus_without_templama_skips_the_time_aware_half_and_says_why(unsupported):
+    out, results, result = unsupported
+    assert "reproduce [1/7] data: skipped: no TempLAMA release (--templama_dir)" in result.stderr
     assert set(results["skipped"]) == {"data", "train uniform and temporal", "train yearly experts", "evaluate",
-                                       "future probes", "adaptation"}
+                                       "future probes", "adaptation", "extra: streaming"}
     assert all(f["evidence"].startswith("not tested: the data stage was skipped (no TempLAMA release")
-               for f in results["findings"].values())
+               for f in results["findings"].values() if f["half"] == "time-aware")
     assert not results["models"]
     assert "- skipped: data (no TempLAMA release" in (out / "report.md").read_text()
 
 
-def test_a_corpus_that_cannot_be_split_skips_the_streaming_half_and_its_findings_say_why(own_data, tmp_path):
-    """A cut-off after the corpus's last month leaves no test months: the streaming stage is skipped with the
-    splitter's reason, and its three findings (one registry with the time-aware half's) say they were not tested."""
-    out = tmp_path / "run"
-    result = templm("reproduce", "--preset=tiny_test", f"--out={out}", f"--corpus={own_data['corpus']}",
-                    "--cutoff=2018-12-15")
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_a_corpus_that_cannot_be_split_skips_the_streaming_half_and_its_findings_say_why(unsupported):
+    """The cut-off leaves no test months: the streaming stage is skipped with the splitter's reason, and its three
+    findings (one registry with the time-aware half's) say they were not tested."""
+    out, results, result = unsupported
     assert "reproduce [7/7] extra: streaming: skipped: the corpus cannot be split: no document dated" in result.stderr
-    with open(out / "results.json", encoding="utf-8") as f:
-        results = json.load(f)
     reason = results["skipped"]["extra: streaming"]
     assert reason.startswith("the corpus cannot be split: no document dated 2019-")
     streaming = {n: f for n, f in results["findings"].items() if f["half"] == "streaming"}
