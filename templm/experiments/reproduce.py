@@ -32,9 +32,9 @@ suite's) and `paper` (the papers' settings, for an accelerator slice). A run pri
 ends (elapsed time and an ETA) and one per model trained.
 
 Several processes (a multi-host slice, jax.distributed) run the same call: process 0 checks and locks the folder,
-writes run.json, builds the task data and writes results.json; every training spans all processes (the one loop of
-templm.training.trainer, its batches fixed by `Study.data_shards`); each process evaluates on its own device with the
-parameters gathered from all (partitioning.host_local); the streaming stage runs in one process only and is skipped.
+writes run.json, builds the task data (and the streaming half's data) and writes results.json; every training spans
+all processes (the one loop of templm.training, the T5 batches fixed by `Study.data_shards`); each process evaluates
+on its own device with the parameters gathered from all (partitioning.host_local).
 
 The stages are functions of a `Reproduction` (what they all read and none changes) and of what the earlier stages
 returned: `prepare_data` gives TaskData, `train_main` and `train_yearly` the TrainedModels, `evaluate` an Evaluation,

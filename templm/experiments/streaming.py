@@ -29,11 +29,11 @@ more pieces than the other's by construction.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
+import json
 import os
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import gin
 import jax
@@ -56,6 +56,7 @@ from templm.metrics.findings import STREAMING, judge
 from templm.metrics.stream import (CONTROL_TOKENIZER_RUN, perplexity, stream_results, summarize, tokenizer_comparison,
                                    word_log_probs)
 from templm.models.transformer_xl import TransformerXLConfig
+from templm.training import partitioning
 from templm.training.lm_trainer import load_lm, train_lm
 
 # Dynamic evaluation variants of the TIME-STRATIFIED model (names become the report's modes). Each variant's rate
@@ -313,8 +314,11 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
     if comparison is not None:
         results["tokenizer_comparison"] = comparison
     results["timings_sec"] = {**timings, "total": time.time() - started}
-    os.makedirs(out_dir, exist_ok=True)
-    results["files"] = {"results.json": write_json(os.path.join(out_dir, "results.json"), results)}
+    path = os.path.join(out_dir, "results.json")
+    if partitioning.is_lead():  # a multi-host run: every process evaluated alike, process 0 writes
+        os.makedirs(out_dir, exist_ok=True)
+        write_json(path, results)
+    results["files"] = {"results.json": path}
     return results
 
 
@@ -449,6 +453,10 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
       compare_tokenizers: also train TIME-STRATIFIED with CONTROL's tokenizer (time_stratified_control_tokenizer/)
         and score it, for the paper's outdated-tokenizer comparison (Appendix E; per-setup tokenizers only).
 
+    Several processes (a multi-host run) call it alike: process 0 prepares the data (the others read its record,
+    out_dir/data.json) and writes the files; both trainings span every process; each process evaluates the stream
+    on its own device.
+
     The cut-off is 2017-12-31: TIME-STRATIFIED trains on 2010-2017, validation is 2018-01..03 and the test stream is
     the 24 months 2018-04..2020-03; CONTROL trains on as many documents, the most recent ones up to 2020-03
     (test documents excluded). Both models train on shuffled documents with the same seed, steps and sizes.
@@ -466,8 +474,9 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
         corpus = os.path.join(world_dir, "news.jsonl")
         if not os.path.exists(corpus):
             raise DataError("no news.jsonl here: not an embedded world (templm data world)", world_dir)
-    data = prepare_preset_data(out_dir, preset, seed, corpus=corpus, shared_tokenizer=shared_tokenizer,
-                               split_dir=split_dir, cutoff=cutoff)
+    data = _prepared_once(out_dir, lambda: prepare_preset_data(out_dir, preset, seed, corpus=corpus,
+                                                               shared_tokenizer=shared_tokenizer, split_dir=split_dir,
+                                                               cutoff=cutoff))
     timings["data"] = time.time() - t0
     console.say(f"stream experiment: data ready in {data['split_dir']} ({timings['data']:.1f}s)")
 
@@ -502,8 +511,38 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
                    findings=results["findings"])
     if "tokenizer_comparison" in results:
         summary["tokenizer_comparison"] = results["tokenizer_comparison"]
-    write_json(os.path.join(out_dir, "summary.json"), summary)
+    if partitioning.is_lead():
+        write_json(os.path.join(out_dir, "summary.json"), summary)
     return summary
+
+
+DATA_RECORD = "data.json"  # a multi-host run's data step, as process 0 found it, for the other processes
+
+
+def _prepared_once(out_dir: str, prepare: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+    """`prepare()` (the data step) once: in one process, that; in a multi-host run, process 0 runs it and records
+    its outcome in out_dir/data.json (what it returned, or the reason the corpus cannot be split), and the other
+    processes read that once process 0 is done."""
+    if jax.process_count() == 1:
+        return prepare()
+    path = os.path.join(out_dir, DATA_RECORD)
+    done = False
+    try:
+        if partitioning.is_lead():
+            try:
+                outcome = {"data": prepare()}
+            except UnsplittableCorpus as e:
+                outcome = {"unsplittable": e.reason, "path": e.path}
+            write_json(path, outcome)
+        done = True
+    finally:
+        if not partitioning.lead_succeeded(done) and not partitioning.is_lead():
+            raise DataError("process 0 could not prepare the streaming half's data (its messages say why)", out_dir)
+    with open(path, encoding="utf-8") as f:
+        outcome = json.load(f)
+    if "unsplittable" in outcome:
+        raise UnsplittableCorpus(outcome["unsplittable"], outcome.get("path"))
+    return outcome["data"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -541,10 +580,6 @@ def reproduce_stage(context: Any) -> Dict[str, Any]:
     context.out_dir (the reproduction's results.json then names no path outside its own folder); the report's section
     and figures come from templm.reports.stream.streaming_section(summary, figures_dir).
     """
-    if jax.process_count() > 1:
-        raise StageSkipped("the streaming half runs in one process: on a multi-host slice run the study with "
-                           "--nostreaming, and the streaming half on one host (WORKSPACE.md, \"The whole study on an "
-                           "accelerator\")")
     name = getattr(context.preset, "name", "smoke")
     preset = getattr(context, "stream_preset", None) or (name if name in PRESETS else "smoke")
     corpus, split_dir, cutoff = _stream_data(context)

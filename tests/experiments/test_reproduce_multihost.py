@@ -1,7 +1,6 @@
 """`templm reproduce` as a multi-host run: two processes (jax.distributed over gloo, one CPU device each) run the
-same command; every training spans both, each process evaluates on its own device, process 0 alone writes the
-folder. Its numbers are the one-process run's with the same data shards (float noise apart), and the streaming half
-says why it was skipped."""
+same command; every training of both halves spans both processes, each process evaluates on its own device, process
+0 alone writes the folder. Its numbers are the one-process run's with the same data shards (float noise apart)."""
 
 import json
 import math
@@ -44,7 +43,7 @@ def runs(tmp_path_factory):
     port = 21000 + os.getpid() % 20000
     hosts = [_start(root / "multi", f"--coordinator_address=localhost:{port}", "--num_processes=2",
                     f"--process_id={i}") for i in range(2)]
-    single = _start(root / "single", "--gin.templm.Study.data_shards=2", "--nostreaming")
+    single = _start(root / "single", "--gin.templm.Study.data_shards=2")
     outputs = [proc.communicate(timeout=1500) for proc in hosts + [single]]
     for proc, (_, err) in zip(hosts + [single], outputs):
         assert proc.returncode == 0, err[-3000:]
@@ -55,16 +54,9 @@ def runs(tmp_path_factory):
     return root, results, outputs
 
 
-def _time_aware(results):
-    """The results of the time-aware half (the multi-host run skips the streaming half)."""
-    kept = {k: v for k, v in results.items() if k != "skipped"}
-    kept["findings"] = {n: f for n, f in results["findings"].items() if f["half"] == "time-aware"}
-    return kept
-
-
 def test_two_processes_give_the_one_process_numbers(runs):
     _, results, _ = runs
-    multi, single = _numbers(_time_aware(results["multi"])), _numbers(_time_aware(results["single"]))
+    multi, single = _numbers(results["multi"]), _numbers(results["single"])
     assert set(multi) == set(single)
     assert results["multi"]["config"]["data_shards"] == 0 and results["single"]["config"]["data_shards"] == 2
     assert set(results["multi"]["models"]) == {"uniform", "temporal", "yearly_2016", "retrain", "adapt_alpha0.5",
@@ -78,15 +70,19 @@ def test_two_processes_give_the_one_process_numbers(runs):
             assert multi[path] == value, path  # counts, predictions' F1 per query, verdicts, names
 
 
-def test_process_zero_alone_writes_and_the_streaming_half_says_why(runs):
+def test_process_zero_alone_writes_and_both_halves_span_the_processes(runs):
     root, results, outputs = runs
     (out0, err0), (out1, err1), _ = outputs
     assert f"templm reproduce: tiny_test preset, seed 0: {root / 'multi'}/report.md" in out0
     assert "templm reproduce" not in out1 and "reproduce [" not in err1  # no report line, no progress
-    assert "reproduce [1/7] data: starting" in err0
+    assert "reproduce [1/7] data: starting" in err0 and "skipped" not in results["multi"]
+    # The same files, but for the record of the streaming data step that process 0 left for the other.
     assert sorted(os.listdir(root / "multi")) == sorted(os.listdir(root / "single"))
-    skipped = results["multi"]["skipped"]["extra: streaming"]
-    assert skipped.startswith("the streaming half runs in one process: on a multi-host slice run the study with "
-                              "--nostreaming")
-    assert results["multi"]["findings"]["streaming_gap"]["evidence"] == (
-        f"not tested: the streaming stage was skipped ({skipped})")
+    streaming = sorted(os.listdir(root / "multi" / "stream_experiment"))
+    assert streaming == sorted(os.listdir(root / "single" / "stream_experiment") + ["data.json"])
+    for model in ("time_stratified", "control"):  # the Transformer-XL trainings, step by step, as one process's
+        losses = {}
+        for run in ("multi", "single"):
+            with open(root / run / "stream_experiment" / model / "metrics.jsonl", encoding="utf-8") as f:
+                losses[run] = [row["loss"] for row in map(json.loads, f) if row.get("split") == "train"]
+        assert losses["multi"] and losses["multi"] == pytest.approx(losses["single"], rel=1e-4)
