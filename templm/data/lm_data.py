@@ -36,7 +36,7 @@ DATA_ORDERS = ("date", "shuffle")
 
 def split_path(split_file: Optional[str], split_dir: Optional[str], split: str) -> str:
     """The split file: `split_file` if given, else `split_dir/split.gz` (the WMT release and `templm data splits`), or
-    `split_dir/split` uncompressed without a suffix where only that exists (the arXiv release)."""
+    `split_dir/split` where only that exists (a release folder that was gunzipped: the release gzips every file)."""
     if split_file:
         return os.fspath(split_file)
     if not split_dir:

@@ -338,15 +338,15 @@ STREAM_SPLIT_FILES = ("time_stratified_train", "time_stratified_validation", "co
 
 def published_split_stats(split_dir: str) -> Dict[str, Any]:
     """The sizes and date ranges of the split files in `split_dir` (a published release's or `templm data splits`'
-    folder: NAME.gz, or NAME uncompressed as the arXiv release ships them), read from the files themselves; DataError
-    naming the folder for a missing file."""
+    folder: NAME.gz as the release ships them, or NAME where a copy was gunzipped), read from the files themselves;
+    DataError naming the folder for a missing file."""
     split_dir = os.path.abspath(os.fspath(split_dir))
     files = {name: split_path(None, split_dir, name) for name in STREAM_SPLIT_FILES}
     missing = [f"{name}.gz" for name, path in files.items() if not os.path.isfile(path)]
     if missing:
         raise DataError(f"not a TIME-STRATIFIED / CONTROL split folder: {', '.join(missing)} missing (expected "
-                        f"{', '.join(n + '.gz' for n in STREAM_SPLIT_FILES)}, as the paper's WMT release and `templm "
-                        "data splits` write them, or the same names without .gz, as its arXiv release)", split_dir)
+                        f"{', '.join(n + '.gz' for n in STREAM_SPLIT_FILES)}, as the paper's release and `templm data "
+                        "splits` write them, or the same names gunzipped, without .gz)", split_dir)
     splits = {}
     for name, path in files.items():
         dates = [date for date, _ in read_split_file(path)]

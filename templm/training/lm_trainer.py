@@ -185,8 +185,8 @@ def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_fi
     Args:
       model_dir: run folder: `checkpoints/` (orbax), `metrics.jsonl`, TensorBoard events.
       corpus: the corpus (one file in any format templm.data reads, a glob pattern or a list); split_file: its split
-        file (`YYYYMMDD<TAB>id` lines), or split_dir + split (`split_dir/split.gz`, or `split_dir/split` uncompressed
-        as the arXiv release ships it; e.g. split="control_train").
+        file (`YYYYMMDD<TAB>id` lines), or split_dir + split (`split_dir/split.gz`, or `split_dir/split` where a
+        release folder was gunzipped; e.g. split="control_train").
       spm_model: the SentencePiece model (T5 ids; EOS separates documents). config.vocab_size must hold its pieces.
       config: a TransformerXLConfig or a TXL_CONFIGS name; tgt_len is the segment length, mem_len the training
         memory.

@@ -145,10 +145,10 @@ def test_an_arxiv_snapshot_with_a_byte_order_mark_is_detected_as_arxiv(tmp_path)
     assert (doc.id, doc.date, doc.text) == ("0704.0001", datetime.date(2007, 4, 2), "We study things.")
 
 
-def test_the_arxiv_split_files_as_released_uncompressed_and_without_a_suffix(tmp_path):
-    """The arXiv half of the Mind the Gap release lists its splits in plain files named `time_stratified_train`,
-    `test`, ... (no .gz), one `YYYYMMDD<TAB>arXiv id` per line, ids such as `solv-int/9812025` included: the split
-    folder is read as it is, the same as the WMT release's .gz files."""
+def test_gunzipped_arxiv_split_files_without_a_suffix_are_read_as_they_are(tmp_path):
+    """The Mind the Gap release gzips its split files; a copy gunzipped in place (as arXiv users keep them: plain
+    files named `time_stratified_train`, `test`, ..., one `YYYYMMDD<TAB>arXiv id` per line, ids such as
+    `solv-int/9812025` included) is read as it is, the .gz preferred where both exist."""
     from templm.data.lm_data import read_split_documents, split_path
     from templm.experiments.streaming import STREAM_SPLIT_FILES, published_split_stats
 
@@ -180,7 +180,7 @@ def test_the_arxiv_split_files_as_released_uncompressed_and_without_a_suffix(tmp
     (release / "test.gz").write_bytes(gzip.compress(b"20180210\t1802.00006\n"))  # both: the .gz is the one read
     assert split_path(None, str(release), "test") == str(release / "test.gz")
     (release / "control_train").unlink()
-    with pytest.raises(DataError, match="control_train.gz missing .* or the same names without .gz"):
+    with pytest.raises(DataError, match="control_train.gz missing .* or the same names gunzipped, without .gz"):
         published_split_stats(str(release))
     assert len(STREAM_SPLIT_FILES) == 5
 

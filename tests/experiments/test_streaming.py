@@ -276,3 +276,38 @@ def test_dynamic_rates_are_chosen_on_the_validation_stream(runs, tmp_path):
     with pytest.raises(ValueError, match="lrs must be a list of positive rates"):
         stream_evaluation(str(tmp_path / "bad"), runs["time_stratified"], runs["control"],
                           dynamic=[{"name": "d", "rule": "sgd", "lrs": [0.1, -1]}])
+
+
+def test_the_increasing_distance_layout_trains_on_its_file_and_streams_the_main_test(runs, tmp_path):
+    """The release's Appendix C layout, `increasing_distance/split_<train until>/train.gz` alone (written here as
+    the release writes it: gzipped `YYYYMMDD<TAB>id` lines): a model trains on it as on any split file, and is tested
+    on the main split's test and validated on its TIME-STRATIFIED validation (the release's instructions); without
+    them the missing test file is named."""
+    import datetime
+
+    main = read_split_file(os.path.join(runs["split_dir"], "time_stratified_train.gz"))
+    until = max(date for date, _ in main) - datetime.timedelta(days=365)
+    kept = [(date, doc_id) for date, doc_id in main if date <= until]
+    assert 0 < len(kept) < len(main)
+    folder = tmp_path / "increasing_distance" / f"split_{until.isoformat()}"
+    folder.mkdir(parents=True)
+    with gzip.open(folder / "train.gz", "wt", encoding="utf-8") as f:
+        f.writelines(f"{date.strftime('%Y%m%d')}\t{doc_id}\n" for date, doc_id in kept)
+    model_dir = str(tmp_path / "distant")
+    bindings = TRAIN_BINDINGS + [f"MODEL_DIR = '{model_dir}'", f"CORPUS = '{runs['corpus']}'",
+                                 f"SPLIT_DIR = '{folder}'", "SPLIT = 'train'",
+                                 f"SPM_MODEL = '{runs['spm_models']['time_stratified']}'"]
+    try:
+        parse_gin(["txl/time_stratified.gin", "txl/tiny.gin"], bindings)
+        result = lm_trainer.train_lm(mesh=partitioning.make_mesh(mesh_shape=(1, 1), devices=jax.devices()[:1]))
+    finally:
+        gin.clear_config()
+    assert result["step"] == 12 and result["data"]["documents"] == len(kept)
+    with pytest.raises(DataError, match="test.gz"):  # its own folder has no test split
+        stream_evaluation(str(tmp_path / "no_test"), model_dir, runs["control"], dynamic=[], topics=False, pos=False)
+    results = stream_evaluation(str(tmp_path / "out"), model_dir, runs["control"], split_dir=runs["split_dir"],
+                                dynamic=[], min_test_count=3, topics=False, pos=False)
+    assert results["inputs"]["test_split_file"] == os.path.join(runs["split_dir"], "test.gz")
+    assert results["inputs"]["checkpoints"]["time_stratified"]["split_file"] == str(folder / "train.gz")
+    test_months = {date.strftime("%Y-%m") for date, _ in read_split_file(os.path.join(runs["split_dir"], "test.gz"))}
+    assert set(results["months"]) == test_months
