@@ -8,6 +8,8 @@ Every layer raises these and nothing above them needs to be imported to catch th
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 import signal
 import sys
 import threading
@@ -133,3 +135,27 @@ def require_macros(function: str, values: Mapping[str, Tuple[str, Any]], allow_n
     for name, (macro, value) in values.items():
         if value is gin.REQUIRED or (not allow_none and (value is None or value == "")):
             raise ConfigError(f"{function}.{name} is required: set the gin macro {macro}, e.g. --gin.{macro}=...")
+
+
+# A numeric setting to check: (value, int or float, the least value allowed or None, the gin macro it is usually
+# bound through or None).
+Number = Tuple[Any, type, Optional[float], Optional[str]]
+
+
+def require_numbers(function: str, values: Mapping[str, Number], optional: Tuple[str, ...] = ()) -> None:
+    """Raises a ConfigError naming `function.parameter` (and its macro) for the first setting that is not a number
+    of its kind or is below its least value, before any work: an int setting takes integers only (20.5 or '32' is
+    refused, not rounded or parsed), a float one any finite real number. Parameters in `optional` may be None."""
+    for name, (value, kind, least, macro) in values.items():
+        if value is None and name in optional:
+            continue
+        where = f"{function}.{name}" + (f" (the gin macro {macro})" if macro else "")
+        is_number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if kind is int and not (is_number and isinstance(value, numbers.Integral)):
+            quoted = " (quotes make it a string in gin: write the number bare)" if isinstance(value, str) else ""
+            raise ConfigError(f"{where}: expected a whole number, got {value!r}{quoted}")
+        if kind is float and not (is_number and math.isfinite(float(value))):
+            quoted = " (quotes make it a string in gin: write the number bare)" if isinstance(value, str) else ""
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}{quoted}")
+        if least is not None and value < least:
+            raise ConfigError(f"{where}: must be at least {least:g}, got {value!r}")

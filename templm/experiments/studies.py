@@ -18,11 +18,35 @@ import datetime
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from templm.errors import ConfigError
+from templm.errors import ConfigError, require_numbers
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GIN_DIR = os.path.join(REPO_ROOT, "gin_configs")
 STUDY_DIR = os.path.join(GIN_DIR, "study")
+
+
+# Numeric fields of a study that must be at least 1 (the others at least 0).
+_AT_LEAST_ONE = frozenset({"vocab_size", "steps", "yearly_steps", "adapt_steps", "retrain_steps", "adapt_eval_points",
+                           "retrain_eval_points", "inputs_length", "targets_length", "batch_size", "eval_batch_size",
+                           "max_gap", "calibration_years", "docs_per_month", "subjects_per_relation",
+                           "test_docs_per_month", "train_steps", "test_months", "min_test_count", "n_topics",
+                           "train_count_documents", "ms_segments", "pad_vocab_to"})
+
+
+def _check_numbers(kind: str, study: Any) -> None:
+    """Every int and float field of a study (by its annotation) a number of its kind in range, named as the gin
+    binding templm.KIND.FIELD, before any work (a study of 20.5 steps is refused, not rounded)."""
+    checks, optional = {}, []
+    for field in dataclasses.fields(study):
+        annotation = str(field.type)
+        number = {"int": int, "float": float, "Optional[int]": int, "Optional[float]": float}.get(annotation)
+        if number is None:
+            continue
+        if annotation.startswith("Optional"):
+            optional.append(field.name)
+        least = 1 if field.name in _AT_LEAST_ONE else 0
+        checks[field.name] = (getattr(study, field.name), number, least, None)
+    require_numbers(f"templm.{kind}", checks, optional=tuple(optional))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +85,7 @@ class Preset:
     data_shards: int = 0
 
     def __post_init__(self):
+        _check_numbers("Study", self)
         if isinstance(self.model, Mapping):  # gin writes the changes as a dict; kept as pairs (hashable)
             object.__setattr__(self, "model", tuple(self.model.items()))
         object.__setattr__(self, "model", tuple(tuple(pair) for pair in self.model))
@@ -104,8 +129,7 @@ class StreamPreset:
         return -(-self.vocab_size // self.pad_vocab_to) * self.pad_vocab_to
 
     def __post_init__(self):
-        if not isinstance(self.pad_vocab_to, int) or self.pad_vocab_to < 1:
-            raise ConfigError(f"StreamStudy.pad_vocab_to must be an integer >= 1, got {self.pad_vocab_to!r}")
+        _check_numbers("StreamStudy", self)
         if isinstance(self.cutoff, str):  # gin writes the date as 'YYYY-MM-DD'
             try:
                 object.__setattr__(self, "cutoff", datetime.date.fromisoformat(self.cutoff))

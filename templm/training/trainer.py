@@ -34,7 +34,7 @@ import seqio
 from absl import logging
 
 from templm import console
-from templm.errors import ConfigError, DataError, require_macros
+from templm.errors import ConfigError, DataError, require_macros, require_numbers
 from templm.io import file_sha256
 from templm.models.t5 import EncoderDecoderModel, T5Config, load_hf_checkpoint
 import templm.tasks  # noqa: F401  (registers the SeqIO tasks the configs name)
@@ -183,6 +183,16 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
         "task_feature_lengths": ("TASK_FEATURE_LENGTHS", task_feature_lengths),
         "train_steps": ("TRAIN_STEPS", train_steps), "batch_size": ("BATCH_SIZE", batch_size),
         "model": ("MODEL", model)})
+    require_numbers("templm.train", {
+        "train_steps": (train_steps, int, 1, "TRAIN_STEPS"), "batch_size": (batch_size, int, 1, "BATCH_SIZE"),
+        "microbatches": (microbatches, int, 1, None), "seed": (seed, int, 0, None),
+        "data_seed": (data_seed, int, 0, None), "save_period": (save_period, int, 0, "SAVE_PERIOD"),
+        "keep_checkpoints": (keep_checkpoints, int, 1, None), "eval_period": (eval_period, int, 0, "EVAL_PERIOD"),
+        "eval_num_examples": (eval_num_examples, int, 1, None), "eval_batch_size": (eval_batch_size, int, 1, None),
+        "log_period": (log_period, int, 1, None), "data_shards": (data_shards, int, 0, None),
+        **{f"task_feature_lengths[{key!r}]": (value, int, 1, "TASK_FEATURE_LENGTHS")
+           for key, value in dict(task_feature_lengths).items()}},
+        optional=("data_seed", "keep_checkpoints", "eval_num_examples"))
     if eval_period and evaluator is None:
         raise ConfigError("templm.train.eval_period needs an evaluator (templm train passes one; from Python pass "
                           "evaluator=templm.evaluation.checkpoint_eval.evaluate_params, or set eval_period=0)")

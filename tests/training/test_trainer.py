@@ -263,6 +263,20 @@ def test_two_processes_of_four_devices_match_one_process(data_dir, tmp_path):
 
 
 @pytest.mark.e2e
+def test_a_fractional_or_negative_step_count_is_refused_before_any_work(data_dir, tmp_path):
+    """TRAIN_STEPS=20.5 used to train 21 steps and save no checkpoint, TRAIN_STEPS=-5 to exit 0 having trained
+    nothing: both are one message naming the binding, exit 1, and MODEL_DIR is never made."""
+    for value, message in [("20.5", "expected a whole number, got 20.5"), ("-5", "must be at least 1, got -5")]:
+        model_dir = tmp_path / f"steps_{value}"
+        proc = _cli(f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={value}",
+                    env={"TEMPLM_DATA_DIR": data_dir})
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 1 and out == "", err[-2000:]
+        assert f"templm.train.train_steps (the gin macro TRAIN_STEPS): {message}" in err
+        assert not model_dir.exists()
+
+
+@pytest.mark.e2e
 def test_misspelled_binding_and_missing_macro_are_named():
     wrong = subprocess.run([sys.executable, "-m", "templm.cli", "train", "--gin_file=gin_configs/temporal.gin",
                             "--gin.templm.train.trian_steps=3", "--gin.MODEL_DIR='/tmp/x'"],

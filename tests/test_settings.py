@@ -1,0 +1,76 @@
+"""Numeric settings are checked before any work (templm.errors.require_numbers): a whole number where one is asked
+(20.5 is refused, not rounded; '32' is refused, not parsed), a finite number where a rate is, each in its range, one
+message naming the binding. The trainers, the studies and the command line."""
+
+import re
+
+import numpy as np
+import pytest
+
+from templm.errors import ConfigError, require_numbers
+from templm.experiments.studies import load_study
+from templm.training import lm_trainer, trainer
+from templm_testing import run_templm
+
+
+def test_whole_numbers_finite_numbers_and_ranges():
+    require_numbers("f", {"steps": (np.int64(3), int, 1, "TRAIN_STEPS"), "rate": (2, float, 0, None),
+                          "seed": (None, int, 0, None)}, optional=("seed",))
+    refused = [(20.5, "expected a whole number, got 20.5"),
+               ("32", "expected a whole number, got '32' (quotes make it a string in gin: write the number bare)"),
+               (True, "expected a whole number, got True"), (None, "expected a whole number, got None"),
+               (-5, "must be at least 1, got -5"), (0, "must be at least 1, got 0")]
+    for value, message in refused:
+        with pytest.raises(ConfigError, match=re.escape(f"f.steps (the gin macro TRAIN_STEPS): {message}")):
+            require_numbers("f", {"steps": (value, int, 1, "TRAIN_STEPS")})
+    for value in (float("nan"), float("inf"), "0.1", -0.5):
+        with pytest.raises(ConfigError, match=r"^f\.rate: "):
+            require_numbers("f", {"rate": (value, float, 0, None)})
+
+
+def test_the_trainers_refuse_a_bad_number_before_touching_their_folder(tmp_path):
+    folder = tmp_path / "never"
+    t5 = dict(model_dir=str(folder), mixture_or_task_name="temporal_mixture", train_steps=2, batch_size=2,
+              task_feature_lengths={"inputs": 8, "targets": 4}, model=object())
+    for change, binding in [({"train_steps": 20.5}, "templm.train.train_steps (the gin macro TRAIN_STEPS)"),
+                            ({"train_steps": -5}, "templm.train.train_steps"),
+                            ({"batch_size": "32"}, "templm.train.batch_size (the gin macro BATCH_SIZE)"),
+                            ({"save_period": 2.5}, "templm.train.save_period"),
+                            ({"task_feature_lengths": {"inputs": 8, "targets": 0}},
+                             "templm.train.task_feature_lengths['targets']")]:
+        with pytest.raises(ConfigError, match=re.escape(binding)):
+            trainer.train(**{**t5, **change})
+    txl = dict(model_dir=str(folder), corpus="corpus.jsonl", spm_model="spm.model", config="tiny", train_steps=2,
+               batch_size=2, split_file="train.gz")
+    for change, binding in [({"learning_rate": float("nan")}, "templm.train_lm.learning_rate"),
+                            ({"train_steps": 0}, "templm.train_lm.train_steps"),
+                            ({"warmup_steps": -1}, "templm.train_lm.warmup_steps"),
+                            ({"batch_size": 2.5}, "templm.train_lm.batch_size")]:
+        with pytest.raises(ConfigError, match=re.escape(binding)):
+            lm_trainer.train_lm(**{**txl, **change})
+    assert not folder.exists()
+
+
+def test_a_study_of_fractional_or_negative_sizes_is_one_message():
+    for kind, field, value, message in [("Study", "steps", 20.5, "expected a whole number, got 20.5"),
+                                        ("Study", "batch_size", 0, "must be at least 1, got 0"),
+                                        ("Study", "learning_rate", "0.01", "expected a finite number, got '0.01'"),
+                                        ("StreamStudy", "train_steps", -5, "must be at least 1, got -5"),
+                                        ("StreamStudy", "pad_vocab_to", 0, "must be at least 1, got 0")]:
+        with pytest.raises(ConfigError, match=re.escape(f"templm.{kind}.{field}: {message}")):
+            load_study("tiny_test", {kind: {field: value}})
+
+
+@pytest.mark.e2e
+def test_the_command_line_names_the_binding_and_writes_nothing(tmp_path):
+    out = tmp_path / "study"
+    result = run_templm("reproduce", "--preset=tiny_test", f"--out={out}", "--gin.templm.Study.steps=20.5")
+    assert result.returncode == 1 and "templm.Study.steps: expected a whole number, got 20.5" in result.stderr
+    assert not out.exists()
+    model_dir = tmp_path / "lm"
+    result = run_templm("train-lm", "--gin_file=txl/time_stratified.gin", f"--gin.MODEL_DIR='{model_dir}'",
+                        "--gin.CORPUS='corpus.jsonl'", "--gin.SPLIT_DIR='splits'", "--gin.SPM_MODEL='spm.model'",
+                        "--gin.TRAIN_STEPS=-5")
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "templm.train_lm.train_steps (the gin macro TRAIN_STEPS): must be at least 1, got -5" in result.stderr
+    assert not model_dir.exists()
