@@ -734,6 +734,20 @@ def adapt(run: Reproduction, data: TaskData, base: Evaluation) -> StageOutput:
                                        "regimes": regimes}}, models)
 
 
+def _name_the_model(error: DataError, models_dir: str) -> None:
+    """A model of the study whose checkpoints cannot be restored (every step damaged): raises the error again with
+    what to do, naming the model's folder; any other DataError goes on as it is."""
+    path = os.path.abspath(error.path or "")
+    models_dir = os.path.abspath(models_dir)
+    if not path.startswith(models_dir + os.sep):
+        return
+    parts = os.path.relpath(path, models_dir).split(os.sep)
+    folder = os.path.join(models_dir, *parts[:2 if parts[0] == "adapt" and len(parts) > 1 else 1])
+    raise DataError(f"{error.reason}. The study cannot go on from this model: remove {folder} and run the same "
+                    "command again to train it afresh (the other models are kept, and the results of the earlier "
+                    "run stay until the new ones replace them)", error.path) from None
+
+
 def _years(years: Sequence[int]) -> str:
     return f"{years[0]}-{years[-1]}" if len(years) > 1 else str(years[0])
 
@@ -746,8 +760,8 @@ def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[Ex
                      data: StudyData = EMBEDDED, stream_preset: Optional[StreamPreset] = None) -> bool:
     """Records the run in out_dir/run.json. The models of an earlier run with the same record are kept (each trainer
     resumes from its checkpoint); otherwise the models of an earlier run are removed, so a run
-    never resumes another's checkpoints. The results of an earlier run are removed either way: they are written
-    again only when this run completes. Returns True when resuming. Several processes: process 0 does it, the
+    never resumes another's checkpoints. The results of an earlier run (results.json, report.md) stay until this run
+    has finished and replaces them: a rerun that fails leaves them as they were. Returns True when resuming. Several processes: process 0 does it, the
     others wait for it (and return False)."""
     if not partitioning.is_lead():
         partitioning.barrier("reproduce: run.json")
@@ -763,7 +777,7 @@ def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[Ex
         with open(path, encoding="utf-8") as f:
             previous = json.load(f)
     resuming = previous == jsonable(record)
-    stale = ["results.json", "report.md"] + ([] if resuming else ["models", "stream_experiment"])
+    stale = [] if resuming else ["models", "stream_experiment"]
     for name in stale:
         target = os.path.join(out_dir, name)
         if os.path.isdir(target):
@@ -845,6 +859,9 @@ def _reproduce(preset: Preset, out_dir: str, seed: int, extra: List[ExtraStage],
             skipped[name] = str(e)
             progress.skip(name, str(e))
             return None
+        except DataError as e:
+            _name_the_model(e, run.models_dir)
+            raise
         progress.end()
         return value
 

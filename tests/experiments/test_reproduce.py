@@ -268,6 +268,27 @@ def test_sigterm_stops_the_whole_command_and_a_rerun_resumes_to_the_same_numbers
     assert {k: v for k, v in resumed.items() if k != "timing"} == {k: v for k, v in results.items() if k != "timing"}
 
 
+def test_a_rerun_that_fails_on_a_damaged_model_keeps_the_results_and_says_what_to_do(run_dir, tmp_path):
+    """A finished run whose Uniform model's only checkpoint is damaged: the rerun names the model's folder and the
+    way forward (remove it, run again), exits 1, and results.json and report.md are still the finished run's."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    before = {name: (out / name).read_bytes() for name in ("results.json", "report.md")}
+    checkpoints = out / "models" / "uniform" / "checkpoints"
+    (step,) = [name for name in os.listdir(checkpoints) if name.isdigit()]
+    files = [os.path.join(folder, name) for folder, _, names in os.walk(checkpoints / step) for name in names]
+    target = max(files, key=os.path.getsize)  # the parameters' largest file
+    with open(target, "r+b") as f:
+        f.truncate(os.path.getsize(target) // 2)
+    result = templm("reproduce", "--preset=tiny_test", f"--out={out}", "--seed=0")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "no intact checkpoint to restore" in result.stderr
+    assert f"remove {out / 'models' / 'uniform'} and run the same command again to train it afresh" in result.stderr
+    assert {name: (out / name).read_bytes() for name in before} == before
+
+
 def test_several_seeds_run_each_seed_and_combine_them(tmp_path):
     out = tmp_path / "seeds"
     result = templm("reproduce", "--preset=tiny_test", f"--out={out}", "--seeds=3,4", "--nostreaming")
