@@ -759,10 +759,10 @@ REPRODUCTION = "reproduction"  # the kind of output folder (templm.outputs)
 def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[ExtraStage],
                      data: StudyData = EMBEDDED, stream_preset: Optional[StreamPreset] = None) -> bool:
     """Records the run in out_dir/run.json. The models of an earlier run with the same record are kept (each trainer
-    resumes from its checkpoint); otherwise the models of an earlier run are removed, so a run
-    never resumes another's checkpoints. The results of an earlier run (results.json, report.md) stay until this run
-    has finished and replaces them: a rerun that fails leaves them as they were. Returns True when resuming. Several processes: process 0 does it, the
-    others wait for it (and return False)."""
+    resumes from its checkpoint); otherwise the models of an earlier run are removed, so a run never resumes
+    another's checkpoints. The results of an earlier run (results.json, report.md) stay until this run has finished
+    and replaces them: a rerun that fails leaves them as they were. Returns True when resuming. Several processes:
+    process 0 does it, the others wait for it (and return False)."""
     if not partitioning.is_lead():
         partitioning.barrier("reproduce: run.json")
         return False
