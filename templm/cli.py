@@ -250,9 +250,14 @@ def _main_data_stats():
                       "by_year": {str(y): {"documents": docs[y], "words": words[y]} for y in sorted(docs)}}))
 
 
+SPLITS_KIND, TEMPLAMA_KIND = "splits", "TempLAMA"  # the kinds of output folder of `data splits`, `data templama`
+
+
 def _define_data_splits():
     _define_corpus_flags(split=False)
-    flags.DEFINE_string("out", None, "Output folder for the split files and stats.json.", required=True)
+    flags.DEFINE_string("out", None, "Output folder for the split files and stats.json (built whole beside it, then "
+                        "put in its place).", required=True)
+    _define_overwrite()
     flags.DEFINE_string("cutoff", "2017-09-30", "TIME-STRATIFIED cut-off date; 'auto': the latest whose validation "
                         "and test months end with the corpus; empty for yearly buckets only.")
     flags.DEFINE_integer("test_docs_per_month", 1000, "Test documents sampled per month (all if fewer).")
@@ -275,6 +280,7 @@ def _main_data_splits():
     from templm.data.filters import FilterConfig
     from templm.data.records import parse_date
     from templm.data.splits import make_splits, yearly_buckets
+    from templm.outputs import build_output_folder
 
     try:
         clean = FilterConfig(language=FLAGS.language or None,
@@ -282,25 +288,31 @@ def _main_data_splits():
     except ValueError as e:
         flag = "--language" if "language" in str(e).split(" must")[0] else "--near_duplicate_threshold"
         raise ConfigError(f"{flag}: {e}") from None
-    summary = {}
+    cutoff = None
     if FLAGS.cutoff:
         try:
             cutoff = None if FLAGS.cutoff == "auto" else parse_date(FLAGS.cutoff)
         except ValueError as e:
             raise ConfigError(f"--cutoff: {e} (or 'auto')") from None
-        stats = make_splits(_corpus_flag(), FLAGS.out, cutoff=cutoff, test_months=FLAGS.test_months,
-                            validation_months=FLAGS.validation_months,
-                            test_docs_per_month=FLAGS.test_docs_per_month, validation_docs=FLAGS.validation_docs,
-                            seed=FLAGS.seed, format=FLAGS.format, on_error=FLAGS.on_error, clean=clean,
-                            allow_degenerate=FLAGS.allow_degenerate)
-        summary["splits"] = {k: v["documents"] for k, v in stats["splits"].items()}
-        summary["control_train_test_period_share"] = stats["control_train_test_period_share"]
-    if FLAGS.yearly:
-        yearly = yearly_buckets(_corpus_flag(), FLAGS.out, heldout_per_year=FLAGS.heldout_per_year,
-                                heldout_fraction=FLAGS.heldout_fraction, seed=FLAGS.seed, format=FLAGS.format,
-                                on_error=FLAGS.on_error, clean=clean)
-        summary["yearly"] = yearly["years"]
-    print(json.dumps(summary))
+
+    def build(folder):  # every file of the output, in a folder beside --out that replaces it only when whole
+        summary = {}
+        if FLAGS.cutoff:
+            stats = make_splits(_corpus_flag(), folder, cutoff=cutoff, test_months=FLAGS.test_months,
+                                validation_months=FLAGS.validation_months,
+                                test_docs_per_month=FLAGS.test_docs_per_month, validation_docs=FLAGS.validation_docs,
+                                seed=FLAGS.seed, format=FLAGS.format, on_error=FLAGS.on_error, clean=clean,
+                                allow_degenerate=FLAGS.allow_degenerate)
+            summary["splits"] = {k: v["documents"] for k, v in stats["splits"].items()}
+            summary["control_train_test_period_share"] = stats["control_train_test_period_share"]
+        if FLAGS.yearly:
+            yearly = yearly_buckets(_corpus_flag(), folder, heldout_per_year=FLAGS.heldout_per_year,
+                                    heldout_fraction=FLAGS.heldout_fraction, seed=FLAGS.seed, format=FLAGS.format,
+                                    on_error=FLAGS.on_error, clean=clean)
+            summary["yearly"] = yearly["years"]
+        return summary
+
+    print(json.dumps(build_output_folder(FLAGS.out, SPLITS_KIND, build, FLAGS.overwrite)))
 
 
 def _define_data_spm():
@@ -322,7 +334,9 @@ def _main_data_spm():
 
 def _define_data_templama():
     flags.DEFINE_string("dump", None, "Wikidata JSON dump (latest-all.json.gz or .bz2).", required=True)
-    flags.DEFINE_string("out", None, "Output folder for train/val/test.jsonl and stats.json.", required=True)
+    flags.DEFINE_string("out", None, "Output folder for train/val/test.jsonl and stats.json (built whole beside it, "
+                        "then put in its place).", required=True)
+    _define_overwrite()
     flags.DEFINE_integer("start_year", 2010, "First year of the queries.")
     flags.DEFINE_integer("end_year", 2020, "Last year of the queries.")
     flags.DEFINE_integer("max_subjects", 1000, "Most popular subjects kept per relation.")
@@ -332,9 +346,11 @@ def _define_data_templama():
 
 def _main_data_templama():
     from templm.data.wikidata import build_templama
+    from templm.outputs import build_output_folder
 
-    stats = build_templama(FLAGS.dump, FLAGS.out, start_year=FLAGS.start_year, end_year=FLAGS.end_year,
-                           max_subjects=FLAGS.max_subjects, require_enwiki=FLAGS.require_enwiki, seed=FLAGS.seed)
+    stats = build_output_folder(FLAGS.out, TEMPLAMA_KIND, lambda folder: build_templama(
+        FLAGS.dump, folder, start_year=FLAGS.start_year, end_year=FLAGS.end_year, max_subjects=FLAGS.max_subjects,
+        require_enwiki=FLAGS.require_enwiki, seed=FLAGS.seed), FLAGS.overwrite)
     print(json.dumps({k: stats[k] for k in ("subjects", "queries", "splits")}))
 
 

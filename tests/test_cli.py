@@ -143,6 +143,44 @@ def test_data_splits_then_stats_and_spm_on_a_split(small_world, tmp_path):
     assert not (tmp_path / "big.model").exists()
 
 
+def _files(folder):
+    return {os.path.relpath(os.path.join(root, name), folder): open(os.path.join(root, name), "rb").read()
+            for root, _, names in os.walk(folder) for name in names}
+
+
+def test_data_splits_and_templama_leave_a_users_folder_alone_and_change_theirs_all_at_once(small_world, tmp_path):
+    """`data splits` and `data templama` wrote into any --out: a user's test.gz and stats.json, or train.jsonl, were
+    replaced without a word; and a failure in the yearly pass left the new cut-off's split files beside the old
+    yearly buckets. Now a folder that is not their output is refused (its files as they were) unless --overwrite,
+    and the output is built beside --out and put in its place whole, or not at all."""
+    news = small_world / "news.jsonl"
+    split_flags = [f"--corpus={news}", "--test_docs_per_month=5", "--test_months=12", "--heldout_per_year=10"]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "test.gz").write_bytes(b"a user's file")
+    (mine / "stats.json").write_text("{}")
+    refused = templm("data", "splits", f"--out={mine}", "--cutoff=2016-12-31", *split_flags)
+    assert refused.returncode == 1 and "test.gz" in refused.stderr and "--overwrite" in refused.stderr
+    assert _files(mine) == {"test.gz": b"a user's file", "stats.json": b"{}"}
+    replaced = templm("data", "splits", f"--out={mine}", "--cutoff=2016-12-31", "--overwrite", *split_flags)
+    assert replaced.returncode == 0, replaced.stderr[-2000:]
+    assert (mine / "test.gz").read_bytes()[:2] == b"\x1f\x8b" and (mine / "yearly").is_dir()
+
+    before = _files(mine)  # a failure in the yearly pass (after the split files of a new cut-off were written)
+    failed = templm("data", "splits", f"--out={mine}", "--cutoff=2017-06-30", "--heldout_fraction=1.5",
+                    *split_flags)
+    assert failed.returncode == 1 and "heldout_fraction" in failed.stderr
+    assert _files(mine) == before and not os.path.exists(f"{mine}.partial")
+
+    release = tmp_path / "release"
+    release.mkdir()
+    (release / "train.jsonl").write_text('{"a user": "line"}\n')
+    dump = os.path.join(os.path.dirname(__file__), "fixtures", "wikidata_dump.json")
+    result = templm("data", "templama", f"--dump={dump}", f"--out={release}", "--max_subjects=4")
+    assert result.returncode == 1 and "train.jsonl" in result.stderr and "--overwrite" in result.stderr
+    assert _files(release) == {"train.jsonl": b'{"a user": "line"}\n'}
+
+
 def test_data_templama_from_the_test_dump(tmp_path):
     dump = os.path.join(os.path.dirname(__file__), "fixtures", "wikidata_dump.json")
     result = templm("data", "templama", f"--dump={dump}", f"--out={tmp_path}", "--max_subjects=4")
