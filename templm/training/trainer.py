@@ -236,34 +236,6 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
                                     f"{saved['data_shards']} (or 0) to resume it", checkpointer.directory)
                 logging.info("resumed from step %d", start_step)
 
-            # --- The update step: one pure function, jitted once, the state donated. ----------------------------
-            batch_sharding = partitioning.data_sharding(mesh)
-            key = None if optimizer is None else (id(model), id(tx), microbatches, mesh, tuple(rules))
-            if key is not None and key in _STEP_CACHE:
-                step_fn = _STEP_CACHE[key][2]
-            else:
-                step_fn = train_state.compile_step(make_train_step(model, tx, microbatches), state_shardings,
-                                                   batch_sharding, mesh)
-                if key is not None:
-                    _STEP_CACHE.clear()  # keep one: a compiled step holds on to its executable
-                    _STEP_CACHE[key] = (model, tx, step_fn)
-
-            # --- Data: this process's shards' rows of each global batch, where the checkpoint left them. ---------
-            inputs = TrainingInput(mixture_or_task_name, lengths, batch_size,
-                                   data_seed if data_seed is not None else seed, pack,
-                                   data_shards or saved.get("data_shards", 0))
-            if start_step:
-                names = tuple(inputs.shard_name(s) for s in inputs.shards)
-                states = checkpointer.restore_inputs(saved["step"], names)
-                if states:
-                    inputs.restore(states, checkpointer.directory)
-                else:
-                    console.warn(f"checkpoint {saved['step']} in {checkpointer.directory} holds no input state "
-                                 "(written before templm saved it, as the end of a run of fixed length, or by a "
-                                 f"pipeline tf.data cannot save): reading the {start_step} batches it had consumed "
-                                 "again to get back to its data position")
-                    inputs.replay(start_step)
-
             # --- The loop. ----------------------------------------------------------------------------------------
             result: Dict[str, Any] = {"start_step": start_step}
 
@@ -273,15 +245,45 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
                 for task, metrics in result["eval"].items():
                     log.write(step, f"{eval_split}/{task}", metrics)
 
-            meta = {"seed": seed, "data_seed": data_seed, "mixture_or_task_name": mixture_or_task_name,
-                    "batch_size": batch_size, "task_feature_lengths": lengths, "data_shards": inputs.data_shards}
-            state, logged = loop.run(
-                step_fn, state, lambda position: train_state.global_batch(inputs.next(), batch_sharding),
-                rng=jax.random.key(seed + 1), start_step=start_step, train_steps=train_steps,
-                checkpointer=checkpointer, log=log, meta=meta, log_period=log_period,
-                tokens_per_step=batch_size * (lengths["inputs"] + lengths["targets"]),
-                name=os.path.basename(os.path.normpath(model_dir)), evaluate=evaluate, eval_period=eval_period,
-                progress=progress, input_state=inputs.state, final_input_state=final_input_state)
+            logged = None
+            if start_step < train_steps:  # a finished run is kept as it is: nothing to train, its input untouched
+                # --- The update step: one pure function, jitted once, the state donated. ------------------------
+                batch_sharding = partitioning.data_sharding(mesh)
+                key = None if optimizer is None else (id(model), id(tx), microbatches, mesh, tuple(rules))
+                if key is not None and key in _STEP_CACHE:
+                    step_fn = _STEP_CACHE[key][2]
+                else:
+                    step_fn = train_state.compile_step(make_train_step(model, tx, microbatches), state_shardings,
+                                                       batch_sharding, mesh)
+                    if key is not None:
+                        _STEP_CACHE.clear()  # keep one: a compiled step holds on to its executable
+                        _STEP_CACHE[key] = (model, tx, step_fn)
+
+                # --- Data: this process's shards' rows of each global batch, where the checkpoint left them. -----
+                inputs = TrainingInput(mixture_or_task_name, lengths, batch_size,
+                                       data_seed if data_seed is not None else seed, pack,
+                                       data_shards or saved.get("data_shards", 0))
+                if start_step:
+                    names = tuple(inputs.shard_name(s) for s in inputs.shards)
+                    states = checkpointer.restore_inputs(saved["step"], names)
+                    if states:
+                        inputs.restore(states, checkpointer.directory)
+                    else:
+                        console.warn(f"checkpoint {saved['step']} in {checkpointer.directory} holds no input state "
+                                     "(written before templm saved it, as the end of a run of fixed length, or by a "
+                                     f"pipeline tf.data cannot save): reading the {start_step} batches it had consumed "
+                                     "again to get back to its data position")
+                        inputs.replay(start_step)
+
+                meta = {"seed": seed, "data_seed": data_seed, "mixture_or_task_name": mixture_or_task_name,
+                        "batch_size": batch_size, "task_feature_lengths": lengths, "data_shards": inputs.data_shards}
+                state, logged = loop.run(
+                    step_fn, state, lambda position: train_state.global_batch(inputs.next(), batch_sharding),
+                    rng=jax.random.key(seed + 1), start_step=start_step, train_steps=train_steps,
+                    checkpointer=checkpointer, log=log, meta=meta, log_period=log_period,
+                    tokens_per_step=batch_size * (lengths["inputs"] + lengths["targets"]),
+                    name=os.path.basename(os.path.normpath(model_dir)), evaluate=evaluate, eval_period=eval_period,
+                    progress=progress, input_state=inputs.state, final_input_state=final_input_state)
     finally:
         if inputs is not None:
             inputs.close()  # an iterator left alive at exit can hang the process (tf.data)

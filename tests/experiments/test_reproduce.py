@@ -264,6 +264,7 @@ def test_sigterm_stops_the_whole_command_and_a_rerun_resumes_to_the_same_numbers
     again = templm("reproduce", "--preset=tiny_test", f"--out={out}", "--seed=0")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming the run" in again.stderr
+    assert "holds no input state" not in again.stderr  # a finished model is kept without touching its input
     resumed = json.loads((out / "results.json").read_text().replace(str(out), str(run_dir)))  # the same paths
     assert {k: v for k, v in resumed.items() if k != "timing"} == {k: v for k, v in results.items() if k != "timing"}
 

@@ -109,6 +109,21 @@ def test_a_checkpoint_without_input_state_is_resumed_by_replaying_its_batches(tr
     assert all(jax.tree.leaves(same))
 
 
+def test_a_finished_run_is_kept_without_touching_its_input(trained, tmp_path, capsys):
+    """Asked for the steps it already has, a run returns its checkpoint's parameters and metrics without building
+    its input pipeline (no replay warning even when its last checkpoint holds no input state)."""
+    model_dir, result = trained
+    done = tmp_path / "done"
+    shutil.copytree(model_dir, done)
+    shutil.rmtree(done / "checkpoints" / "40" / "input")
+    (done / "checkpoints" / "integrity" / "40.json").unlink()
+    again = _train(done, 40)
+    assert again["start_step"] == again["step"] == 40 and again["train"] == result["train"]
+    assert "holds no input state" not in capsys.readouterr().err
+    same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), result["params"], again["params"])
+    assert all(jax.tree.leaves(same))
+
+
 def test_one_device_and_a_4x2_mesh_agree_and_shardings_follow_the_rules(data_dir, tmp_path):
     single = _train(tmp_path / "one", 5, mesh_shape=(1, 1))
     sharded = _train(tmp_path / "mesh", 5, mesh_shape=(4, 2))
