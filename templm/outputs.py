@@ -8,6 +8,8 @@
   `flock` that the system releases when its holder ends, kill -9 included, so a lock left by a dead run never blocks
   the next one; the file names its holder (command, pid, host, start) for the message a second run gets, and is
   removed when the run ends (a killed run leaves it behind, harmless).
+* The names beside an output are templm's own only when templm made them: a `<folder>.partial` without its
+  PARTIAL_MARKER, or a `<folder>.lock` that is not a lock, is a user's and is refused, never removed.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from templm.io import atomic_write
 
 MARKER = ".templm.json"
 LOCK = ".templm.lock"
+PARTIAL_MARKER = ".templm.partial"  # inside `<folder>.partial` while templm builds it: a folder of ours to remove
 # Files that mark a folder of each kind written before the markers existed.
 _SIGNATURES: Dict[str, Sequence[str]] = {
     "world": ("news.jsonl", "stats.json"),
@@ -111,6 +114,7 @@ def locked(lock_path: str, what: str, wait: bool = False) -> Iterator[None]:
     (or, with `wait`, waits for it). Taking a lock this process already holds is allowed (nested stages). The file
     is removed when the lock is released (still holding it, so that no one else can take a stale copy)."""
     lock_path = os.path.abspath(lock_path)
+    _check_own_lock(lock_path)
     if lock_path in _HELD:
         _HELD[lock_path][1] += 1
         try:
@@ -139,6 +143,24 @@ def locked(lock_path: str, what: str, wait: bool = False) -> Iterator[None]:
         f.close()
 
 
+def _check_own_lock(lock_path: str) -> None:
+    """Refuses a file at `lock_path` that is not a templm lock (empty, or naming its holder): a user's file of that
+    name is never truncated or removed."""
+    if not os.path.lexists(lock_path):
+        return
+    if not os.path.isfile(lock_path) or os.path.islink(lock_path):
+        raise DataError("is not a templm lock file (templm takes this name for its lock): move it away", lock_path)
+    try:
+        with open(lock_path, encoding="utf-8") as f:
+            text = f.read()
+        ours = not text.strip() or "pid" in json.loads(text)
+    except (OSError, ValueError, TypeError, UnicodeDecodeError):
+        ours = False
+    if not ours:
+        raise DataError("is not a templm lock file (templm takes this name for its lock): move it away; nothing "
+                        "was changed", lock_path)
+
+
 def lock_inside(folder: str, what: str) -> contextlib.AbstractContextManager:
     """The lock of a folder a run keeps adding to (MODEL_DIR, a reproduction): `<folder>/.templm.lock`. Folders on
     other file systems (gs://) are not locked: flock needs a local or NFS path."""
@@ -165,26 +187,49 @@ def build_output_folder(out_dir: str, kind: str, build: Callable[[str], Any], ov
     """Runs build(tmp) in a fresh folder beside `out_dir` (`out_dir` + ".partial"), marks it as a `kind` output and
     puts it in the place of `out_dir`, all under the lock `out_dir` + ".lock": nothing half-built is ever at
     `out_dir`, a failure removes the partial folder and leaves `out_dir` as it was, and a folder that is not a
-    templm `kind` output is never replaced unless `overwrite` (check_output_folder). `lock` = False inside a folder
-    that is itself being built under a lock (its partial folder is this run's alone). Returns what build returned."""
+    templm `kind` output is never replaced unless `overwrite` (check_output_folder). An `out_dir` that is a symlink
+    is followed: its target is built and replaced, the link stays. The names beside `out_dir` are templm's own: a
+    partial folder is removed only when templm made it (its PARTIAL_MARKER), a lock file only when it is a lock, and
+    the old output is moved aside under a name of this process's; anything else there is refused before the build.
+    `lock` = False inside a folder that is itself being built under a lock (its partial folder is this run's alone).
+    Returns what build returned."""
     out_dir = os.fspath(out_dir).rstrip("/\\") or os.fspath(out_dir)
+    if os.path.islink(out_dir):
+        out_dir = os.path.realpath(out_dir)
     check_output_folder(out_dir, kind, overwrite)
+    tmp = out_dir + ".partial"
+    _check_own_partial(tmp)
     with locked(out_dir + ".lock", f"the {kind} folder {out_dir}") if lock else contextlib.nullcontext():
-        tmp = out_dir + ".partial"
+        _check_own_partial(tmp)  # again, under the lock
         shutil.rmtree(tmp, ignore_errors=True)  # a partial folder of a run that died: ours, under our lock
-        os.makedirs(tmp)
         try:
+            os.makedirs(tmp)
+            atomic_write(os.path.join(tmp, PARTIAL_MARKER), json.dumps(_holder()) + "\n")
             result = build(tmp)
+            os.remove(os.path.join(tmp, PARTIAL_MARKER))
             mark(tmp, kind)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         check_interrupted()  # Ctrl-C during the build, even one whose exception was lost, leaves no output
         check_output_folder(out_dir, kind, overwrite)  # still ours to replace after the build
-        old = f"{out_dir}.old"
+        old = f"{out_dir}.templm-old-{os.getpid()}"  # a name of this run's: no user's folder is touched
         if os.path.lexists(out_dir):
-            shutil.rmtree(old, ignore_errors=True)
+            if os.path.lexists(old):
+                raise DataError("is in the way of the output's swap (templm moves the old output there): move it "
+                                "away", old)
             os.replace(out_dir, old)
         os.replace(tmp, out_dir)
         shutil.rmtree(old, ignore_errors=True)
     return result
+
+
+def _check_own_partial(tmp: str) -> None:
+    """Refuses a `<folder>.partial` that templm did not make (a user's folder or file of that name)."""
+    if not os.path.lexists(tmp):
+        return
+    if os.path.isdir(tmp) and not os.path.islink(tmp) and (
+            os.path.exists(os.path.join(tmp, PARTIAL_MARKER)) or not os.listdir(tmp)):
+        return
+    raise DataError("is not a partial folder of templm's (templm builds its output under this name beside it): move "
+                    "it away; nothing was changed", tmp)

@@ -75,6 +75,59 @@ def test_a_failed_build_leaves_the_earlier_output_and_no_partial_folder(tmp_path
     assert sorted(os.listdir(tmp_path)) == ["out"]  # no partial folder, no lock file left
 
 
+def _write(name, text):
+    def build(tmp):
+        with open(os.path.join(tmp, name), "w") as f:
+            f.write(text)
+    return build
+
+
+def _tree(folder):
+    return {os.path.relpath(os.path.join(root, n), folder): open(os.path.join(root, n)).read()
+            for root, _, names in os.walk(folder) for n in names}
+
+
+def test_the_names_beside_an_output_are_never_a_users(tmp_path):
+    """W.partial, W.lock and W.old beside W: what templm did not make there is left alone. A user's partial folder
+    or lock-named file is refused before any work; a file named W.old is in nobody's way (the old output moves
+    aside under a name of the run's own)."""
+    out = tmp_path / "W"
+    build_output_folder(str(out), "thing", _write("a.txt", "first"))
+    _mine(tmp_path / "W.partial")
+    with pytest.raises(DataError, match=r"W\.partial: is not a partial folder of templm's"):
+        build_output_folder(str(out), "thing", _write("a.txt", "second"))
+    assert _tree(tmp_path / "W.partial") == {"notes.md": "my notes", os.path.join("sub", "data.csv"): "1,2\n"}
+    (tmp_path / "W.partial" / "notes.md").unlink()
+    (tmp_path / "W.partial" / "sub" / "data.csv").unlink()
+    (tmp_path / "W.partial" / "sub").rmdir()
+    (tmp_path / "W.partial").rmdir()
+    (tmp_path / "W.lock").write_text("a user's notes, not a lock")
+    with pytest.raises(DataError, match=r"W\.lock: is not a templm lock file"):
+        build_output_folder(str(out), "thing", _write("a.txt", "second"))
+    assert (tmp_path / "W.lock").read_text() == "a user's notes, not a lock"
+    (tmp_path / "W.lock").unlink()
+    (tmp_path / "W.old").write_text("a user's file")
+    build_output_folder(str(out), "thing", _write("a.txt", "second"))
+    assert (out / "a.txt").read_text() == "second" and (tmp_path / "W.old").read_text() == "a user's file"
+    assert sorted(os.listdir(tmp_path)) == ["W", "W.old"]
+    # What a run that died left (its partial folder, its lock file) is templm's, and is cleared by the next run.
+    os.makedirs(tmp_path / "W.partial")
+    (tmp_path / "W.partial" / ".templm.partial").write_text("{}")
+    (tmp_path / "W.lock").write_text(json.dumps({"pid": 1, "host": "h", "command": "templm", "since": "t"}))
+    build_output_folder(str(out), "thing", _write("a.txt", "third"))
+    assert (out / "a.txt").read_text() == "third" and sorted(os.listdir(tmp_path)) == ["W", "W.old"]
+
+
+def test_an_output_behind_a_symlink_is_built_where_the_link_points(tmp_path):
+    target = tmp_path / "disk" / "world"
+    build_output_folder(str(target), "thing", _write("a.txt", "first"))
+    link = tmp_path / "link"
+    link.symlink_to(target, target_is_directory=True)
+    build_output_folder(str(link), "thing", _write("a.txt", "second"))
+    assert link.is_symlink() and (link / "a.txt").read_text() == "second" == (target / "a.txt").read_text()
+    assert sorted(os.listdir(tmp_path)) == ["disk", "link"] and sorted(os.listdir(tmp_path / "disk")) == ["world"]
+
+
 def test_a_second_writer_is_refused_naming_the_first_and_a_killed_holder_frees_the_lock(tmp_path):
     lock = str(tmp_path / "out.lock")
     proc = lock_holder(lock, "the thing")
