@@ -38,7 +38,8 @@ from absl import app, flags, logging
 
 from templm import console
 from templm.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_SYSTEM, EXIT_TRAINING, EXIT_USAGE,
-                           ConfigError, Preempted, TrainingError, check_interrupted, note_sigint)
+                           ConfigError, Preempted, Terminated, TrainingError, check_interrupted, note_sigint,
+                           note_sigterm)
 
 
 FLAGS = flags.FLAGS
@@ -1018,6 +1019,7 @@ def run(argv: Optional[Sequence[str]] = None) -> None:
             logging.set_verbosity(logging.FATAL)  # libraries' errors surface as exceptions, which we print
         try:
             note_sigint()
+            note_sigterm()
             if v.takes_gin:
                 first = v.gin_first() if v.gin_first else []
                 parse_gin(first + list(FLAGS.gin_file), FLAGS.gin_bindings, FLAGS.gin_search_paths)
@@ -1048,6 +1050,10 @@ def run(argv: Optional[Sequence[str]] = None) -> None:
             print(f"templm {name}: interrupted; nothing half-written was left (a training run resumes from its last "
                   "checkpoint when run again)", file=err)
             return last_words(EXIT_INTERRUPTED)
+        except Terminated:
+            print(f"templm {name}: stopped by SIGTERM; nothing half-written was left and no result was written: run "
+                  "the same command again", file=err)
+            return last_words(EXIT_PREEMPTED)
 
     app.run(main, argv=[f"templm {name}"] + rest)
 

@@ -112,8 +112,8 @@ def note_sigint() -> None:
 
     previous_hook = sys.unraisablehook
 
-    def unraisable(report):  # the dropped KeyboardInterrupt is noted above: no traceback for it
-        if not isinstance(report.exc_value, KeyboardInterrupt):
+    def unraisable(report):  # a dropped KeyboardInterrupt (or Terminated) is noted: no traceback for it
+        if not isinstance(report.exc_value, (KeyboardInterrupt, Terminated)):
             previous_hook(report)
 
     if threading.current_thread() is threading.main_thread():
@@ -121,11 +121,30 @@ def note_sigint() -> None:
         sys.unraisablehook = unraisable
 
 
+class Terminated(BaseException):
+    """SIGTERM outside a training loop (where watch_sigterm saves a checkpoint first): raised wherever the program
+    is, as KeyboardInterrupt is for Ctrl-C, so the work under way unwinds (partial folders removed, locks released)
+    and the command line exits with EXIT_PREEMPTED. A BaseException, so that no `except Exception` swallows it."""
+
+
+def note_sigterm() -> None:
+    """Installs the SIGTERM handler of the command line: note the signal, then raise Terminated (a watch_sigterm
+    block puts its own in place for its duration)."""
+    def handler(signum, frame):
+        _SIGINT["terminated"] = True
+        raise Terminated()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
 def check_interrupted() -> None:
-    """Raises KeyboardInterrupt if Ctrl-C arrived (even if its exception was dropped): called before a result is put
-    in place, so an interrupted command never leaves one."""
+    """Raises KeyboardInterrupt if Ctrl-C arrived, Terminated if SIGTERM did (even if the exception was dropped):
+    called before a result is put in place, so an interrupted command never leaves one."""
     if _SIGINT["received"]:
         raise KeyboardInterrupt
+    if _SIGINT.get("terminated"):
+        raise Terminated()
 
 
 def require_macros(function: str, values: Mapping[str, Tuple[str, Any]], allow_none: bool = False) -> None:

@@ -250,21 +250,31 @@ def test_a_full_disk_is_one_message_and_leaves_nothing_half_written(tmp_path):
     assert _no_leftovers(out)  # no world, no world.partial, no lock
 
 
-def test_ctrl_c_stops_with_its_own_status_and_removes_the_partial_folder(tmp_path):
+@pytest.mark.parametrize("verb", ["tasks", "world"])
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_stops_a_data_verb_with_its_status_and_removes_the_partial_folder(tmp_path, stop, verb):
+    """Ctrl-C exits 130, SIGTERM 75 (it used to kill the process by the signal's default, exit 143 with no message,
+    leaving D.partial and D.lock); either way with one line, and nothing of the output left."""
     import signal
     import subprocess
     import sys
 
-    out = tmp_path / "data"  # task data: seconds of work inside data.partial (SSM examples, SentencePiece)
-    proc = subprocess.Popen([sys.executable, "-m", "templm.cli", "data", "tasks", f"--out={out}", "--vocab_size=200",
-                             "--gin.WorldConfig.start_year=2014", "--gin.WorldConfig.end_year=2016",
-                             "--gin.WorldConfig.subjects_per_relation=6", "--gin.WorldConfig.docs_per_month=6"],
+    out = tmp_path / "data"  # seconds of work inside data.partial (the world; SSM examples, SentencePiece)
+    flags = (["--vocab_size=200", "--gin.WorldConfig.start_year=2014", "--gin.WorldConfig.end_year=2016",
+              "--gin.WorldConfig.subjects_per_relation=6", "--gin.WorldConfig.docs_per_month=6"] if verb == "tasks"
+             else ["--start_year=2010", "--end_year=2020", "--subjects_per_relation=30", "--docs_per_month=60"])
+    proc = subprocess.Popen([sys.executable, "-m", "templm.cli", "data", verb, f"--out={out}", *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_path(str(out) + ".partial", proc, timeout=120)
-    proc.send_signal(signal.SIGSTOP)  # held mid-build, so the Ctrl-C lands in the build whatever the machine's load
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGSTOP)  # held mid-build, so the signal lands in the build whatever the machine's load
+    proc.send_signal(getattr(signal, stop))
     proc.send_signal(signal.SIGCONT)
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130, err[-2000:]
-    assert "interrupted; nothing half-written was left" in err and "Traceback" not in err
+    if stop == "SIGINT":
+        assert proc.returncode == 130, err[-2000:]
+        assert "interrupted; nothing half-written was left" in err
+    else:
+        assert proc.returncode == 75, err[-2000:]
+        assert f"templm data {verb}: stopped by SIGTERM; nothing half-written was left" in err
+    assert "Traceback" not in err
     assert _no_leftovers(out)

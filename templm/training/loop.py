@@ -116,4 +116,7 @@ def run(step_fn: Callable, state: Any, batch_at: Callable[[int], Mapping[str, ja
                 raise Preempted(f"at step {step} (checkpoint saved in {checkpointer.directory})", step)
             if evaluate is not None and eval_period and (step % eval_period == 0 or last):
                 evaluate(step, state)
+                if last and sigterm_received():  # during the last evaluation: saved, but no result is reported
+                    raise Preempted(f"at step {step}, during its evaluation (checkpoint saved in "
+                                    f"{checkpointer.directory})", step)
     return state, last_metrics
