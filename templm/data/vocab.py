@@ -22,6 +22,7 @@ from sentencepiece import sentencepiece_model_pb2
 
 from templm.data.records import Document
 from templm.errors import DataError
+from templm.io import atomic_write
 
 if TYPE_CHECKING:
     import seqio
@@ -106,7 +107,12 @@ def train_spm(documents: Iterable[Document], model_prefix: str, vocab_size: int 
     model_prefix = os.fspath(model_prefix)
     out_dir = os.path.dirname(os.path.abspath(model_prefix))
     os.makedirs(out_dir, exist_ok=True)
-    tmp_dir = tempfile.mkdtemp(prefix=".spm-", dir=out_dir)  # same filesystem: the renames below are atomic
+    # SentencePiece takes its paths in comma-separated options: where the output's folder has a comma in its path,
+    # the trainer works in the system's temporary folder and the files are copied into place.
+    tmp_dir = tempfile.mkdtemp(prefix=".spm-", dir=None if "," in out_dir else out_dir)
+    if "," in tmp_dir:
+        raise DataError("SentencePiece cannot take a path with a comma, and the temporary folder has one: set TMPDIR "
+                        "to a folder without a comma", tmp_dir)
     try:
         text_path = os.path.join(tmp_dir, "sentences.txt")
         with open(text_path, "w", encoding="utf-8", newline="\n") as f:
@@ -132,10 +138,9 @@ def train_spm(documents: Iterable[Document], model_prefix: str, vocab_size: int 
         del model.trainer_spec.input[:]
         model.trainer_spec.model_prefix = ""
         model.trainer_spec.input_sentence_size = n_sentences
-        with open(tmp_prefix + ".model", "wb") as f:
-            f.write(model.SerializeToString(deterministic=True))
-        os.replace(tmp_prefix + ".vocab", model_prefix + ".vocab")
-        os.replace(tmp_prefix + ".model", model_prefix + ".model")
+        with open(tmp_prefix + ".vocab", "rb") as f:
+            atomic_write(model_prefix + ".vocab", f.read())  # beside its place, then renamed: whole or not at all
+        atomic_write(model_prefix + ".model", model.SerializeToString(deterministic=True))  # the model last
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     _forget_cached_models()

@@ -11,7 +11,7 @@ from sentencepiece import sentencepiece_model_pb2
 from templm.data import DataError, read_documents
 from templm.data.vocab import (load_vocabulary, sample_sentences, sentinels_in, split_sentences_for_spm,
                                task_extra_ids, train_spm)
-from templm_testing import with_sentinels
+from templm_testing import run_templm, with_sentinels
 
 VOCAB_SIZE = 300
 EXTRA_IDS = 100
@@ -155,6 +155,20 @@ def test_same_seed_same_bytes(trained, tmp_path):
     sub2 = train_spm(read_documents(corpus), str(tmp_path / "s2"), vocab_size=100, max_sentences=120, seed=5)
     with open(sub1, "rb") as a, open(sub2, "rb") as b:
         assert a.read() == b.read()
+
+
+def test_a_folder_with_a_comma_in_its_path_gets_the_same_model(trained, tmp_path):
+    """SentencePiece splits its path options at commas (`runs/a,b/v` failed with NOT_FOUND "runs/a"): the model for
+    such a folder is the same bytes as anywhere else, with nothing but the two files left there; so from the command
+    line."""
+    corpus, _, model_path = trained
+    comma = train_spm(read_documents(corpus), str(tmp_path / "runs" / "a,b" / "spm"), vocab_size=VOCAB_SIZE, seed=0)
+    with open(model_path, "rb") as a, open(comma, "rb") as b:
+        assert a.read() == b.read()
+    assert sorted(os.listdir(tmp_path / "runs" / "a,b")) == ["spm.model", "spm.vocab"]
+    result = run_templm("data", "spm", f"--corpus={corpus}", f"--out={tmp_path / 'x,y' / 'v'}", "--vocab_size=120")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout)["model"] == str(tmp_path / "x,y" / "v.model")
 
 
 def test_split_sentences_for_spm():
