@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import flax.linen as nn
 import gin
@@ -104,7 +104,28 @@ def load_lm(model_dir: str, step: Optional[int] = None) -> Tuple[TransformerXL, 
         raise DataError("the checkpoint records no model_config: not a Transformer-XL run (templm train_lm)",
                         directory)
     model = TransformerXL(config_from_json(meta["model_config"], directory))
-    return model, jax.tree.map(np.asarray, params), meta
+    return model, jax.tree.map(np.asarray, params), _paths_here(meta, os.path.abspath(os.fspath(model_dir)))
+
+
+# The files a run's record names: each relative to the run's folder where it lies in the folder that holds the run
+# (a study's vocabulary, splits and world beside its models), so the whole folder can be moved or renamed; absolute
+# otherwise (a corpus of the user's, elsewhere).
+_RECORDED_PATHS = ("corpus", "split_file", "spm_model")
+
+
+def _portable(path: str, model_dir: str) -> str:
+    path = os.path.abspath(path)
+    return os.path.relpath(path, model_dir) if path.startswith(os.path.dirname(model_dir) + os.sep) else path
+
+
+def _paths_here(meta: Mapping[str, Any], model_dir: str) -> Dict[str, Any]:
+    """The record with its paths as paths here (relative ones are the run folder's, wherever it now is)."""
+    def here(value):
+        if isinstance(value, (list, tuple)):
+            return [here(v) for v in value]
+        return value if os.path.isabs(value) else os.path.normpath(os.path.join(model_dir, value))
+
+    return {**meta, **{key: here(meta[key]) for key in _RECORDED_PATHS if isinstance(meta.get(key), (str, list))}}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -252,8 +273,10 @@ def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_fi
     mem_len = config.mem_len
     tx = optimizer or make_optimizer(
         "adam", learning_rate_schedule(schedule, learning_rate, warmup_steps, train_steps), max_grad_norm=max_grad_norm)
-    meta = {"kind": "transformer_xl_lm", "model_config": config_to_json(config), "corpus": corpus,
-            "split_file": split_file, "spm_model": spm_model, "spm_sha256": file_sha256(spm_model),
+    meta = {"kind": "transformer_xl_lm", "model_config": config_to_json(config),
+            "corpus": _portable(corpus, model_dir) if isinstance(corpus, str) else
+                      [_portable(path, model_dir) for path in corpus], "split_file": _portable(split_file, model_dir),
+            "spm_model": _portable(spm_model, model_dir), "spm_sha256": file_sha256(spm_model),
             "seed": seed, "data_seed": data_seed, "data_order": data_order, "batch_size": batch_size,
             "tgt_len": config.tgt_len, "mem_len": mem_len, "data_fingerprint": data.fingerprint(), "data": data_stats}
     os.makedirs(model_dir, exist_ok=True)

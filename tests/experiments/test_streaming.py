@@ -311,3 +311,22 @@ def test_the_increasing_distance_layout_trains_on_its_file_and_streams_the_main_
     assert results["inputs"]["checkpoints"]["time_stratified"]["split_file"] == str(folder / "train.gz")
     test_months = {date.strftime("%Y-%m") for date, _ in read_split_file(os.path.join(runs["split_dir"], "test.gz"))}
     assert set(results["months"]) == test_months
+
+
+def test_a_moved_folder_of_runs_finds_its_files_where_it_now_is(runs, tmp_path):
+    """A run's record names the files beside it (vocabulary, splits, world) relative to its folder: a copy of the
+    whole folder streams from the copy's own files (a reproduction moved after a SIGTERM could not be finished: the
+    records held the old folder's absolute paths)."""
+    import shutil
+
+    moved = tmp_path / "moved"
+    shutil.copytree(runs["root"], moved)
+    results = stream_evaluation(str(tmp_path / "out"), str(moved / "time_stratified"), str(moved / "control"),
+                                dynamic=[], min_test_count=3, topics=False, pos=False)
+    inputs = results["inputs"]
+    assert inputs["test_split_file"] == str(moved / "data" / "splits" / "test.gz")
+    assert inputs["spm_models"] == {name: str(moved / "data" / f"spm_{name}.model")
+                                    for name in ("time_stratified", "control")}
+    assert inputs["corpus"] == str(moved / "data" / "world" / "news.jsonl")
+    _, _, meta = lm_trainer.load_lm(str(moved / "time_stratified"))
+    assert meta["split_file"] == str(moved / "data" / "splits" / "time_stratified_train.gz")
