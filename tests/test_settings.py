@@ -74,3 +74,16 @@ def test_the_command_line_names_the_binding_and_writes_nothing(tmp_path):
     assert result.returncode == 1, result.stderr[-2000:]
     assert "templm.train_lm.train_steps (the gin macro TRAIN_STEPS): must be at least 1, got -5" in result.stderr
     assert not model_dir.exists()
+
+
+def test_future_years_the_data_cannot_honour_are_said_not_silently_changed(tmp_path, capsys):
+    from templm.data.task_data import TaskDataConfig, prepare_task_data
+    from templm.data.world import WorldConfig
+
+    with pytest.raises(ConfigError, match=re.escape("TaskDataConfig.future_years: must be at least 0, got -1")):
+        TaskDataConfig(future_years=-1)
+    world = WorldConfig(start_year=2014, end_year=2016, subjects_per_relation=4, docs_per_month=3)
+    manifest = prepare_task_data(TaskDataConfig(world=world, vocab_size=200, future_years=5), str(tmp_path / "d"))
+    assert (manifest["seen_years"], manifest["future_years"]) == ([2014], [2015, 2016])
+    assert ("future_years=5 asks for more than the data's 3 year(s) 2014-2016 can give with one seen year left: "
+            "the last 2 are the future years") in capsys.readouterr().err

@@ -40,7 +40,8 @@ from templm.data.filters import FilterConfig
 from templm.data.splits import read_split_file, yearly_buckets
 from templm.data.vocab import train_spm
 from templm.data.world import WorldConfig, generate_world
-from templm.errors import DataError
+from templm import console
+from templm.errors import DataError, require_numbers
 from templm.io import write_json
 from templm.outputs import build_output_folder, locked
 
@@ -72,6 +73,10 @@ class TaskDataConfig:
     def __post_init__(self):
         if isinstance(self.corpus, list):  # a list of files: kept as a tuple, so the config stays hashable
             object.__setattr__(self, "corpus", tuple(self.corpus))
+        require_numbers("TaskDataConfig", {"future_years": (self.future_years, int, 0, None),
+                                           "vocab_size": (self.vocab_size, int, 4, None),
+                                           "heldout_per_year": (self.heldout_per_year, int, 0, None),
+                                           "seed": (self.seed, int, 0, None)})
 
 
 def _tf():
@@ -212,6 +217,10 @@ def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None) -> 
 
     all_years = sorted(set(years) | query_years)
     n_future = min(config.future_years, max(0, len(all_years) - 1))
+    if n_future < config.future_years:  # the data cannot honour it: said, not silently changed
+        console.warn(f"future_years={config.future_years} asks for more than the data's {len(all_years)} year(s) "
+                     f"{all_years[0]}-{all_years[-1]} can give with one seen year left: the last {n_future} are the "
+                     "future years")
     manifest = {
         "version": MANIFEST_VERSION,
         "years": all_years,
