@@ -147,6 +147,9 @@ def _restore_intact(directory: epath.Path, steps: List[int], step: Optional[int]
     """restore(s) for the requested step, or for the newest intact one of `steps` (newest first) when `step` is None;
     damaged steps are named and skipped (a requested one is an error)."""
     if step is not None:
+        if step not in steps:
+            there = ", ".join(str(s) for s in sorted(steps)) or "none"
+            raise DataError(f"no checkpoint at step {step}: the steps here are {there}", str(directory))
         steps = [step]
     if not steps:
         raise DataError("no checkpoint to restore", str(directory))

@@ -128,3 +128,10 @@ def test_saves_finish_in_order_and_restore_what_was_saved(tmp_path, async_save):
                 "shard-00000-of-00002": bytes([step]) * 100}
     finally:
         reader.close()
+
+
+def test_a_step_that_is_not_there_names_the_steps_that_are(saved):
+    """`templm eval --step 999` ended in "'NoneType' object has no attribute 'tree'"."""
+    for read in (lambda: load_params(str(saved), step=999), lambda: _restore(saved, step=999)):
+        with pytest.raises(DataError, match="no checkpoint at step 999: the steps here are 2, 4, 5"):
+            read()
