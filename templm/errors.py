@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
+import os
 import signal
 import sys
 import threading
@@ -178,3 +179,10 @@ def require_numbers(function: str, values: Mapping[str, Number], optional: Tuple
             raise ConfigError(f"{where}: expected a finite number, got {value!r}{quoted}")
         if least is not None and value < least:
             raise ConfigError(f"{where}: must be at least {least:g}, got {value!r}")
+
+
+def require_folder(function: str, name: str, macro: Optional[str], path: str) -> None:
+    """Raises a ConfigError naming `function.name` (and its macro) when `path` exists and is not a folder."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        where = f"{function}.{name}" + (f" (the gin macro {macro})" if macro else "")
+        raise ConfigError(f"{where}: {path} is a file; it must be a folder (absent, or one a run writes into)")

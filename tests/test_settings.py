@@ -49,6 +49,14 @@ def test_the_trainers_refuse_a_bad_number_before_touching_their_folder(tmp_path)
         with pytest.raises(ConfigError, match=re.escape(binding)):
             lm_trainer.train_lm(**{**txl, **change})
     assert not folder.exists()
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a run")
+    with pytest.raises(ConfigError, match=re.escape(f"templm.train.model_dir (the gin macro MODEL_DIR): {a_file} is "
+                                                    "a file; it must be a folder")):
+        trainer.train(**{**t5, "model_dir": str(a_file)})
+    with pytest.raises(ConfigError, match=re.escape("templm.train_lm.model_dir (the gin macro MODEL_DIR)")):
+        lm_trainer.train_lm(**{**txl, "model_dir": str(a_file)})
+    assert a_file.read_text() == "not a run"
 
 
 def test_a_study_of_fractional_or_negative_sizes_is_one_message():

@@ -46,7 +46,7 @@ from jax.sharding import PartitionSpec
 from templm.data.lm_data import (DATA_ORDERS, LMData, load_processor, read_split_documents, split_path,
                                  tokenize_documents)
 from templm.data.readers import resolve_corpus
-from templm.errors import DataError, require_macros, require_numbers
+from templm.errors import DataError, require_folder, require_macros, require_numbers
 from templm.io import file_sha256
 from templm.models.transformer_xl import TXL_CONFIGS, TransformerXL, TransformerXLConfig, lm_loss, next_mem_valid
 from templm.training import loop, partitioning, state as train_state
@@ -236,6 +236,7 @@ def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_fi
         "data_seed": (data_seed, int, 0, None), "save_period": (save_period, int, 0, "SAVE_PERIOD"),
         "keep_checkpoints": (keep_checkpoints, int, 1, None), "log_period": (log_period, int, 1, None)},
         optional=("data_seed", "keep_checkpoints"))
+    require_folder("templm.train_lm", "model_dir", "MODEL_DIR", os.fspath(model_dir))
     config = resolve_config(config)
     data_seed = seed if data_seed is None else data_seed
     if data_order not in DATA_ORDERS:

@@ -34,7 +34,7 @@ import seqio
 from absl import logging
 
 from templm import console
-from templm.errors import ConfigError, DataError, require_macros, require_numbers
+from templm.errors import ConfigError, DataError, require_folder, require_macros, require_numbers
 from templm.io import file_sha256
 from templm.models.t5 import EncoderDecoderModel, T5Config, load_hf_checkpoint
 import templm.tasks  # noqa: F401  (registers the SeqIO tasks the configs name)
@@ -193,6 +193,7 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
         **{f"task_feature_lengths[{key!r}]": (value, int, 1, "TASK_FEATURE_LENGTHS")
            for key, value in dict(task_feature_lengths).items()}},
         optional=("data_seed", "keep_checkpoints", "eval_num_examples"))
+    require_folder("templm.train", "model_dir", "MODEL_DIR", os.fspath(model_dir))
     if eval_period and evaluator is None:
         raise ConfigError("templm.train.eval_period needs an evaluator (templm train passes one; from Python pass "
                           "evaluator=templm.evaluation.checkpoint_eval.evaluate_params, or set eval_period=0)")
