@@ -24,7 +24,7 @@ import socket
 import sys
 from typing import Any, Callable, Dict, Iterator, Sequence
 
-from templm.errors import DataError, check_interrupted
+from templm.errors import ConfigError, DataError, check_interrupted
 from templm.io import atomic_write
 
 MARKER = ".templm.json"
@@ -174,6 +174,7 @@ def writing_into(folder: str, kind: str, overwrite: bool = False) -> Iterator[st
     """For a run that keeps adding to `folder` (a reproduction): refuses it unless check_output_folder allows it,
     creates it, holds its lock (lock_inside) and marks it as a `kind` output for the block; yields its absolute
     path. A process may enter it again for the same folder (nested stages)."""
+    _require_named(folder)
     folder = os.path.abspath(folder)
     check_output_folder(folder, kind, overwrite)
     os.makedirs(folder, exist_ok=True)
@@ -193,6 +194,7 @@ def build_output_folder(out_dir: str, kind: str, build: Callable[[str], Any], ov
     the old output is moved aside under a name of this process's; anything else there is refused before the build.
     `lock` = False inside a folder that is itself being built under a lock (its partial folder is this run's alone).
     Returns what build returned."""
+    _require_named(out_dir)
     out_dir = os.fspath(out_dir).rstrip("/\\") or os.fspath(out_dir)
     if os.path.islink(out_dir):
         out_dir = os.path.realpath(out_dir)
@@ -222,6 +224,12 @@ def build_output_folder(out_dir: str, kind: str, build: Callable[[str], Any], ov
         os.replace(tmp, out_dir)
         shutil.rmtree(old, ignore_errors=True)
     return result
+
+
+def _require_named(folder: str) -> None:
+    """An empty output path would build into the working folder's hidden `.partial`: refused before any work."""
+    if not os.fspath(folder).strip():
+        raise ConfigError("the output folder is an empty path (--out ''): name the folder to write")
 
 
 def _check_own_partial(tmp: str) -> None:

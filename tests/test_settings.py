@@ -2,6 +2,7 @@
 (20.5 is refused, not rounded; '32' is refused, not parsed), a finite number where a rate is, each in its range, one
 message naming the binding. The trainers, the studies and the command line."""
 
+import os
 import re
 
 import numpy as np
@@ -95,3 +96,18 @@ def test_future_years_the_data_cannot_honour_are_said_not_silently_changed(tmp_p
     assert (manifest["seen_years"], manifest["future_years"]) == ([2014], [2015, 2016])
     assert ("future_years=5 asks for more than the data's 3 year(s) 2014-2016 can give with one seen year left: "
             "the last 2 are the future years") in capsys.readouterr().err
+
+
+def test_an_output_path_that_names_no_folder_or_no_file_is_refused_before_any_work(tmp_path):
+    """`data world --out ''` built the whole world into a hidden ./.partial before failing; `data spm --out DIR/`
+    wrote the hidden DIR/.model and DIR/.vocab and exited 0."""
+    result = run_templm("data", "world", "--out=", "--start_year=2014", "--end_year=2015", cwd=str(tmp_path))
+    assert result.returncode == 1 and "the output folder is an empty path (--out '')" in result.stderr
+    assert sorted(os.listdir(tmp_path)) == []
+    corpus = tmp_path / "news.jsonl"
+    corpus.write_text('{"id": "a", "date": "2015-01-01", "text": "Some words here."}\n')
+    folder = tmp_path / "spm"
+    folder.mkdir()
+    result = run_templm("data", "spm", f"--corpus={corpus}", f"--out={folder}{os.sep}", "--vocab_size=20")
+    assert result.returncode == 1 and "names a folder, not a file prefix" in result.stderr
+    assert os.listdir(folder) == []

@@ -96,6 +96,10 @@ def train_spm(documents: Iterable[Document], model_prefix: str, vocab_size: int 
         raise ValueError(f"vocab_size must be an integer >= 4 (pad, eos, unk and one piece), got {vocab_size!r}")
     if not 0.0 < character_coverage <= 1.0:
         raise ValueError(f"character_coverage must be in (0, 1], got {character_coverage}")
+    prefix = os.fspath(model_prefix)
+    if not os.path.basename(prefix):  # `DIR/` would write the hidden DIR/.model and DIR/.vocab
+        raise ValueError(f"the model prefix {prefix!r} names a folder, not a file prefix: give one such as "
+                         f"{os.path.join(prefix, 'spm')!r} (it writes spm.model and spm.vocab there)")
     source = getattr(documents, "path", None)
     sentences, seen = sample_sentences(documents, max_sentences, seed)
     n_sentences = len(sentences)
