@@ -169,20 +169,25 @@ def require_numbers(function: str, values: Mapping[str, Number], optional: Tuple
     for name, (value, kind, least, macro) in values.items():
         if value is None and name in optional:
             continue
-        where = f"{function}.{name}" + (f" (the gin macro {macro})" if macro else "")
         is_number = isinstance(value, numbers.Real) and not isinstance(value, bool)
-        if kind is int and not (is_number and isinstance(value, numbers.Integral)):
+        if kind is int:
+            expected, ok = "a whole number", is_number and isinstance(value, numbers.Integral)
+        else:
+            expected, ok = "a finite number", is_number and math.isfinite(float(value))
+        if not ok:
             quoted = " (quotes make it a string in gin: write the number bare)" if isinstance(value, str) else ""
-            raise ConfigError(f"{where}: expected a whole number, got {value!r}{quoted}")
-        if kind is float and not (is_number and math.isfinite(float(value))):
-            quoted = " (quotes make it a string in gin: write the number bare)" if isinstance(value, str) else ""
-            raise ConfigError(f"{where}: expected a finite number, got {value!r}{quoted}")
+            raise ConfigError(f"{_binding(function, name, macro)}: expected {expected}, got {value!r}{quoted}")
         if least is not None and value < least:
-            raise ConfigError(f"{where}: must be at least {least:g}, got {value!r}")
+            raise ConfigError(f"{_binding(function, name, macro)}: must be at least {least:g}, got {value!r}")
 
 
 def require_folder(function: str, name: str, macro: Optional[str], path: str) -> None:
     """Raises a ConfigError naming `function.name` (and its macro) when `path` exists and is not a folder."""
     if os.path.lexists(path) and not os.path.isdir(path):
-        where = f"{function}.{name}" + (f" (the gin macro {macro})" if macro else "")
-        raise ConfigError(f"{where}: {path} is a file; it must be a folder (absent, or one a run writes into)")
+        raise ConfigError(f"{_binding(function, name, macro)}: {path} is a file; it must be a folder (absent, or one "
+                          "a run writes into)")
+
+
+def _binding(function: str, name: str, macro: Optional[str]) -> str:
+    """How a message names a setting: `templm.train.train_steps (the gin macro TRAIN_STEPS)`."""
+    return f"{function}.{name}" + (f" (the gin macro {macro})" if macro else "")

@@ -96,10 +96,10 @@ def train_spm(documents: Iterable[Document], model_prefix: str, vocab_size: int 
         raise ValueError(f"vocab_size must be an integer >= 4 (pad, eos, unk and one piece), got {vocab_size!r}")
     if not 0.0 < character_coverage <= 1.0:
         raise ValueError(f"character_coverage must be in (0, 1], got {character_coverage}")
-    prefix = os.fspath(model_prefix)
-    if not os.path.basename(prefix):  # `DIR/` would write the hidden DIR/.model and DIR/.vocab
-        raise ValueError(f"the model prefix {prefix!r} names a folder, not a file prefix: give one such as "
-                         f"{os.path.join(prefix, 'spm')!r} (it writes spm.model and spm.vocab there)")
+    model_prefix = os.fspath(model_prefix)
+    if not os.path.basename(model_prefix):  # `DIR/` would write the hidden DIR/.model and DIR/.vocab
+        raise ValueError(f"the model prefix {model_prefix!r} names a folder, not a file prefix: give one such as "
+                         f"{os.path.join(model_prefix, 'spm')!r} (it writes spm.model and spm.vocab there)")
     source = getattr(documents, "path", None)
     sentences, seen = sample_sentences(documents, max_sentences, seed)
     n_sentences = len(sentences)
@@ -108,7 +108,6 @@ def train_spm(documents: Iterable[Document], model_prefix: str, vocab_size: int 
     logging.info("spm: training a %d-piece %s vocabulary on %d of %d sentences", vocab_size, model_type,
                  n_sentences, seen)
 
-    model_prefix = os.fspath(model_prefix)
     out_dir = os.path.dirname(os.path.abspath(model_prefix))
     os.makedirs(out_dir, exist_ok=True)
     # SentencePiece takes its paths in comma-separated options: where the output's folder has a comma in its path,

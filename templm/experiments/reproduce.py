@@ -379,14 +379,10 @@ class Reproduction:
         prepared task data the run was given. Raises StageSkipped when there is no TempLAMA release to build from;
         TaskData.check says whether the time-aware half can run on what was built."""
         source, config = self._task_data_config()
-        manifest, built = None, False
-        try:  # several processes: process 0 builds the task data, the others read it once it is there
-            if partitioning.is_lead() and config is not None:
-                manifest = prepare_task_data(config, self.data_dir)
-            built = True
-        finally:
-            if not partitioning.lead_succeeded(built) and not partitioning.is_lead():
-                raise DataError("process 0 could not build the task data (its messages say why)", self.data_dir)
+        # Several processes: process 0 builds the task data, the others read it once it is there.
+        manifest = partitioning.on_lead(
+            lambda: None if config is None else prepare_task_data(config, self.data_dir),
+            lambda: DataError("process 0 could not build the task data (its messages say why)", self.data_dir))
         if manifest is None:
             manifest = read_manifest(self.data_dir)
             if manifest is None:

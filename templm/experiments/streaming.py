@@ -526,18 +526,16 @@ def _prepared_once(out_dir: str, prepare: Callable[[], Dict[str, Any]]) -> Dict[
     if jax.process_count() == 1:
         return prepare()
     path = os.path.join(out_dir, DATA_RECORD)
-    done = False
-    try:
-        if partitioning.is_lead():
-            try:
-                outcome = {"data": prepare()}
-            except UnsplittableCorpus as e:
-                outcome = {"unsplittable": e.reason, "path": e.path}
-            write_json(path, outcome)
-        done = True
-    finally:
-        if not partitioning.lead_succeeded(done) and not partitioning.is_lead():
-            raise DataError("process 0 could not prepare the streaming half's data (its messages say why)", out_dir)
+
+    def record():
+        try:
+            outcome = {"data": prepare()}
+        except UnsplittableCorpus as e:
+            outcome = {"unsplittable": e.reason, "path": e.path}
+        write_json(path, outcome)
+
+    partitioning.on_lead(record, lambda: DataError("process 0 could not prepare the streaming half's data (its "
+                                                   "messages say why)", out_dir))
     with open(path, encoding="utf-8") as f:
         outcome = json.load(f)
     if "unsplittable" in outcome:

@@ -6,7 +6,7 @@ Parameters and activations carry logical names (`batch`, `length`, `embed`, `mlp
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import gin
@@ -97,14 +97,24 @@ def barrier(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-def lead_succeeded(ok: bool) -> bool:
-    """Process 0's `ok`, known to every process (after work that process 0 alone did): the others stop instead of
-    waiting on a run that failed."""
+def on_lead(work: Callable[[], Any], failure: Callable[[], BaseException]) -> Any:
+    """work() in process 0 alone, every process waiting until it is done: returns what it returned (None in the other
+    processes). When it fails, process 0 raises its error and the others `failure()`, instead of waiting on a run
+    that has ended. In one process, simply work()."""
     if jax.process_count() == 1:
-        return ok
+        return work()
     from jax.experimental import multihost_utils
 
-    return bool(multihost_utils.broadcast_one_to_all(np.int32(1 if ok else 0)))
+    result, done = None, False
+    try:
+        if is_lead():
+            result = work()
+        done = True
+    finally:
+        succeeded = bool(multihost_utils.broadcast_one_to_all(np.int32(1 if done else 0)))
+        if not succeeded and not is_lead():
+            raise failure()
+    return result
 
 
 def host_local(tree):
