@@ -8,9 +8,11 @@ Every layer raises these and nothing above them needs to be imported to catch th
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import numbers
 import os
+import re
 import signal
 import sys
 import threading
@@ -191,3 +193,25 @@ def require_folder(function: str, name: str, macro: Optional[str], path: str) ->
 def _binding(function: str, name: str, macro: Optional[str]) -> str:
     """How a message names a setting: `templm.train.train_steps (the gin macro TRAIN_STEPS)`."""
     return f"{function}.{name}" + (f" (the gin macro {macro})" if macro else "")
+
+
+# errno values that are the machine's, not the input's: a full disk, a quota or file-size limit, an I/O error, a
+# read-only file system (exit EXIT_SYSTEM).
+SYSTEM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
+_OS_ERROR_CODE = re.compile(r"os_error_code='(\d+)'")
+
+
+def as_os_error(error: BaseException, path: str, doing: str) -> Optional[OSError]:
+    """The OSError that a library's error of another type reports as text (TensorFlow's file writers, tensorstore):
+    an errno in it (`os_error_code='28'`) or the system's words for one of SYSTEM_ERRNOS ("File too large"), as an
+    OSError naming `path` and what was being done; None where the text holds neither."""
+    if isinstance(error, OSError) and error.errno:
+        code = error.errno
+    else:
+        text = str(error)
+        match = _OS_ERROR_CODE.search(text)
+        code = int(match.group(1)) if match else next(
+            (c for c in sorted(SYSTEM_ERRNOS) if os.strerror(c) in text), None)
+        if code is None:
+            return None
+    return OSError(code, f"{os.strerror(code)} while {doing}", path)

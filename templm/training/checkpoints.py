@@ -6,7 +6,9 @@ previous step as the latest: a half-written checkpoint is never the one restored
 Bytes changed after the save (a disk error, a partial copy, a file overwritten or deleted) are caught by a digest:
 every save writes `integrity/<step>.json` beside the steps, the SHA-256 of each file of the step, and every restore
 checks the step against it first. A damaged step is named with its first bad file; restoring "the latest" then falls
-back to the newest intact step (with a warning), restoring a given step stops with a DataError. With asynchronous
+back to the newest intact step (with a warning), restoring a given step stops with a DataError. A training run that
+falls back sets the damaged steps aside (`damaged/<step>`, with their digest records, named in a warning) so that the
+steps it trains again are saved in their place; evaluation only reads, and says which step it used. With asynchronous
 saves a step's digests are written once its write has finished (at the next save, or when the run waits for it or
 closes); a step killed in between has none and is taken as it is, as a step saved before templm wrote digests.
 
@@ -24,7 +26,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import shutil
 import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
@@ -35,24 +36,18 @@ from absl import logging
 from etils import epath
 
 from templm import console
-from templm.errors import DataError
+from templm.errors import DataError, as_os_error
+from templm.training import partitioning
 
 INTEGRITY = "integrity"
 INPUT = "input"  # the item holding the input pipelines' states
-_OS_ERROR_CODE = re.compile(r"os_error_code='(\d+)'")
+DAMAGED = "damaged"  # where a training run sets aside the damaged steps it fell back from
 
 
 def _as_os_error(error: Exception, step: int, directory: str) -> Exception:
     """A failed save as the OSError it is (tensorstore reports a full disk as text with the errno in it), so the
     command names the folder and exits with the file system's status; other errors as they are."""
-    if isinstance(error, OSError) and error.errno:
-        code = error.errno
-    else:
-        match = _OS_ERROR_CODE.search(str(error))
-        if match is None:
-            return error
-        code = int(match.group(1))
-    return OSError(code, f"{os.strerror(code)} while saving checkpoint {step}", directory)
+    return as_os_error(error, directory, f"saving checkpoint {step}") or error
 
 
 def _path(directory: str) -> epath.Path:
@@ -276,8 +271,35 @@ class Checkpointer:
             return self.manager.restore(s, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
 
-        _, restored = _restore_intact(self.path, sorted(self.manager.all_steps(), reverse=True), step, restore)
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        used, restored = _restore_intact(self.path, steps, step, restore)
+        newer = [s for s in steps if s > used]
+        if step is None and newer:
+            self._set_aside(newer)
         return restored["state"], restored["meta"]
+
+    def _set_aside(self, steps: List[int]) -> None:
+        """Moves the damaged `steps` (and their digest records) into damaged/, so that the run's own saves of those
+        step numbers take their place (orbax saves no step it already has) and later restores find the new ones."""
+        self._join()
+        if jax.process_index() == 0:
+            moved = []
+            for s in steps:
+                target = self.path / DAMAGED / str(s)
+                n = 1
+                while target.exists() or target.with_name(f"{target.name}.json").exists():
+                    target, n = self.path / DAMAGED / f"{s}.{n}", n + 1
+                target.parent.mkdir(parents=True, exist_ok=True)
+                record = self.path / INTEGRITY / f"{s}.json"
+                if record.exists():
+                    record.rename(target.with_name(f"{target.name}.json"))
+                (self.path / str(s)).rename(target)
+                moved.append(str(target))
+            console.warn(f"set aside the damaged checkpoint{'s' if len(moved) > 1 else ''} {', '.join(moved)}: "
+                         "this run trains those steps again and saves them in their place (remove the folder once "
+                         "you have looked at it)")
+        partitioning.barrier("templm-checkpoints-set-aside")
+        self.manager.reload()
 
     def restore_inputs(self, step: int, names: Tuple[str, ...]) -> Dict[str, bytes]:
         """The input states of the named shards that `step` holds ({} for a step saved without input states)."""
@@ -324,7 +346,10 @@ def load_params(directory: str, step: Optional[int] = None) -> Tuple[Any, dict]:
             return manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                                               meta=ocp.args.JsonRestore()))
 
-        _, restored = _restore_intact(path, sorted(manager.all_steps(), reverse=True), step, restore)
+        steps = sorted(manager.all_steps(), reverse=True)
+        used, restored = _restore_intact(path, steps, step, restore)
     finally:
         manager.close()
+    if step is None and used != steps[0]:
+        console.warn(f"using checkpoint {used} of {directory}, not its newest step {steps[0]}, which is damaged")
     return restored["state"]["params"], restored["meta"]

@@ -267,13 +267,17 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
                 if start_step:
                     names = tuple(inputs.shard_name(s) for s in inputs.shards)
                     states = checkpointer.restore_inputs(saved["step"], names)
+                    why = ("holds no input state (written before templm saved it, as the end of a run of fixed "
+                           "length, or by a pipeline tf.data cannot save)")
                     if states:
-                        inputs.restore(states, checkpointer.directory)
-                    else:
-                        console.warn(f"checkpoint {saved['step']} in {checkpointer.directory} holds no input state "
-                                     "(written before templm saved it, as the end of a run of fixed length, or by a "
-                                     f"pipeline tf.data cannot save): reading the {start_step} batches it had consumed "
-                                     "again to get back to its data position")
+                        try:
+                            inputs.restore(states, checkpointer.directory)
+                            why = None
+                        except DataError as e:  # e.g. written by another TensorFlow: the data position still holds
+                            why = f"has an input state this TensorFlow cannot read ({e.reason})"
+                    if why is not None:
+                        console.warn(f"checkpoint {saved['step']} in {checkpointer.directory} {why}: reading the "
+                                     f"{start_step} batches it had consumed again to get back to its data position")
                         inputs.replay(start_step)
 
                 meta = {"seed": seed, "data_seed": data_seed, "mixture_or_task_name": mixture_or_task_name,

@@ -45,17 +45,47 @@ def _flip(path, offset=None):
 def test_overwritten_bytes_in_the_newest_checkpoint_fall_back_to_the_one_before(saved, tmp_path, capsys):
     bad = _largest_file(saved / "5")
     _flip(bad)
-    state, meta = _restore(saved)
-    assert meta["step"] == 4 and float(state["params"]) == 10.0
-    err = capsys.readouterr().err
-    assert "checkpoint 5" in err and bad in err and "does not match the digest" in err
-    # The resumed run ends where the uninterrupted one did.
-    resumed, _ = run(tmp_path, state, 5, start_step=4)
-    assert float(resumed["params"]) == 15.0
     with pytest.raises(DataError, match="checkpoint 5: .*does not match the digest"):
         _restore(saved, step=5)  # the step asked for is damaged: no silent substitute
     params, meta = load_params(str(saved))  # evaluation and adaptation read checkpoints the same way
     assert meta["step"] == 4 and float(params) == 10.0
+    assert "using checkpoint 4" in capsys.readouterr().err and (saved / "5").is_dir()  # evaluation moves nothing
+    state, meta = _restore(saved)
+    assert meta["step"] == 4 and float(state["params"]) == 10.0
+    err = capsys.readouterr().err
+    assert "checkpoint 5" in err and bad in err and "does not match the digest" in err
+    # The damaged step is set aside with its digest record, named, and its bytes kept.
+    aside = saved / "damaged" / "5"
+    assert str(aside) in err and aside.is_dir() and (saved / "damaged" / "5.json").is_file()
+    assert not (saved / "5").exists() and not (saved / "integrity" / "5.json").exists()
+    # The resumed run ends where the uninterrupted one did, and its step 5 is saved in the damaged one's place:
+    # evaluation and a later resume read the retrained step, not the older one.
+    resumed, _ = run(tmp_path, state, 5, start_step=4)
+    assert float(resumed["params"]) == 15.0
+    params, meta = load_params(str(saved))
+    assert meta["step"] == 5 and float(params) == 15.0
+    state, meta = _restore(saved, step=5)
+    assert float(state["params"]) == 15.0
+    # Damaged again: the second one is set aside beside the first, which stays as it was.
+    _flip(_largest_file(saved / "5"))
+    _restore(saved)
+    assert (saved / "damaged" / "5.1").is_dir() and aside.is_dir() and not (saved / "5").exists()
+
+
+def test_a_deleted_input_state_is_a_damaged_step_set_aside(tmp_path, capsys):
+    checkpointer = Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
+    try:
+        for step in (1, 2):
+            checkpointer.save(step, {"step": jnp.int32(step), "params": jnp.float32(step)}, {"step": step},
+                              inputs={"shard-00000-of-00001": b"position %d" % step})
+        checkpointer.wait(digests=True)
+    finally:
+        checkpointer.close()
+    (tmp_path / "checkpoints" / "2" / "input" / "shard-00000-of-00001.state").unlink()
+    state, meta = _restore(tmp_path / "checkpoints")
+    assert meta["step"] == 1 and "input/shard-00000-of-00001.state is missing" in capsys.readouterr().err
+    assert (tmp_path / "checkpoints" / "damaged" / "2").is_dir()
+    assert sorted(os.listdir(tmp_path / "checkpoints" / "integrity")) == ["1.json"]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "delete_metadata", "add"])

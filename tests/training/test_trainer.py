@@ -85,10 +85,12 @@ def test_loss_falls_and_metrics_are_written(trained):
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["20", "40", "integrity"]
 
 
-def test_a_checkpoint_without_input_state_is_resumed_by_replaying_its_batches(trained, tmp_path, capsys):
-    """Checkpoints hold each data shard's pipeline state; one written before they did (no `input` item) is resumed
-    by reading its batches again, with a warning, and ends with the same parameters. A run asking for another
-    number of data shards than its checkpoint's is refused."""
+@pytest.mark.parametrize("input_state", ["absent", "unreadable"])
+def test_a_checkpoint_without_input_state_is_resumed_by_replaying_its_batches(trained, tmp_path, capsys,
+                                                                              input_state):
+    """Checkpoints hold each data shard's pipeline state; one written before they did (no `input` item), or one this
+    TensorFlow cannot parse, is resumed by reading its batches again, with a warning, and ends with the same
+    parameters. A run asking for another number of data shards than its checkpoint's is refused."""
     model_dir, result = trained
     old = tmp_path / "old"
     shutil.copytree(model_dir, old)
@@ -100,10 +102,16 @@ def test_a_checkpoint_without_input_state_is_resumed_by_replaying_its_batches(tr
     for step in ("20", "40"):
         (checkpoints / "integrity" / f"{step}.json").unlink()
     shutil.rmtree(checkpoints / "40")
-    shutil.rmtree(checkpoints / "20" / "input")
+    if input_state == "absent":
+        shutil.rmtree(checkpoints / "20" / "input")
+    else:
+        (checkpoints / "20" / "input" / states[0]).write_bytes(b"\x08\x15not a serialized tensor")
     resumed = _train(old, 40, save_period=20)
     assert resumed["start_step"] == 20
-    assert "holds no input state" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert ("holds no input state" if input_state == "absent" else
+            "has an input state this TensorFlow cannot read (the input state shard-00000-of-00001") in err
+    assert "reading the 20 batches it had consumed again" in err
     same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), result["params"],
                         resumed["params"])
     assert all(jax.tree.leaves(same))
