@@ -206,7 +206,10 @@ def build_output_folder(out_dir: str, kind: str, build: Callable[[str], Any], ov
         shutil.rmtree(tmp, ignore_errors=True)  # a partial folder of a run that died: ours, under our lock
         try:
             os.makedirs(tmp)
-            atomic_write(os.path.join(tmp, PARTIAL_MARKER), json.dumps(_holder()) + "\n")
+            # Written in place, not renamed into it: a run refused by the lock may look at the folder at any moment,
+            # and must see it empty or marked, never holding a temporary file alone.
+            with open(os.path.join(tmp, PARTIAL_MARKER), "x", encoding="utf-8") as f:
+                f.write(json.dumps(_holder()) + "\n")
             result = build(tmp)
             os.remove(os.path.join(tmp, PARTIAL_MARKER))
             mark(tmp, kind)
