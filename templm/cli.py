@@ -23,11 +23,11 @@ import collections
 import contextlib
 import dataclasses
 import difflib
-import errno
 import functools
 import json
 import os
 import re
+import signal
 import sys
 import tempfile
 import tokenize
@@ -38,8 +38,8 @@ from absl import app, flags, logging
 
 from templm import console
 from templm.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_SYSTEM, EXIT_TRAINING, EXIT_USAGE,
-                           ConfigError, Preempted, Terminated, TrainingError, check_interrupted, note_sigint,
-                           note_sigterm)
+                           SYSTEM_ERRNOS, ConfigError, Preempted, Terminated, TrainingError, check_interrupted,
+                           note_sigint, note_sigterm)
 
 
 FLAGS = flags.FLAGS
@@ -91,6 +91,13 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
         found = next((os.path.join(p, name) for p in [""] + paths if os.path.isfile(os.path.join(p, name))), None)
         if found is None:
             raise ConfigError(f"{name}: gin file not found (searched {', '.join(paths)})")
+        with open(found, "rb") as f:
+            head = f.read()
+        try:
+            head.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{found}: not a gin file: byte {e.start} is not UTF-8 text (a gin file is text: "
+                              "bindings such as `NAME = VALUE`)") from None
         resolved.append(found)
     try:
         gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=False)
@@ -143,6 +150,29 @@ def _check_macros_are_used(bindings: Sequence[str]) -> None:
 
 # -- data verbs ---------------------------------------------------------------------------------------------------
 
+def _bounds(**ranges: Tuple[Optional[float], Optional[float]]) -> None:
+    """Checks numeric flags when absl parses them (before any work): each name maps to its (least, most) value, None
+    for no bound; a float flag must also be finite. The message names the flag and the range."""
+    import math
+
+    for name, (least, most) in ranges.items():
+        if least is not None and most is not None:
+            what = f"from {least:g} to {most:g}"
+        else:
+            what = f"at least {least:g}" if least is not None else f"at most {most:g}"
+        if isinstance(FLAGS[name].default, float):
+            what = f"a finite number {what}"
+
+        def ok(value, least=least, most=most):
+            if value is None:
+                return True
+            values = value if isinstance(value, list) else [value]
+            return all(math.isfinite(v) and (least is None or v >= least) and (most is None or v <= most)
+                       for v in values)
+
+        flags.register_validator(name, ok, message=f"--{name} must be {what}")
+
+
 def _define_overwrite():
     flags.DEFINE_boolean("overwrite", False, "Replace --out even when it is not empty and not a templm output of "
                          "this kind (what is in it is deleted); without it such a folder is refused.")
@@ -156,6 +186,7 @@ def _define_data_world():
     flags.DEFINE_integer("end_year", None, "Last year (default 2020).")
     flags.DEFINE_integer("subjects_per_relation", None, "Subjects per TempLAMA relation (default 40).")
     flags.DEFINE_integer("docs_per_month", None, "News documents per month (default 60).")
+    _bounds(seed=(0, None), subjects_per_relation=(4, None), docs_per_month=(1, None))
     _world_configurable()  # registered before gin parses, so `--gin.WorldConfig.seed=3` binds
 
 
@@ -167,17 +198,20 @@ def _world_configurable():
     return gin.external_configurable(WorldConfig, name="WorldConfig", module="templm")
 
 
+def _world_config(**flags_given):
+    """The WorldConfig of gin's bindings with the flags given in their place (the flags win before it is checked)."""
+    try:
+        return _world_configurable()(**flags_given)
+    except ValueError as e:
+        raise ConfigError(f"WorldConfig: {e}") from None
+
+
 def _main_data_world():
     from templm.data.world import generate_world
 
-    make_config = _world_configurable()
-    overrides = {name: FLAGS[name].value for name in
-                 ("seed", "start_year", "end_year", "subjects_per_relation", "docs_per_month")
-                 if FLAGS[name].value is not None}
-    try:
-        config = dataclasses.replace(make_config(), **overrides)
-    except ValueError as e:
-        raise ConfigError(f"WorldConfig: {e}") from None
+    config = _world_config(**{name: FLAGS[name].value for name in
+                              ("seed", "start_year", "end_year", "subjects_per_relation", "docs_per_month")
+                              if FLAGS[name].value is not None})
     stats = generate_world(config, FLAGS.out, overwrite=FLAGS.overwrite)
     print(format_world_summary(stats, FLAGS.out))
 
@@ -275,6 +309,9 @@ def _define_data_splits():
                        "with an earlier one reaches this (MinHash LSH); 0: keep near-duplicates.")
     flags.DEFINE_boolean("allow_degenerate", False, "Write splits with empty test months or a CONTROL train nearly "
                          "all outside the test period (warned and listed in stats.json) instead of refusing them.")
+    _bounds(test_docs_per_month=(1, None), validation_docs=(1, None), test_months=(1, None),
+            validation_months=(1, None), heldout_per_year=(0, None), heldout_fraction=(0, 1), seed=(0, None),
+            near_duplicate_threshold=(0, 1))
 
 
 def _main_data_splits():
@@ -322,6 +359,7 @@ def _define_data_spm():
     flags.DEFINE_integer("vocab_size", 32000, "Pieces in the model; seqio adds 100 sentinel ids on top.")
     flags.DEFINE_integer("max_sentences", 1_000_000, "Train on at most this many sampled lines.")
     flags.DEFINE_integer("seed", 0, "Sampling and training seed.")
+    _bounds(vocab_size=(4, None), max_sentences=(1, None), seed=(0, None))
 
 
 def _main_data_spm():
@@ -343,6 +381,7 @@ def _define_data_templama():
     flags.DEFINE_integer("max_subjects", 1000, "Most popular subjects kept per relation.")
     flags.DEFINE_boolean("require_enwiki", False, "Subjects and objects need an English Wikipedia article.")
     flags.DEFINE_integer("seed", 0, "Seed of the subject split (20/10/70).")
+    _bounds(max_subjects=(1, None), seed=(0, None))
 
 
 def _main_data_templama():
@@ -375,13 +414,15 @@ def _define_data_tasks():
     flags.DEFINE_integer("files_per_year", 1, "Record files per split and year: at least the data shards (hosts) of "
                          "a multi-host training run, so that each host reads files of its own.")
     flags.DEFINE_integer("seed", 0, "Seed of the world, the held-out draw and the training answers.")
+    _bounds(vocab_size=(4, None), max_spm_sentences=(1, None), heldout_per_year=(0, None), heldout_fraction=(0, 1),
+            future_years=(0, None), files_per_year=(1, None), seed=(0, None))
     _world_configurable()
 
 
 def _main_data_tasks():
     from templm.data.task_data import TaskDataConfig, prepare_task_data
 
-    world = dataclasses.replace(_world_configurable()(), seed=FLAGS.seed)
+    world = _world_config(seed=FLAGS.seed)
     config = TaskDataConfig(
         corpus=_corpus_flag(), corpus_format=FLAGS.format, templama_dir=FLAGS.templama_dir, world=world,
         vocab_size=FLAGS.vocab_size, max_spm_sentences=FLAGS.max_spm_sentences, detector=FLAGS.detector,
@@ -457,6 +498,7 @@ def _define_plan():
     flags.DEFINE_enum("device_kind", None, list(DEVICE_MEMORY_GIB), "The accelerator, for its memory per device "
                       "(default: from the mesh config's name: tpu_v3, tpu_v4, gpu -> a100_80).")
     flags.DEFINE_integer("devices", None, "Devices in the mesh, where the mesh config sets only num_partitions.")
+    _bounds(devices=(1, None))
     flags.DEFINE_boolean("compile", True, "Compile the step for its temporary memory (slow for XL/XXL on a laptop); "
                          "without it, only parameters, optimizer state and batch.")
     import templm.evaluation.checkpoint_eval  # noqa: F401  (registers every configurable the T5 configs bind)
@@ -480,7 +522,12 @@ def _main_plan():
                           "(gin_configs/study/paper.gin), and a mesh config")
     mesh_bindings = gin.get_bindings("templm.make_mesh")
     if mesh_bindings.get("mesh_shape"):
-        shape = tuple(int(d) for d in mesh_bindings["mesh_shape"])
+        shape = mesh_bindings["mesh_shape"]
+        if (not isinstance(shape, (tuple, list)) or len(shape) != 2
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape)):
+            raise ConfigError(f"templm.make_mesh.mesh_shape: expected (data, model), two whole numbers of at least 1, "
+                              f"got {shape!r}")
+        shape = tuple(shape)
     elif FLAGS.devices:
         partitions = int(mesh_bindings.get("num_partitions", 1))
         if FLAGS.devices % partitions:
@@ -570,6 +617,7 @@ def _define_eval():
     flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
     flags.DEFINE_string("eval_task", None, "Evaluate this task or mixture instead of the config's.")
     flags.DEFINE_integer("num_examples", None, "At most this many examples per task.")
+    _bounds(step=(0, None), num_examples=(1, None))
     flags.DEFINE_string("out", None, "Write eval_<split>.json and .md here (default: MODEL_DIR).")
     import templm.evaluation.checkpoint_eval  # noqa: F401  (registers templm.evaluate_checkpoint for the configs)
 
@@ -655,6 +703,7 @@ def _define_data_calm():
     flags.DEFINE_list("domains", None, "World domains to keep (default all: sports, politics, business, education, "
                       "technology, weather, health).")
     flags.DEFINE_integer("seed", None, "Seed of a generated world (default 0, or the gin binding WorldConfig.seed).")
+    _bounds(seed=(0, None))
     _world_configurable()
 
 
@@ -669,9 +718,7 @@ def _main_data_calm():
         summary = {"classes": build_calm_corpus_from_texts(FLAGS.texts, FLAGS.out, FLAGS.level,
                                                            overwrite=FLAGS.overwrite)}
     else:
-        world = _world_configurable()()
-        if FLAGS.seed is not None:
-            world = dataclasses.replace(world, seed=FLAGS.seed)
+        world = _world_config(**({} if FLAGS.seed is None else {"seed": FLAGS.seed}))
         summary = build_world_corpus(FLAGS.world_dir, FLAGS.out, FLAGS.level, FLAGS.domains, world,
                                      overwrite=FLAGS.overwrite)
     print(json.dumps({"out": FLAGS.out, "level": FLAGS.level, **summary}))
@@ -705,20 +752,31 @@ def _define_is_eval():
     flags.DEFINE_integer("doc_length", 24, "Longest document, in tokens.")
     flags.DEFINE_float("mean_sentence_length", 6.0, "Mean sentence length, in tokens.")
     flags.DEFINE_float("peakedness", 1.5, "How peaked the HMM's random distributions are.")
+    _bounds(seed=(0, None), repeats=(1, None), num_states=(1, 4096), vocab_size=(1, 1 << 20), num_docs=(1, None),
+            doc_length=(2, None), mean_sentence_length=(1, None), peakedness=(0, None))
+
+    def numbers_above_0(kind):
+        def ok(values):
+            try:
+                return all(kind(v) > 0 and math.isfinite(kind(v)) for v in values)
+            except ValueError:
+                return False
+        return ok
+
+    import math
+
+    flags.register_validator("ks", numbers_above_0(int), message="--ks must be a comma-separated list of whole "
+                             "numbers of at least 1")
+    flags.register_validator("temperatures", numbers_above_0(float), message="--temperatures must be a "
+                             "comma-separated list of finite numbers above 0")
 
 
 def _main_is_eval():
     from templm.experiments.importance_sampling import run_is_eval
     from templm.reports.importance_sampling import write_is_report
 
-    def numbers(name, kind):
-        try:
-            return [kind(x) for x in FLAGS[name].value]
-        except ValueError:
-            raise ConfigError(f"--{name}: expected a comma-separated list of {kind.__name__}s, got "
-                              f"{','.join(FLAGS[name].value)!r}") from None
-
-    result = run_is_eval(FLAGS.out, FLAGS.seed, ks=numbers("ks", int), temperatures=numbers("temperatures", float),
+    result = run_is_eval(FLAGS.out, FLAGS.seed, ks=[int(k) for k in FLAGS.ks],
+                         temperatures=[float(t) for t in FLAGS.temperatures],
                          repeats=FLAGS.repeats, num_states=FLAGS.num_states, vocab_size=FLAGS.vocab_size,
                          num_docs=FLAGS.num_docs, doc_length=FLAGS.doc_length,
                          mean_sentence_length=FLAGS.mean_sentence_length, peakedness=FLAGS.peakedness)
@@ -741,6 +799,7 @@ def _define_reproduce():
     flags.DEFINE_list("seeds", None, "Several seeds (e.g. 0,1,2): the study once per seed into OUT/seed_<S>, then "
                       "every finding tested over the seeds and every number as mean and 95% interval in OUT.")
     flags.DEFINE_integer("num_seeds", None, "The same as --seeds 0,1,...,N-1.")
+    _bounds(seed=(0, None), num_seeds=(1, None))
     flags.DEFINE_boolean("streaming", True, "Also run the Transformer-XL half (TIME-STRATIFIED vs CONTROL streaming "
                          "perplexity, dynamic evaluation) after the T5 stages.")
     _define_overwrite()
@@ -863,7 +922,7 @@ VERBS: Dict[str, Verb] = {v.name: v for v in [
     Verb("train", "Train a T5 model from gin configs (T5X style), sharded over the device mesh, resumable.",
          _define_train, _main_train, takes_gin=True, tensorflow=True),
     Verb("plan", "Per-device memory of a T5 training config on a mesh (parameters, optimizer, compiled step) and "
-         "whether it fits, without allocating it.", _define_plan, _main_plan, takes_gin=True),
+         "whether it fits, without allocating it.", _define_plan, _main_plan, takes_gin=True, tensorflow=True),
     Verb("eval", "Evaluate a trained checkpoint on a task's split: EM/F1 and perplexity by year and slice.",
          _define_eval, _main_eval, takes_gin=True, tensorflow=True),
     Verb("reproduce", "The time-aware T5 study end to end on the embedded world or your data: Uniform/Temporal/Yearly "
@@ -959,11 +1018,6 @@ def _verb_help(v: Verb) -> str:
     return "\n".join(lines)
 
 
-# errno values that are the machine's, not the input's: a full disk, a quota or file-size limit, an I/O error, a
-# read-only file system.
-_SYSTEM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
-
-
 def _message(error: BaseException) -> str:
     """The error's message without the lines gin adds on the way out of a configurable ("In call to configurable
     'train' (<function ...>)"): the command line already names the verb."""
@@ -986,9 +1040,20 @@ def run(argv: Optional[Sequence[str]] = None) -> None:
     v = VERBS[name]
     if verbosity < 1:
         _quiet_libraries()
-    if v.tensorflow:
-        _load_tensorflow(quiet=verbosity < 1)
-    v.define()
+    # Loading TensorFlow and the verb's modules takes seconds. A Ctrl-C meanwhile is noted and answered once they
+    # are loaded: raised inside TensorFlow's import it aborts the process (SIGABRT) or prints a long traceback.
+    started = signal.getsignal(signal.SIGINT)
+    stopped = []
+    signal.signal(signal.SIGINT, lambda *_: stopped.append(True))
+    try:
+        if v.tensorflow:
+            _load_tensorflow(quiet=verbosity < 1)
+        v.define()
+    finally:
+        signal.signal(signal.SIGINT, started)
+    if stopped:
+        print(f"templm {name}: interrupted while starting; nothing was written", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
     if v.takes_gin:
         define_gin_flags()
     if any(a in ("-h", "--help", "--helpshort", "--helpfull") for a in rest):
@@ -1045,7 +1110,7 @@ def run(argv: Optional[Sequence[str]] = None) -> None:
             if code is None:  # gin re-raises an error from inside a configurable as a copy without its errno
                 match = re.match(r"\[Errno (\d+)\]", str(e))
                 code = int(match.group(1)) if match else None
-            return last_words(EXIT_SYSTEM if code in _SYSTEM_ERRNOS else EXIT_BAD_INPUT)
+            return last_words(EXIT_SYSTEM if code in SYSTEM_ERRNOS else EXIT_BAD_INPUT)
         except KeyboardInterrupt:
             print(f"templm {name}: interrupted; nothing half-written was left (a training run resumes from its last "
                   "checkpoint when run again)", file=err)
@@ -1055,7 +1120,15 @@ def run(argv: Optional[Sequence[str]] = None) -> None:
                   "the same command again", file=err)
             return last_words(EXIT_PREEMPTED)
 
-    app.run(main, argv=[f"templm {name}"] + rest)
+    def parse_flags(args):
+        """absl's parse, with a bad or missing flag as one line of ours and the usage status."""
+        try:
+            return FLAGS(args)
+        except flags.Error as e:
+            print(f"templm {name}: error: {e} (templm {name} --help lists the flags)", file=sys.stderr)
+            sys.exit(EXIT_USAGE)
+
+    app.run(main, argv=[f"templm {name}"] + rest, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

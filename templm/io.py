@@ -16,28 +16,44 @@ def atomic_write(path: str, content: Union[str, bytes, Callable[[str], None]]) -
     crash) never sees a half-written file. `content` is text, bytes, or a function that writes the temporary path it
     is given (e.g. a figure's savefig). On an error the temporary file is removed and `path` is left as it was."""
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    stem, ext = os.path.splitext(os.path.basename(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=f"{ext}.tmp", dir=directory)
-    try:
-        if callable(content):
-            os.close(fd)
-            content(tmp)
-        else:
-            data = content.encode("utf-8") if isinstance(content, str) else content
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write_files({path: content})
     return path
+
+
+def atomic_write_files(contents: Mapping[str, Union[str, bytes, Callable[[str], None]]]) -> None:
+    """Writes several files that belong together (a vocabulary's .model and .vocab) as `atomic_write` writes one:
+    every one to a temporary file beside its place first, then all renamed, so a failure while writing (a full disk)
+    leaves every path as it was. A failed write names the file it was writing."""
+    written = {}
+    try:
+        for path, content in contents.items():
+            path = os.fspath(path)
+            stem, ext = os.path.splitext(os.path.basename(path))
+            fd, written[path] = tempfile.mkstemp(prefix=f".{stem}.", suffix=f"{ext}.tmp",
+                                                 dir=os.path.dirname(os.path.abspath(path)))
+            try:
+                if callable(content):
+                    os.close(fd)
+                    content(written[path])
+                else:
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(content.encode("utf-8") if isinstance(content, str) else content)
+                        f.flush()
+                        os.fsync(f.fileno())
+            except OSError as e:
+                if e.errno and not e.filename:  # a write to the open file names none
+                    raise OSError(e.errno, f"{os.strerror(e.errno)} while writing it", path) from None
+                raise
+            os.chmod(written[path], 0o644)
+        for path, tmp in written.items():
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp in written.values():
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        raise
 
 
 def jsonable(value: Any) -> Any:

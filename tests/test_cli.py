@@ -141,6 +141,15 @@ def test_data_splits_then_stats_and_spm_on_a_split(small_world, tmp_path):
     too_big = templm("data", "spm", f"--corpus={news}", f"--out={tmp_path / 'big'}", "--vocab_size=100000")
     assert too_big.returncode == 1 and "vocab_size=100000 is too large" in too_big.stderr
     assert not (tmp_path / "big.model").exists()
+    # A full disk while the new pair is written (a limit above the .vocab, below the .model): both stay as they were.
+    pair = {name: (tmp_path / name).read_bytes() for name in ("spm.model", "spm.vocab")}
+    limit = 100_000
+    assert len(pair["spm.vocab"]) < limit < len(pair["spm.model"])
+    full = _with_file_size_limit(limit, "data", "spm", f"--corpus={news}", f"--out={tmp_path / 'spm'}",
+                                 "--vocab_size=280")
+    assert full.returncode == 4 and f"{tmp_path / 'spm.model'}: File too large while writing it" in full.stderr
+    assert {name: (tmp_path / name).read_bytes() for name in pair} == pair
+    assert sorted(n for n in os.listdir(tmp_path) if n.startswith(".spm")) == []
 
 
 def _files(folder):
@@ -166,10 +175,22 @@ def test_data_splits_and_templama_leave_a_users_folder_alone_and_change_theirs_a
     assert replaced.returncode == 0, replaced.stderr[-2000:]
     assert (mine / "test.gz").read_bytes()[:2] == b"\x1f\x8b" and (mine / "yearly").is_dir()
 
-    before = _files(mine)  # a failure in the yearly pass (after the split files of a new cut-off were written)
-    failed = templm("data", "splits", f"--out={mine}", "--cutoff=2017-06-30", "--heldout_fraction=1.5",
-                    *split_flags)
-    assert failed.returncode == 1 and "heldout_fraction" in failed.stderr
+    # A full disk part-way through a new cut-off's output (a file-size limit stands in for it: the limit lets the
+    # files written first through and stops at the first larger one, as measured on a scratch build).
+    new_cutoff = ["--cutoff=2017-06-30", *split_flags]
+    scratch = tmp_path / "scratch"
+    assert templm("data", "splits", f"--out={scratch}", *new_cutoff).returncode == 0
+    written = sorted((os.stat(os.path.join(root, n)).st_mtime_ns, os.path.getsize(os.path.join(root, n)))
+                     for root, _, names in os.walk(scratch) for n in names if not n.startswith("."))
+    sizes = [size for _, size in written]
+    later = next(i for i in range(1, len(sizes)) if sizes[i] > max(sizes[:i]))  # files before it fit, it does not
+    before = _files(mine)
+    failed = _with_file_size_limit(sizes[later] - 1, "data", "splits", f"--out={mine}", *new_cutoff)
+    assert failed.returncode == 4 and "File too large" in failed.stderr, failed.stderr[-2000:]
+    assert "Traceback" not in failed.stderr
+    assert _files(mine) == before and not os.path.exists(f"{mine}.partial")
+    refused = templm("data", "splits", f"--out={mine}", *new_cutoff, "--heldout_fraction=1.5")
+    assert refused.returncode == 2 and "--heldout_fraction must be a finite number from 0 to 1" in refused.stderr
     assert _files(mine) == before and not os.path.exists(f"{mine}.partial")
 
     release = tmp_path / "release"
@@ -192,6 +213,48 @@ def test_data_templama_from_the_test_dump(tmp_path):
     bad.write_text('[\n{"id": "Q1", "labels": {}},\n{not json\n]\n')
     broken = templm("data", "templama", f"--dump={bad}", f"--out={tmp_path / 'b'}")
     assert broken.returncode == 1 and f"{bad}:3" in broken.stderr
+
+
+def test_queries_in_years_the_readers_refuse_are_refused_before_the_dump_is_read(tmp_path):
+    """`data templama --start_year 1850` wrote queries dated 1890-1905 that templm's own reader then refused."""
+    dump = os.path.join(os.path.dirname(__file__), "fixtures", "wikidata_dump.json")
+    result = templm("data", "templama", f"--dump={dump}", f"--out={tmp_path / 't'}", "--start_year=1850")
+    assert result.returncode == 1 and "years 1850-2020: templm's readers accept dates from 1900 to 2100" in \
+        result.stderr
+    assert not os.path.exists(tmp_path / "t") and not os.path.exists(tmp_path / "t.partial")
+
+
+def test_a_gin_file_that_is_not_text_is_named(tmp_path):
+    """A binary file given as --gin_file was a UTF-8 decoding error naming no file."""
+    binary = tmp_path / "model.gin"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
+    result = templm("data", "world", f"--out={tmp_path / 'w'}", f"--gin_file={binary}")
+    assert result.returncode == 1 and f"{binary}: not a gin file: byte 0 is not UTF-8 text" in result.stderr
+    assert not (tmp_path / "w").exists()
+
+
+def test_ctrl_c_while_the_command_starts_is_one_line(tmp_path):
+    """Ctrl-C while TensorFlow was still loading printed 72 lines of traceback. The signal is sent once TensorFlow's
+    library is mapped into the process (its load under way); wherever it lands, the answer is one line, 130."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "templm.cli", "train", "--gin_file=gin_configs/temporal.gin",
+                             f"--gin.MODEL_DIR='{tmp_path / 'm'}'"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        with open(f"/proc/{proc.pid}/maps") as f:
+            if "libtensorflow" in f.read():
+                break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and "interrupted" in err, err[-3000:]
+    assert not (tmp_path / "m").exists()
 
 
 def test_a_macro_no_config_uses_and_a_missing_include_are_named(tmp_path):
@@ -231,8 +294,8 @@ def test_paths_of_the_wrong_kind_are_one_message(tmp_path):
     assert a_file.read_text() == "x" and not (tmp_path / "tl").exists()
 
 
-def test_a_full_disk_is_one_message_and_leaves_nothing_half_written(tmp_path):
-    """A file-size limit stands in for a full disk: the write fails the same way, in the middle of the output."""
+def _with_file_size_limit(size, *args):
+    """`templm ARGS` with files limited to `size` bytes: a write past it fails with EFBIG, as one on a full disk."""
     import resource
     import signal
     import subprocess
@@ -240,14 +303,47 @@ def test_a_full_disk_is_one_message_and_leaves_nothing_half_written(tmp_path):
 
     def limit():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
-        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
 
+    return subprocess.run([sys.executable, "-m", "templm.cli", *args], capture_output=True, text=True,
+                          preexec_fn=limit, timeout=600)
+
+
+def test_a_full_disk_is_one_message_and_leaves_nothing_half_written(tmp_path):
+    """A file-size limit stands in for a full disk: the write fails the same way, in the middle of the output."""
     out = tmp_path / "world"
-    result = subprocess.run([sys.executable, "-m", "templm.cli", "data", "world", f"--out={out}", *WORLD_FLAGS],
-                            capture_output=True, text=True, preexec_fn=limit, timeout=300)
+    result = _with_file_size_limit(20_000, "data", "world", f"--out={out}", *WORLD_FLAGS)
     assert result.returncode == 4, result.stderr[-2000:]
     assert "File too large" in result.stderr and "Traceback" not in result.stderr
     assert _no_leftovers(out)  # no world, no world.partial, no lock
+
+
+def test_a_full_disk_while_data_tasks_writes_records_or_the_vocabulary_is_exit_4_naming_the_file(tmp_path):
+    """TensorFlow's record writer reported a full disk as its own error (exit 1, a traceback) and SentencePiece's
+    trainer wrote a truncated model unseen ("Wire format was corrupt"). Each limit is taken from a build of the
+    same data: just under the first record file, and under the vocabulary, that is larger than every file before it,
+    so the files written before it fit."""
+    flags = ["--vocab_size=200", "--gin.WorldConfig.start_year=2014", "--gin.WorldConfig.end_year=2016",
+             "--gin.WorldConfig.subjects_per_relation=6", "--gin.WorldConfig.docs_per_month=6"]
+    scratch = tmp_path / "scratch"
+    assert templm("data", "tasks", f"--out={scratch}", *flags).returncode == 0
+    written = sorted((os.stat(os.path.join(root, n)).st_mtime_ns, os.path.getsize(os.path.join(root, n)),
+                      os.path.relpath(os.path.join(root, n), scratch))
+                     for root, _, names in os.walk(scratch) for n in names if not n.startswith("."))
+    largest_so_far = [max(size for _, size, _ in written[:i + 1]) for i in range(len(written))]
+    first = {}
+    for i, (_, size, name) in enumerate(written):
+        kind = "record" if name.endswith(".tfrecord") else "vocabulary" if name.endswith(".model") else None
+        if kind and kind not in first and i and size > largest_so_far[i - 1]:
+            first[kind] = (size, name)
+    assert set(first) == {"record", "vocabulary"}, written
+    for kind, (size, name) in first.items():
+        out = tmp_path / kind
+        result = _with_file_size_limit(size - 1, "data", "tasks", f"--out={out}", *flags)
+        assert result.returncode == 4, (kind, result.stderr[-2000:])
+        assert f"{out}.partial/{name}: File too large while writing" in result.stderr, result.stderr[-2000:]
+        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        assert _no_leftovers(out)
 
 
 @pytest.mark.parametrize("verb", ["tasks", "world"])

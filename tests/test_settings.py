@@ -111,3 +111,41 @@ def test_an_output_path_that_names_no_folder_or_no_file_is_refused_before_any_wo
     result = run_templm("data", "spm", f"--corpus={corpus}", f"--out={folder}{os.sep}", "--vocab_size=20")
     assert result.returncode == 1 and "names a folder, not a file prefix" in result.stderr
     assert os.listdir(folder) == []
+
+
+@pytest.mark.e2e
+def test_every_verbs_numeric_flags_are_checked_when_parsed(tmp_path):
+    """A flag out of its range is one line naming it and the range, the usage status, before any work (an HMM of
+    100000 states was numpy's 74.5 GiB allocation error; --future_years -1 became 0 without a word)."""
+    out = str(tmp_path / "out")
+    cases = [
+        (("data", "world", f"--out={out}", "--docs_per_month=0"), "--docs_per_month must be at least 1"),
+        (("data", "splits", "--corpus=c.jsonl", f"--out={out}", "--test_months=0"), "--test_months must be at least 1"),
+        (("data", "spm", "--corpus=c.jsonl", f"--out={out}/v", "--vocab_size=2"), "--vocab_size must be at least 4"),
+        (("data", "tasks", f"--out={out}", "--future_years=-1"), "--future_years must be at least 0"),
+        (("data", "templama", "--dump=d.json", f"--out={out}", "--max_subjects=0"), "--max_subjects must be at least 1"),
+        (("eval", "--num_examples=0"), "--num_examples must be at least 1"),
+        (("reproduce", f"--out={out}", "--num_seeds=0"), "--num_seeds must be at least 1"),
+    ]
+    for args, message in cases:
+        result = run_templm(*args)
+        assert result.returncode == 2 and message in result.stderr, (args, result.stderr[-1500:])
+        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not os.path.exists(out)
+
+
+@pytest.mark.e2e
+def test_flags_win_over_gin_bindings_before_the_world_is_checked(tmp_path):
+    """`data world --gin.WorldConfig.start_year=2099 --start_year 2014` was refused for years 2099-2020, which the
+    user did not ask for: the gin default was checked before the flag applied."""
+    out = tmp_path / "w"
+    result = run_templm("data", "world", f"--out={out}", "--gin.WorldConfig.start_year=2099", "--start_year=2014",
+                        "--end_year=2015", "--subjects_per_relation=4", "--docs_per_month=2")
+    assert result.returncode == 0, result.stderr[-2000:]
+    stats = __import__("json").loads((out / "stats.json").read_text())
+    assert (stats["config"]["start_year"], stats["config"]["end_year"]) == (2014, 2015)
+    refused = run_templm("data", "world", f"--out={tmp_path / 'x'}", "--gin.WorldConfig.end_year=2150",
+                         "--start_year=2014")
+    assert refused.returncode == 1 and "years 2014-2150: templm's readers accept dates from 1900 to 2100" in \
+        refused.stderr
+    assert not (tmp_path / "x").exists()

@@ -41,6 +41,14 @@ def open_text(path: str, mode: str = "rb"):
     return open(path, mode)
 
 
+def read_failure(error: BaseException, path: str, where: str) -> Exception:
+    """What a failed read of `path` is: the system's refusal (no permission, an I/O error: an OSError with its errno,
+    naming the file) or bytes that are not what they claim (a corrupt or truncated compressed file: a DataError)."""
+    if isinstance(error, OSError) and error.errno:
+        return OSError(error.errno, f"{error.strerror or os.strerror(error.errno)} (reading it {where})", path)
+    return DataError(f"corrupt or truncated file {where}: {error}", path)
+
+
 class Reader:
     """Base of the line readers: numbering, decoding, error policy. Subclasses implement `parse(line)`."""
 
@@ -69,8 +77,8 @@ class Reader:
             while True:
                 try:
                     raw = f.readline()
-                except (OSError, EOFError, zlib.error) as e:  # corrupt or truncated compressed file
-                    raise DataError(f"corrupt or truncated file after line {lineno}: {e}", self.path) from None
+                except (OSError, EOFError, zlib.error) as e:
+                    raise read_failure(e, self.path, f"after line {lineno}") from None
                 if not raw:
                     break
                 lineno += 1
@@ -207,15 +215,25 @@ def _names(value: Any, field: str, what: str) -> List[str]:
 
 
 def _answer(value: Any, what: str) -> Answer:
-    if not isinstance(value, dict) or "name" not in value:
-        raise ValueError(f"{what} must be an object with 'wikidata_id' and 'name' (a string, or a list of aliases), "
-                         f"got {json.dumps(value)[:60]}")
-    names = _names(value["name"], "name", what)
-    if value.get("original_name") is not None:
-        names += _names(value["original_name"], "original_name", what)
-    wikidata_id = value.get("wikidata_id")
+    """One answer: an object {'wikidata_id', 'name'} ('name' a string or a list of aliases), or a list of such objects
+    of one entity (its aliases, one object each)."""
+    forms = value if isinstance(value, list) and value and all(isinstance(v, dict) for v in value) else [value]
+    names, ids = [], []
+    for form in forms:
+        if not isinstance(form, dict) or "name" not in form:
+            raise ValueError(f"{what} must be an object with 'wikidata_id' and 'name' (a string, or a list of "
+                             f"aliases), or a list of such objects for one entity's aliases; got "
+                             f"{json.dumps(value)[:80]}")
+        names += _names(form["name"], "name", what)
+        if form.get("original_name") is not None:
+            names += _names(form["original_name"], "original_name", what)
+        if form.get("wikidata_id") is not None:
+            ids.append(str(form["wikidata_id"]))
+    if len(set(ids)) > 1:
+        raise ValueError(f"{what}: the aliases of one answer name different entities {sorted(set(ids))}: give each "
+                         "entity as its own answer")
     unique = list(dict.fromkeys(names))
-    return Answer("" if wikidata_id is None else str(wikidata_id), unique[0], tuple(unique[1:]))
+    return Answer(ids[0] if ids else "", unique[0], tuple(unique[1:]))
 
 
 TEMPLAMA_SPLITS = {"train": "train", "validation": "val", "test": "test"}  # split -> the release's file stem
@@ -298,7 +316,7 @@ def detect_format(path: str) -> str:
                     first = raw
                     break
     except (OSError, EOFError, zlib.error) as e:
-        raise DataError(f"corrupt or truncated file at its first line: {e}", os.fspath(path)) from None
+        raise read_failure(e, os.fspath(path), "at its first line") from None
     if first.startswith(b"\xef\xbb\xbf"):
         first = first[3:]
     try:

@@ -39,7 +39,8 @@ from absl import logging
 
 from templm import console
 from templm.data.filters import DocumentFilter, FilterConfig
-from templm.data.readers import Corpus, describe_corpus, open_text, read_documents, resolve_corpus
+from templm.data.readers import (Corpus, describe_corpus, open_text, read_documents, read_failure,
+                                 resolve_corpus)
 from templm.data.records import Document
 from templm.errors import DataError
 
@@ -564,7 +565,7 @@ def read_split_file(path: str) -> List[Tuple[datetime.date, str]]:
             try:
                 raw = f.readline()
             except (OSError, EOFError, zlib.error) as e:
-                raise DataError(f"corrupt or truncated file after line {lineno}: {e}", path) from None
+                raise read_failure(e, path, f"after line {lineno}") from None
             if not raw:
                 break
             lineno += 1

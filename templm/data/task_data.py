@@ -41,7 +41,7 @@ from templm.data.splits import read_split_file, yearly_buckets
 from templm.data.vocab import train_spm
 from templm.data.world import WorldConfig, generate_world
 from templm import console
-from templm.errors import DataError, require_numbers
+from templm.errors import DataError, as_os_error, require_numbers
 from templm.io import write_json
 from templm.outputs import build_output_folder, locked
 
@@ -111,13 +111,31 @@ class _Writers:
         if key not in self.open:
             os.makedirs(os.path.join(self.root, folder), exist_ok=True)
             name = f"{split}-{year}" + (f"-{part:05d}-of-{self.files:05d}" if self.files > 1 else "") + ".tfrecord"
-            self.open[key] = _tf().io.TFRecordWriter(os.path.join(self.root, folder, name))
-        self.open[key].write(record)
+            path = os.path.join(self.root, folder, name)
+            self.open[key] = (self._system(lambda: _tf().io.TFRecordWriter(path), path), path)
+        writer, path = self.open[key]
+        self._system(lambda: writer.write(record), path)
         self.counts[folder][split][str(year)] += 1
 
     def close(self) -> None:
-        for writer in self.open.values():
-            writer.close()
+        """Closes every writer (each one, even after one failed), then raises the first failure."""
+        failures = []
+        for writer, path in self.open.values():
+            try:
+                self._system(writer.close, path)
+            except Exception as e:  # noqa: BLE001  (re-raised below, once every file is closed)
+                failures.append(e)
+        if failures:
+            raise failures[0]
+
+    @staticmethod
+    def _system(call, path: str):
+        """call(), with a failure of the file system that TensorFlow reports as its own error (a full disk: "File too
+        large", "No space left on device") raised as the OSError it is."""
+        try:
+            return call()
+        except _tf().errors.OpError as e:
+            raise as_os_error(e, path, "writing TFRecords") or e from None
 
 
 def _split_of_documents(split_dir: str, years: Sequence[int]) -> Dict[str, str]:

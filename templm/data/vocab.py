@@ -8,13 +8,12 @@ Some published files hold the sentinels already (T5's cc_all.32000.100extra): th
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import random
 import re
-import shutil
 import sys
-import tempfile
 from typing import TYPE_CHECKING, Iterable, List, Tuple
 
 import sentencepiece
@@ -22,7 +21,7 @@ from sentencepiece import sentencepiece_model_pb2
 
 from templm.data.records import Document
 from templm.errors import DataError
-from templm.io import atomic_write
+from templm.io import atomic_write_files
 
 if TYPE_CHECKING:
     import seqio
@@ -76,10 +75,10 @@ def train_spm(documents: Iterable[Document], model_prefix: str, vocab_size: int 
               character_coverage: float = 1.0, exact_size: bool = True) -> str:
     """Trains a SentencePiece model on (a sample of) `documents`; returns the path of `model_prefix + ".model"`.
 
-    Writes `<model_prefix>.model` and `<model_prefix>.vocab`, each renamed into place from a temporary file once
-    complete (the `.model` last). Ids follow T5: pad=0, eos=1, unk=2, no bos; `vocab_size` counts them and excludes
+    Writes `<model_prefix>.model` and `<model_prefix>.vocab`, both renamed into place from temporary files once both
+    are complete. Ids follow T5: pad=0, eos=1, unk=2, no bos; `vocab_size` counts them and excludes
     the sentinels seqio adds. The same documents, settings and seed give a byte-identical `.model`: the trainer runs on
-    one thread with a fixed seed, and the temporary paths it records are cleared from the model. The model's
+    one thread with a fixed seed, on the sample in memory (the model records no path). The model's
     `trainer_spec.input_sentence_size` holds the number of lines it was trained on.
 
     With `exact_size=False`, `vocab_size` is an upper bound: a text too small to support that many pieces gets as
@@ -108,44 +107,31 @@ def train_spm(documents: Iterable[Document], model_prefix: str, vocab_size: int 
     logging.info("spm: training a %d-piece %s vocabulary on %d of %d sentences", vocab_size, model_type,
                  n_sentences, seen)
 
-    out_dir = os.path.dirname(os.path.abspath(model_prefix))
-    os.makedirs(out_dir, exist_ok=True)
-    # SentencePiece takes its paths in comma-separated options: where the output's folder has a comma in its path,
-    # the trainer works in the system's temporary folder and the files are copied into place.
-    tmp_dir = tempfile.mkdtemp(prefix=".spm-", dir=None if "," in out_dir else out_dir)
-    if "," in tmp_dir:
-        raise DataError("SentencePiece cannot take a path with a comma, and the temporary folder has one: set TMPDIR "
-                        "to a folder without a comma", tmp_dir)
+    os.makedirs(os.path.dirname(os.path.abspath(model_prefix)), exist_ok=True)
+    # The trainer reads the sample from memory and hands the model back: it is given no path at all (its options are
+    # comma-separated, so a path with a comma broke it), and templm writes every output file itself.
+    sentencepiece.set_random_generator_seed(seed)
+    model_bytes = io.BytesIO()
     try:
-        text_path = os.path.join(tmp_dir, "sentences.txt")
-        with open(text_path, "w", encoding="utf-8", newline="\n") as f:
-            for sentence in sentences:
-                f.write(sentence + "\n")
-        del sentences
-        tmp_prefix = os.path.join(tmp_dir, "spm")
-        sentencepiece.set_random_generator_seed(seed)
-        try:
-            sentencepiece.SentencePieceTrainer.train(
-                input=text_path, model_prefix=tmp_prefix, vocab_size=vocab_size, model_type=model_type,
-                character_coverage=character_coverage, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
-                # The trainer refuses a sampling size of 100 or fewer lines; 0 (no sampling) reads every line, as
-                # the sample has been drawn already.
-                input_sentence_size=n_sentences if n_sentences > 100 else 0, shuffle_input_sentence=False,
-                num_threads=1, minloglevel=1, hard_vocab_limit=exact_size)
-        except RuntimeError as e:
-            raise _training_error(str(e), vocab_size, n_sentences, source) from None
-        # The trainer records its (temporary) input and output paths: clear them so the bytes depend on the data only.
-        model = sentencepiece_model_pb2.ModelProto()
-        with open(tmp_prefix + ".model", "rb") as f:
-            model.ParseFromString(f.read())
-        del model.trainer_spec.input[:]
-        model.trainer_spec.model_prefix = ""
-        model.trainer_spec.input_sentence_size = n_sentences
-        with open(tmp_prefix + ".vocab", "rb") as f:
-            atomic_write(model_prefix + ".vocab", f.read())  # beside its place, then renamed: whole or not at all
-        atomic_write(model_prefix + ".model", model.SerializeToString(deterministic=True))  # the model last
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_writer=model_bytes, vocab_size=vocab_size,
+            model_type=model_type, character_coverage=character_coverage, pad_id=PAD_ID, eos_id=EOS_ID,
+            unk_id=UNK_ID, bos_id=-1,
+            # The trainer refuses a sampling size of 100 or fewer lines; 0 (no sampling) reads every line, as the
+            # sample has been drawn already.
+            input_sentence_size=n_sentences if n_sentences > 100 else 0, shuffle_input_sentence=False,
+            num_threads=1, minloglevel=1, hard_vocab_limit=exact_size)
+    except RuntimeError as e:
+        raise _training_error(str(e), vocab_size, n_sentences, source) from None
+    del sentences
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(model_bytes.getvalue())
+    model.trainer_spec.input_sentence_size = n_sentences
+    # The .vocab as SentencePiece writes it: each piece and its score (C++ stream formatting, as %g).
+    vocab = "".join(f"{piece.piece}\t{piece.score:g}\n" for piece in model.pieces)
+    # Both written beside their places, then both renamed: a failure leaves the earlier pair as it was.
+    atomic_write_files({model_prefix + ".vocab": vocab.encode("utf-8"),
+                        model_prefix + ".model": model.SerializeToString(deterministic=True)})
     _forget_cached_models()
     return model_prefix + ".model"
 

@@ -42,6 +42,7 @@ from absl import logging
 
 from templm import console
 from templm.data.readers import open_text
+from templm.data.records import MAX_DATE, MIN_DATE
 from templm.data.templama import SPLITS, TEMPLATES, Fact, queries_from_facts, split_by_subject, write_queries
 from templm.errors import DataError
 from templm.io import format_duration
@@ -308,6 +309,9 @@ def build_templama(dump_path: str, out_dir: str, start_year: int = 2010, end_yea
         raise ValueError(f"relations must be a non-empty subset of {sorted(TEMPLATES)}, got unknown {unknown}")
     if start_year > end_year:
         raise ValueError(f"start_year {start_year} is after end_year {end_year}")
+    if start_year < MIN_DATE.year or end_year > MAX_DATE.year:
+        raise ValueError(f"years {start_year}-{end_year}: templm's readers accept dates from {MIN_DATE.year} to "
+                         f"{MAX_DATE.year} only, so the queries must lie within them")
     if max_subjects is not None and max_subjects < 1:
         raise ValueError(f"max_subjects must be at least 1 (or None for all), got {max_subjects}")
     if not os.path.exists(dump_path):

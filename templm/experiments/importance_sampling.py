@@ -49,8 +49,8 @@ def make_is_eval_problem(seed: int = 0, num_states: int = 6, vocab_size: int = 1
             raise ValueError(f"{name} must be a whole number of at least {least}, got {value!r}")
     if not mean_sentence_length >= 1.0:
         raise ValueError(f"mean_sentence_length must be at least 1 token, got {mean_sentence_length!r}")
-    if not peakedness > 0:
-        raise ValueError(f"peakedness must be > 0, got {peakedness!r}")
+    if not 0 < peakedness < float("inf"):
+        raise ValueError(f"peakedness must be a finite number above 0, got {peakedness!r}")
     rng = np.random.default_rng(seed)
     hmm = random_hmm(rng, num_states, vocab_size, peakedness)
     tokens, _ = sample_sequences(rng, hmm, num_docs, doc_length)

@@ -545,6 +545,20 @@ def test_templama_answer_list(tmp_path):
     assert q.answer_names == ("FC Barcelona", "Paris Saint-Germain")
 
 
+def test_templama_answer_as_a_list_of_one_entitys_alias_objects(tmp_path):
+    """An answer given as the list of its aliases' objects was refused with "must be an object with 'wikidata_id' and
+    'name'" although each object has both; aliases naming two entities are refused naming them."""
+    path = write_lines(tmp_path / "templama.jsonl", [
+        tl_line(answer=[[{"wikidata_id": "Q7156", "name": "FC Barcelona"}, {"wikidata_id": "Q7156", "name": "Barça"}],
+                        {"wikidata_id": "Q483020", "name": "Paris Saint-Germain"}]),
+        tl_line(answer=[[{"wikidata_id": "Q7156", "name": "FC Barcelona"}, {"wikidata_id": "Q9", "name": "Chelsea"}]],
+                id="Q615_P54_2011", date="2011")])
+    reader = TemplamaReader(path, on_error="skip")
+    (q,) = list(reader)
+    assert q.answers == (Answer("Q7156", "FC Barcelona", ("Barça",)), Answer("Q483020", "Paris Saint-Germain"))
+    assert reader.skipped == 1 and "name different entities ['Q7156', 'Q9']" in reader.first_errors[0]
+
+
 def test_templama_answer_single_dict_and_int_year(tmp_path):
     path = write_lines(tmp_path / "templama.jsonl", [
         tl_line(answer={"wikidata_id": "Q9", "name": "Chelsea"}, date=2012, id="Q123_P54_2012",
@@ -1044,3 +1058,15 @@ def test_write_queries_leaves_nothing_on_failure(tmp_path):
         write_queries(path, gen())
     assert not os.path.exists(path)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_file_the_system_cannot_read_is_its_error_not_corrupt_data():
+    """A read the system refuses (here an I/O error: /proc/self/mem at offset 0) was called "corrupt or truncated";
+    it is the OSError it is, naming the file, so the command line exits with the system's status (4 for EIO)."""
+    import errno
+
+    for read in (detect_format, lambda p: list(JsonlReader(p))):
+        with pytest.raises(OSError) as excinfo:
+            read("/proc/self/mem")
+        assert not isinstance(excinfo.value, DataError)
+        assert excinfo.value.errno == errno.EIO and excinfo.value.filename == "/proc/self/mem"

@@ -60,8 +60,14 @@ def test_the_verb_on_the_shipped_configs():
                     env={"XLA_FLAGS": os.environ.get("XLA_FLAGS", "")})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "on 4 a100_80 devices (data 2 x model 2), 80 GiB each" in result.stdout and "fits:" in result.stdout
+    assert "tensorflow" not in result.stderr.lower() and "cuda" not in result.stderr.lower()  # start-up lines quiet
     missing = templm("plan", "--gin_file=gin_configs/temporal.gin", "--gin_file=gin_configs/mesh/gpu_8.gin")
     assert missing.returncode == 1 and "give --devices N" in missing.stderr
+    empty = templm("plan", "--gin_file=gin_configs/temporal.gin", "--gin_file=gin_configs/runs/cpu_demo.gin",
+                   "--gin.templm.make_mesh.mesh_shape=(0, 2)", "--device_kind=a100_80")
+    assert empty.returncode == 1 and "Traceback" not in empty.stderr, empty.stderr[-2000:]
+    assert "templm.make_mesh.mesh_shape: expected (data, model), two whole numbers of at least 1, got (0, 2)" in \
+        empty.stderr
 
 
 def test_the_transformer_xl_step_is_planned_like_the_t5_one():
