@@ -127,6 +127,7 @@ def train_spm(documents: Iterable[Document], model_prefix: str, vocab_size: int 
     model = sentencepiece_model_pb2.ModelProto()
     model.ParseFromString(model_bytes.getvalue())
     model.trainer_spec.input_sentence_size = n_sentences
+    model.trainer_spec.model_prefix = ""  # set, though empty: the same bytes as the models templm wrote from files
     # The .vocab as SentencePiece writes it: each piece and its score (C++ stream formatting, as %g).
     vocab = "".join(f"{piece.piece}\t{piece.score:g}\n" for piece in model.pieces)
     # Both written beside their places, then both renamed: a failure leaves the earlier pair as it was.

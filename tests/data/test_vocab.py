@@ -157,6 +157,28 @@ def test_same_seed_same_bytes(trained, tmp_path):
         assert a.read() == b.read()
 
 
+def test_the_model_and_vocab_are_sentencepieces_own_from_a_file_of_the_sample(trained, tmp_path):
+    """templm trains from the sample in memory and writes the files itself (a full disk is then an error it sees);
+    the bytes are those SentencePiece writes when it trains from a file of the same sample (its recorded input path
+    cleared), and the .vocab is its own, line for line."""
+    corpus, _, model_path = trained
+    sample, _ = sample_sentences(read_documents(corpus), 1_000_000, 0)
+    text = tmp_path / "sample.txt"
+    text.write_text("".join(s + "\n" for s in sample), encoding="utf-8")
+    sentencepiece.set_random_generator_seed(0)
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(text), model_prefix=str(tmp_path / "own"), vocab_size=VOCAB_SIZE, model_type="unigram",
+        character_coverage=1.0, pad_id=0, eos_id=1, unk_id=2, bos_id=-1, input_sentence_size=len(sample),
+        shuffle_input_sentence=False, num_threads=1, minloglevel=2, hard_vocab_limit=True)
+    own = _proto(tmp_path / "own.model")
+    del own.trainer_spec.input[:]
+    own.trainer_spec.model_prefix = ""
+    with open(model_path, "rb") as f:
+        assert f.read() == own.SerializeToString(deterministic=True)
+    with open(model_path[:-len(".model")] + ".vocab", "rb") as a, open(tmp_path / "own.vocab", "rb") as b:
+        assert a.read() == b.read()
+
+
 def test_a_folder_with_a_comma_in_its_path_gets_the_same_model(trained, tmp_path):
     """SentencePiece splits its path options at commas (`runs/a,b/v` failed with NOT_FOUND "runs/a"): the model for
     such a folder is the same bytes as anywhere else, with nothing but the two files left there; so from the command
