@@ -1,0 +1,62 @@
+"""tools/readme_tables.py: README's findings table is written from runs' results.json, not typed."""
+
+import copy
+import json
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "tools"))
+
+import readme_tables  # noqa: E402
+from templm.experiments.reproduce import combine_seeds  # noqa: E402
+
+
+def test_a_cell_holds_the_verdict_the_effect_its_interval_p_and_each_seeds_verdict():
+    combined = {"verdict": "appears", "effect": -5.031, "interval": [-5.16, -4.912], "p_value": 3.1e-5,
+                "per_seed": [{"verdict": "appears"}] * 3}
+    assert readme_tables.cell(combined) == "**appears**: -5.03 [-5.16, -4.91], p=3.1e-05; all seeds appear"
+    mixed = {"verdict": "inconclusive", "effect": -0.0171, "interval": [-0.0523, 0.0174], "p_value": 0.157,
+             "per_seed": [{"verdict": "inconclusive"}, {"verdict": "opposite"}, {"verdict": "appears"}]}
+    assert readme_tables.cell(mixed) == ("inconclusive: -0.017 [-0.052, +0.017], p=0.16; seeds inconclusive, "
+                                         "opposite, appears")
+    assert readme_tables.cell({"verdict": "not tested", "effect": None, "evidence": "the adapt stage was skipped"}) \
+        == "not tested: the adapt stage was skipped"
+
+
+def test_the_table_of_a_run_over_seeds_replaces_what_is_between_the_markers(tmp_path):
+    """Two seeds made from the stored results of one run (the second with a larger streaming gap): the table has a
+    row per finding of the registry with the combined numbers, the wall time, and the command that made it."""
+    with open(os.path.join(REPO, "tests", "fixtures", "reproduce_results.json"), encoding="utf-8") as f:
+        first = json.load(f)
+    second = copy.deepcopy(first)
+    second["seed"] = 1
+    second["findings"]["streaming_gap"]["effect"] += 0.2
+    results = combine_seeds({"0": first, "1": second})
+    results["timing"] = {"total_s": 125.0, "per_seed_s": {"0": 61.0, "1": 64.0}, "machine": "x86_64 2 CPU cores"}
+    source = tmp_path / "runs" / "smoke2" / "results.json"
+    source.parent.mkdir(parents=True)
+    source.write_text(json.dumps(results))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# T\n\nbefore\n\n{readme_tables.BEGIN}\nold table\n{readme_tables.END}\n\nafter\n")
+    assert readme_tables.main([str(source), "--readme", str(readme), "--check"]) == 1
+    assert readme_tables.main([str(source), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert text.startswith("# T\n\nbefore\n\n") and text.endswith("\n\nafter\n") and "old table" not in text
+    gap = results["findings"]["streaming_gap"]
+    assert gap["effect"] == pytest.approx((2 * first["findings"]["streaming_gap"]["effect"] + 0.2) / 2)
+    row = next(line for line in text.splitlines() if line.startswith("| `streaming_gap`"))
+    assert row == f"| `streaming_gap`: {gap['claim']} | {readme_tables.cell(gap)} |"
+    assert "| finding | smoke, seeds 0,1 |" in text and "| wall time | 2m05s (1m01s, 1m04s per seed) |" in text
+    assert f"`templm reproduce --preset smoke --seeds 0,1 --out {source.parent}` on x86_64 2 CPU cores" in text
+    names = [line.split("`")[1] for line in text.splitlines() if line.startswith("| `")]
+    assert names == list(results["findings"])  # every finding, in the registry's order
+    assert readme_tables.main([str(source), "--readme", str(readme), "--check"]) == 0
+
+
+def test_readme_has_the_markers_once():
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    assert text.count(readme_tables.BEGIN) == 1 and text.count(readme_tables.END) == 1

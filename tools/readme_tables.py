@@ -1,0 +1,124 @@
+"""README's table of what the presets show, written from the runs' own results.json, so that no number in it is
+typed by hand and none can drift from what the code does.
+
+    python tools/readme_tables.py runs/smoke_seeds/results.json [runs/small_seeds/results.json ...]
+    python tools/readme_tables.py --check ...   # exit 1 where README's table is not the one these results give
+
+Each file is the results.json of `templm reproduce --preset P --seeds S,S,... --out DIR` (a run over several
+seeds; one seed's results.json works too). The table goes between README's two marker lines, one column per file:
+for each finding of the registry (templm.metrics.findings) the verdict over the seeds, the mean effect with its
+95 % interval and p, and each seed's verdict; then the wall time and, under the table, the command and machine of
+each column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, List, Mapping, Sequence
+
+from templm.io import atomic_write, format_duration
+from templm.metrics.findings import BY_NAME, REGISTRY
+
+BEGIN = "<!-- readme_tables: begin (written by tools/readme_tables.py from the runs' results.json) -->"
+END = "<!-- readme_tables: end -->"
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+
+
+def _number(x: Any) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:+.3f}" if abs(x) < 0.1 else f"{x:+.2f}"
+
+
+def _p(p: Any) -> str:
+    return "n/a" if p is None else f"{p:.2g}"
+
+
+def cell(finding: Mapping[str, Any]) -> str:
+    """`**appears**: -5.03 [-5.16, -4.91], p=3e-05; all seeds appear` for a finding combined over seeds (or one
+    seed's finding, which has no per-seed list of more than one)."""
+    verdict = finding.get("verdict") or "not tested"
+    shown = f"**{verdict}**" if verdict == "appears" else verdict
+    if finding.get("effect") is None:
+        reason = finding.get("evidence") or ""
+        return f"{shown}{(': ' + reason) if reason else ''}"
+    low, high = (list(finding.get("interval") or []) + [None, None])[:2]
+    text = f"{shown}: {_number(finding['effect'])} [{_number(low)}, {_number(high)}], p={_p(finding.get('p_value'))}"
+    seeds = [s.get("verdict") for s in finding.get("per_seed") or []]
+    if len(seeds) > 1:
+        every = {"appears": "appear"}.get(seeds[0], seeds[0])  # "all seeds appear", "all seeds inconclusive"
+        text += f"; all seeds {every}" if len(set(seeds)) == 1 else f"; seeds {', '.join(map(str, seeds))}"
+    return text
+
+
+def _column(results: Mapping[str, Any]) -> str:
+    seeds = results.get("seeds") or [results.get("seed")]
+    return f"{results.get('preset')}, seed{'s' if len(seeds) > 1 else ''} {','.join(str(s) for s in seeds)}"
+
+
+def _wall(results: Mapping[str, Any]) -> str:
+    timing = results.get("timing") or {}
+    per_seed = timing.get("per_seed_s") or {}
+    total = format_duration(timing["total_s"]) if timing.get("total_s") is not None else "n/a"
+    if len(per_seed) > 1:
+        total += f" ({', '.join(format_duration(s) for s in per_seed.values())} per seed)"
+    return total
+
+
+def table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
+    """The Markdown between README's markers: the table, then how each column was made."""
+    names = [f.name for f in REGISTRY if all(f.name in (r.get("findings") or {}) for r in runs)]
+    lines = ["| finding | " + " | ".join(_column(r) for r in runs) + " |",
+             "|---|" + "---|" * len(runs)]
+    for name in names:
+        lines.append(f"| `{name}`: {BY_NAME[name].claim} | "
+                     + " | ".join(cell(r["findings"][name]) for r in runs) + " |")
+    lines.append("| wall time | " + " | ".join(_wall(r) for r in runs) + " |")
+    lines.append("")
+    for r, source in zip(runs, sources):
+        seeds = r.get("seeds") or [r.get("seed")]
+        flag = f"--seeds {','.join(str(s) for s in seeds)}" if len(seeds) > 1 else f"--seed {seeds[0]}"
+        machine = (r.get("timing") or {}).get("machine") or "machine not recorded"
+        lines.append(f"- {_column(r)}: `templm reproduce --preset {r.get('preset')} {flag} --out "
+                     f"{os.path.dirname(source) or '.'}` on {machine}.")
+    return "\n".join(lines)
+
+
+def replace(readme: str, body: str) -> str:
+    """README's text with `body` between the markers (a ValueError when they are not there once each, in order)."""
+    if readme.count(BEGIN) != 1 or readme.count(END) != 1 or readme.index(BEGIN) > readme.index(END):
+        raise ValueError(f"README needs the two marker lines once each, in order:\n{BEGIN}\n{END}")
+    head, rest = readme.split(BEGIN)
+    _, tail = rest.split(END)
+    return f"{head}{BEGIN}\n{body}\n{END}{tail}"
+
+
+def main(argv: List[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", nargs="+", help="results.json of `templm reproduce --seeds ...`, one per column")
+    parser.add_argument("--readme", default=README)
+    parser.add_argument("--check", action="store_true", help="change nothing: exit 1 where README differs")
+    args = parser.parse_args(argv)
+    runs = []
+    for path in args.results:
+        with open(path, encoding="utf-8") as f:
+            runs.append(json.load(f))
+    with open(args.readme, encoding="utf-8") as f:
+        readme = f.read()
+    new = replace(readme, table(runs, args.results))
+    if args.check:
+        if new != readme:
+            print(f"{args.readme}: the table differs from what {', '.join(args.results)} give", file=sys.stderr)
+            return 1
+        return 0
+    if new != readme:
+        atomic_write(args.readme, new)
+    print(f"{args.readme}: table from {', '.join(args.results)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
