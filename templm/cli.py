@@ -25,6 +25,7 @@ import dataclasses
 import difflib
 import functools
 import json
+import math
 import os
 import re
 import signal
@@ -153,8 +154,6 @@ def _check_macros_are_used(bindings: Sequence[str]) -> None:
 def _bounds(**ranges: Tuple[Optional[float], Optional[float]]) -> None:
     """Checks numeric flags when absl parses them (before any work): each name maps to its (least, most) value, None
     for no bound; a float flag must also be finite. The message names the flag and the range."""
-    import math
-
     for name, (least, most) in ranges.items():
         if least is not None and most is not None:
             what = f"from {least:g} to {most:g}"
@@ -164,11 +163,8 @@ def _bounds(**ranges: Tuple[Optional[float], Optional[float]]) -> None:
             what = f"a finite number {what}"
 
         def ok(value, least=least, most=most):
-            if value is None:
-                return True
-            values = value if isinstance(value, list) else [value]
-            return all(math.isfinite(v) and (least is None or v >= least) and (most is None or v <= most)
-                       for v in values)
+            return value is None or (math.isfinite(value) and (least is None or value >= least)
+                                     and (most is None or value <= most))
 
         flags.register_validator(name, ok, message=f"--{name} must be {what}")
 
@@ -762,8 +758,6 @@ def _define_is_eval():
             except ValueError:
                 return False
         return ok
-
-    import math
 
     flags.register_validator("ks", numbers_above_0(int), message="--ks must be a comma-separated list of whole "
                              "numbers of at least 1")

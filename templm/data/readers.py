@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterator, List, Sequence, Union
 
 from templm import console
 from templm.data.records import MAX_DATE, MIN_DATE, Answer, Document, Query, parse_date
-from templm.errors import DataError
+from templm.errors import DataError, as_os_error
 
 ON_ERROR = ("raise", "skip")
 
@@ -45,7 +45,7 @@ def read_failure(error: BaseException, path: str, where: str) -> Exception:
     """What a failed read of `path` is: the system's refusal (no permission, an I/O error: an OSError with its errno,
     naming the file) or bytes that are not what they claim (a corrupt or truncated compressed file: a DataError)."""
     if isinstance(error, OSError) and error.errno:
-        return OSError(error.errno, f"{error.strerror or os.strerror(error.errno)} (reading it {where})", path)
+        return as_os_error(error, path, f"reading it {where}")
     return DataError(f"corrupt or truncated file {where}: {error}", path)
 
 
