@@ -219,10 +219,11 @@ def format_world_summary(stats: dict, out: str) -> str:
              f"  TempLAMA: {stats['templama_queries']} queries, "
              + ", ".join(f"{k} {v}" for k, v in stats["templama_splits"].items())
              + f"; {100 * stats['multi_answer_share']:.1f}% with several answers",
-             "  year  documents  queries  multi-answer  emerging names"]
+             "  year  documents  sentences  background  queries  multi-answer  emerging names  new words"]
     for year, row in stats["by_year"].items():
-        lines.append(f"  {year}  {row['documents']:9d}  {row['queries']:7d}  {row['multi_answer_queries']:12d}"
-                     f"  {row['emerging_names']:14d}")
+        lines.append(f"  {year}  {row['documents']:9d}  {row['sentences']:9d}  {row['background_sentences']:10d}"
+                     f"  {row['queries']:7d}  {row['multi_answer_queries']:12d}  {row['emerging_names']:14d}"
+                     f"  {row['new_words']:9d}")
     return "\n".join(lines)
 
 
@@ -375,7 +376,8 @@ def _define_data_templama():
     flags.DEFINE_integer("start_year", 2010, "First year of the queries.")
     flags.DEFINE_integer("end_year", 2020, "Last year of the queries.")
     flags.DEFINE_integer("max_subjects", 1000, "Most popular subjects kept per relation.")
-    flags.DEFINE_boolean("require_enwiki", False, "Subjects and objects need an English Wikipedia article.")
+    flags.DEFINE_boolean("require_enwiki", True, "Subjects and objects need an English Wikipedia article, as the "
+                         "paper's facts (--norequire_enwiki keeps every subject with an English label).")
     flags.DEFINE_integer("seed", 0, "Seed of the subject split (20/10/70).")
     _bounds(max_subjects=(1, None), seed=(0, None))
 

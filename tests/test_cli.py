@@ -197,28 +197,29 @@ def test_data_splits_and_templama_leave_a_users_folder_alone_and_change_theirs_a
     release.mkdir()
     (release / "train.jsonl").write_text('{"a user": "line"}\n')
     dump = os.path.join(os.path.dirname(__file__), "fixtures", "wikidata_dump.json")
-    result = templm("data", "templama", f"--dump={dump}", f"--out={release}", "--max_subjects=4")
+    result = templm("data", "templama", "--norequire_enwiki", f"--dump={dump}", f"--out={release}", "--max_subjects=4")
     assert result.returncode == 1 and "train.jsonl" in result.stderr and "--overwrite" in result.stderr
     assert _files(release) == {"train.jsonl": b'{"a user": "line"}\n'}
 
 
 def test_data_templama_from_the_test_dump(tmp_path):
     dump = os.path.join(os.path.dirname(__file__), "fixtures", "wikidata_dump.json")
-    result = templm("data", "templama", f"--dump={dump}", f"--out={tmp_path}", "--max_subjects=4")
+    result = templm("data", "templama", "--norequire_enwiki", f"--dump={dump}", f"--out={tmp_path}", "--max_subjects=4")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     lines = sum(1 for split in ("train", "val", "test") for _ in open(tmp_path / f"{split}.jsonl"))
     assert summary["queries"] == lines > 0
     bad = tmp_path / "bad.json"
     bad.write_text('[\n{"id": "Q1", "labels": {}},\n{not json\n]\n')
-    broken = templm("data", "templama", f"--dump={bad}", f"--out={tmp_path / 'b'}")
+    broken = templm("data", "templama", "--norequire_enwiki", f"--dump={bad}", f"--out={tmp_path / 'b'}")
     assert broken.returncode == 1 and f"{bad}:3" in broken.stderr
 
 
 def test_queries_in_years_the_readers_refuse_are_refused_before_the_dump_is_read(tmp_path):
     """`data templama --start_year 1850` wrote queries dated 1890-1905 that templm's own reader then refused."""
     dump = os.path.join(os.path.dirname(__file__), "fixtures", "wikidata_dump.json")
-    result = templm("data", "templama", f"--dump={dump}", f"--out={tmp_path / 't'}", "--start_year=1850")
+    result = templm("data", "templama", "--norequire_enwiki", f"--dump={dump}", f"--out={tmp_path / 't'}",
+                    "--start_year=1850")
     assert result.returncode == 1 and "years 1850-2020: templm's readers accept dates from 1900 to 2100" in \
         result.stderr
     assert not os.path.exists(tmp_path / "t") and not os.path.exists(tmp_path / "t.partial")

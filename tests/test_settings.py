@@ -149,3 +149,26 @@ def test_flags_win_over_gin_bindings_before_the_world_is_checked(tmp_path):
     assert refused.returncode == 1 and "years 2014-2150: templm's readers accept dates from 1900 to 2100" in \
         refused.stderr
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("name, steps, bindings", [
+    ("uniform.gin", 300_000, []), ("temporal.gin", 300_000, []), ("yearly.gin", 300_000, ["YEAR = 2014"]),
+    ("adapt.gin", 10_000, ["YEAR = 2014", "INITIAL_CHECKPOINT_PATH = '/c'"])])
+def test_the_training_configs_carry_the_papers_settings(name, steps, bindings):
+    """Dhingra et al. (section 3.1): batch 2048, a constant learning rate of 0.001, dropout 0.1, 300K steps for every
+    model; section 3.3: alpha 0.5 with 10K steps of fine-tuning matches the model retrained from scratch."""
+    import gin
+
+    import templm.evaluation.checkpoint_eval  # noqa: F401  (the configs bind its configurables, as `templm train`)
+    import templm.tasks  # noqa: F401
+    from templm.cli import parse_gin
+
+    gin.clear_config()
+    try:
+        parse_gin([name], bindings + ["MODEL_DIR = '/m'"])
+        assert gin.query_parameter("%TRAIN_STEPS") == steps
+        assert gin.query_parameter("%BATCH_SIZE") == 2048 and gin.query_parameter("%DROPOUT_RATE") == 0.1
+        assert gin.query_parameter("templm.learning_rate_schedule.kind") == "constant"
+        assert gin.query_parameter("templm.learning_rate_schedule.base_learning_rate") == 0.001
+    finally:
+        gin.clear_config()

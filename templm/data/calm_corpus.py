@@ -34,8 +34,9 @@ Corpus builders
 `build_calm_corpus_from_texts` turns a directory of ``*.txt`` files (one class per file) into the layout above, with
 ``vocab/<class>.vocab`` files of ``token<TAB>count`` lines (most frequent first; whitespace characters are left out
 at char level, where space, tab and newline are built in). `build_calm_corpus_from_world` makes one class per news
-domain of the embedded world (see `WORLD_DOMAINS` and `world_sentence_source`); `build_world_corpus` does the same
-for a subset of the domains (`world_domains`), generating the world first when its folder does not exist.
+domain of the embedded world (see `WORLD_DOMAINS`; the world's mentions.jsonl gives each sentence's source);
+`build_world_corpus` does the same for a subset of the domains (`world_domains`), generating the world first when
+its folder does not exist.
 `check_corpus` checks a corpus beyond what the stream needs (every class has its vocabulary file).
 """
 
@@ -54,7 +55,7 @@ import numpy as np
 from absl import logging
 
 from templm import console
-from templm.data.world import BURST_TEMPLATES, NEWS_TEMPLATES, START_TEMPLATES, TOPICS, WorldConfig, generate_world
+from templm.data.world import FACT_TEMPLATES, TOPICS, WorldConfig, generate_world
 from templm.errors import DataError
 from templm.io import atomic_write
 from templm.outputs import build_output_folder
@@ -329,9 +330,8 @@ def build_calm_corpus_from_texts(src_dir: str, out_dir: str, level: str, overwri
     return write_calm_corpus(texts, out_dir, level, overwrite)
 
 
-# The embedded world's sentences come from templates; each template source belongs to at most one domain.
-# Sources: a relation id (its NEWS_TEMPLATES and START_TEMPLATES), "topic:<name>" (TOPICS), "burst"
-# (BURST_TEMPLATES), and the calibration relations host_city / based_in / located_in.
+# The embedded world records the source of every sentence (mentions.jsonl): a relation id (FACT_TEMPLATES),
+# "topic:<name>" (TOPICS) or "burst" (BURST_TEMPLATES). Each source belongs to at most one domain.
 WORLD_DOMAINS: Dict[str, Tuple[str, ...]] = {
     "sports": ("P54", "P286", "topic:sport"),
     "politics": ("P39", "P102", "P6"),
@@ -344,69 +344,41 @@ WORLD_DOMAINS: Dict[str, Tuple[str, ...]] = {
 # Left out by default: "burst" (storms, scandals, strikes, summits: no single domain), "host_city" (games, cups,
 # festivals, expos) and "located_in" (landmarks).
 
-_DATE_PATTERN = r"\d{1,2} [A-Z][a-z]+ \d{4}"
-_NAME_PATTERN = r"[A-Z][^.]*?"  # entity names start with a capital and hold no full stop
+
+def world_sources() -> List[str]:
+    """Every sentence source of the embedded world's news."""
+    return list(FACT_TEMPLATES) + [f"topic:{topic}" for topic in TOPICS] + ["burst"]
 
 
-def _template_pattern(template: str) -> "re.Pattern[str]":
-    out = []
-    for piece in re.split(r"(\{[a-z]\})", template):
-        if piece == "{d}":
-            out.append(_DATE_PATTERN)
-        elif re.fullmatch(r"\{[a-z]\}", piece):
-            out.append(_NAME_PATTERN)
-        else:
-            out.append(re.escape(piece))
-    return re.compile("".join(out))
-
-
-def world_templates() -> List[Tuple[str, str, "re.Pattern[str]"]]:
-    """(source, template, compiled pattern) of every sentence template of the embedded world."""
-    out = []
-    for relation, templates in NEWS_TEMPLATES.items():
-        out.extend((relation, t, _template_pattern(t)) for t in templates)
-    for relation, templates in START_TEMPLATES.items():
-        out.extend((relation, t, _template_pattern(t)) for t in templates)
-    out.extend(("burst", t, _template_pattern(t)) for t in BURST_TEMPLATES)
-    for topic, (_, _, templates) in TOPICS.items():
-        out.extend((f"topic:{topic}", t, _template_pattern(t)) for t in templates)
-    return out
-
-
-def _literal_length(template: str) -> int:
-    return len(re.sub(r"\{[a-z]\}", "", template))
-
-
-def world_sentence_source(sentence: str, templates: Optional[Sequence[Tuple[str, str, "re.Pattern[str]"]]] = None
-                          ) -> Optional[str]:
-    """The template source of one world sentence (see `WORLD_DOMAINS`), or None when no template matches.
-
-    A sentence matches a template when the whole sentence fits it, entity slots standing for capitalised names
-    without full stops and {d} for a date like "4 March 2014". When several templates fit (a short template such as
-    "{s} plays for {o}." also fits "X, who plays for Y, was named man of the match."), the one with the most literal
-    text wins, ties going to the earlier template in `world_templates()` order."""
-    best: Optional[Tuple[int, str]] = None
-    for source, template, pattern in (templates if templates is not None else world_templates()):
-        if pattern.fullmatch(sentence):
-            score = _literal_length(template)
-            if best is None or score > best[0]:
-                best = (score, source)
-    return None if best is None else best[1]
-
-
-_SENTENCE_SPLIT = re.compile(r"(?<=\.)\s+")
+def _world_lines(path: str, what: str):
+    """(line number, object) of a JSON-lines file of the world; DataError naming the file and line otherwise."""
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as e:
+        raise DataError(f"cannot read the world's {what}: {e.strerror or e}", path) from e
+    with f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"not JSON ({e.msg}); expected a {what} object", path, lineno) from None
+            if not isinstance(row, dict):
+                raise DataError(f"expected a {what} object", path, lineno)
+            yield lineno, row
 
 
 def build_calm_corpus_from_world(world_dir: str, out_dir: str, level: str = "word",
                                  domains: Optional[Mapping[str, Sequence[str]]] = None, overwrite: bool = False
                                  ) -> Dict[str, Any]:
-    """A CALM corpus with one class per news domain of the embedded world at `world_dir` (its news.jsonl).
+    """A CALM corpus with one class per news domain of the embedded world at `world_dir`.
 
-    Each document is cut into sentences after every full stop (the world's sentences end with one and its names hold
-    none); each sentence is assigned the template source that `world_sentence_source` finds and the domain of that
-    source in `domains` (default `WORLD_DOMAINS`); sentences of other sources, or of none, are left out. A domain
-    file holds its sentences one per line, in document order. Domains without sentences are not written. Returns
-    {"classes": {domain: {"lines", "tokens", "types"}}, "sentences": n, "left_out": {source or "unmatched": n}}.
+    Each sentence of news.jsonl has its span and source in mentions.jsonl (written beside it by the world's
+    generator); it goes to the domain of its source in `domains` (default `WORLD_DOMAINS`); sentences of other
+    sources are left out. A domain file holds its sentences one per line, in document order. Domains without
+    sentences are not written. Returns {"classes": {domain: {"lines", "tokens", "types"}}, "sentences": n,
+    "left_out": {source: n}}.
     """
     domains = WORLD_DOMAINS if domains is None else domains
     domain_of: Dict[str, str] = {}
@@ -415,42 +387,36 @@ def build_calm_corpus_from_world(world_dir: str, out_dir: str, level: str = "wor
             if source in domain_of and domain_of[source] != domain:
                 raise ValueError(f"source {source!r} is in two domains: {domain_of[source]!r} and {domain!r}")
             domain_of[source] = domain
-    templates = world_templates()
-    known = {s for s, _, _ in templates}
-    unknown = sorted(set(domain_of) - known)
+    unknown = sorted(set(domain_of) - set(world_sources()))
     if unknown:
-        raise ValueError(f"unknown template source(s) {unknown}; known: {sorted(known)}")
-    path = os.path.join(world_dir, "news.jsonl")
+        raise ValueError(f"unknown sentence source(s) {unknown}; known: {sorted(world_sources())}")
+    news_path = os.path.join(world_dir, "news.jsonl")
+    mentions_path = os.path.join(world_dir, "mentions.jsonl")
     lines: Dict[str, List[str]] = collections.defaultdict(list)
     left_out: Dict[str, int] = collections.Counter()
     total = 0
-    try:
-        f = open(path, encoding="utf-8")
-    except OSError as e:
-        raise DataError(f"cannot read the world's news: {e.strerror or e}", path) from e
-    with f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                doc = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"not JSON ({e.msg}); expected a document object", path, lineno) from None
-            if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
-                raise DataError("expected an object with a string field `text`", path, lineno)
-            for sentence in _SENTENCE_SPLIT.split(doc["text"].strip()):
-                sentence = " ".join(sentence.split())
-                if not sentence:
-                    continue
-                total += 1
-                source = world_sentence_source(sentence, templates)
-                domain = domain_of.get(source) if source is not None else None
-                if domain is None:
-                    left_out[source or "unmatched"] += 1
-                else:
-                    lines[domain].append(sentence)
+    mentions = _world_lines(mentions_path, "mentions")
+    for lineno, doc in _world_lines(news_path, "document"):
+        if not isinstance(doc.get("text"), str):
+            raise DataError("expected an object with a string field `text`", news_path, lineno)
+        mention_line, mention = next(mentions, (None, None))
+        if mention is None or mention.get("id") != doc.get("id"):
+            raise DataError(f"document {doc.get('id')!r} has no sentences in {mentions_path} at the same place "
+                            f"(the two files are written together by `templm data world`)", news_path, lineno)
+        sentences = mention.get("sentences")
+        if not isinstance(sentences, list):
+            raise DataError("no `sentences` list: a world drawn by an older templm; draw it again with "
+                            "`templm data world`", mentions_path, mention_line)
+        for start, end, source in sentences:
+            sentence = " ".join(doc["text"][start:end].split())
+            total += 1
+            domain = domain_of.get(source)
+            if domain is None:
+                left_out[source] += 1
+            else:
+                lines[domain].append(sentence)
     if not lines:
-        raise DataError("no sentence of the world's news falls in any domain", path)
+        raise DataError("no sentence of the world's news falls in any domain", news_path)
     texts = {domain: "\n".join(ls) + "\n" for domain, ls in lines.items()}
     classes = write_calm_corpus(texts, out_dir, level, overwrite)
     return {"classes": classes, "sentences": total, "left_out": dict(sorted(left_out.items()))}

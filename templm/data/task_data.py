@@ -6,7 +6,7 @@
     templama/{train,validation,test}-YYYY.tfrecord      one example per TempLAMA query
     (with files_per_year N > 1: {split}-YYYY-0000i-of-0000N.tfrecord, the year's records dealt out in turn)
     splits/yearly/YYYY_{train,validation,test}.gz      which documents went where (split-file format)
-    spm/vocab.model                                    SentencePiece model trained on the training documents
+    spm/vocab.model                                    SentencePiece model trained on the seen years' training documents
     manifest.json                                      years, seen/future slices, counts, vocabulary, config
 
 Files are split by year so a Yearly task reads only its year and a Uniform or Temporal task reads them all, and
@@ -39,7 +39,7 @@ from templm.data.salient_spans import BuiltinEntityDetector, cloze_to_ssm, make_
 from templm.data.filters import FilterConfig
 from templm.data.splits import read_split_file, yearly_buckets
 from templm.data.vocab import train_spm
-from templm.data.world import WorldConfig, generate_world
+from templm.data.world import WORLD_VERSION, WorldConfig, generate_world
 from templm import console
 from templm.errors import DataError, as_os_error, require_numbers
 from templm.io import write_json
@@ -225,20 +225,23 @@ def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None) -> 
     finally:
         writers.close()
 
-    spm_prefix = os.path.join(root, "spm", "vocab")
-    os.makedirs(os.path.dirname(spm_prefix))
-    # The Temporal prefix ("year: 2014 ") must be in the vocabulary even where the corpus never writes a colon.
-    prefixes = [Document(f"prefix-{y}", datetime.date(y, 1, 1), f"year: {y}") for y in years]
-    train_spm(itertools.chain(prefixes, _training_documents(corpus, fmt, split_of)), spm_prefix,
-              vocab_size=config.vocab_size, max_sentences=config.max_spm_sentences, seed=config.seed,
-              exact_size=config.exact_vocab_size)
-
     all_years = sorted(set(years) | query_years)
     n_future = min(config.future_years, max(0, len(all_years) - 1))
     if n_future < config.future_years:  # the data cannot honour it: said, not silently changed
         console.warn(f"future_years={config.future_years} asks for more than the data's {len(all_years)} year(s) "
                      f"{all_years[0]}-{all_years[-1]} can give with one seen year left: the last {n_future} are the "
                      "future years")
+    seen_years = set(all_years[:len(all_years) - n_future])
+
+    spm_prefix = os.path.join(root, "spm", "vocab")
+    os.makedirs(os.path.dirname(spm_prefix))
+    # The vocabulary is trained on the seen years' training documents only, so no model of the study has seen a
+    # piece of the future (words that only appear then are spelled in older pieces). The Temporal prefix
+    # ("year: 2014 ") must be in it even where the corpus never writes a colon.
+    prefixes = [Document(f"prefix-{y}", datetime.date(y, 1, 1), f"year: {y}") for y in years]
+    seen_documents = (doc for doc in _training_documents(corpus, fmt, split_of) if doc.date.year in seen_years)
+    train_spm(itertools.chain(prefixes, seen_documents), spm_prefix, vocab_size=config.vocab_size,
+              max_sentences=config.max_spm_sentences, seed=config.seed, exact_size=config.exact_vocab_size)
     manifest = {
         "version": MANIFEST_VERSION,
         "years": all_years,
@@ -292,6 +295,7 @@ def ensure_task_data(data_dir: str, config: TaskDataConfig = TaskDataConfig()) -
 
 
 def default_data_dir() -> str:
-    """Where the embedded world's task data lives: $TEMPLM_CACHE (default ~/.cache/templm)/world-v1."""
+    """Where the embedded world's task data lives: $TEMPLM_CACHE (default ~/.cache/templm)/world-v1.2 (the task data's
+    layout version, then the world generator's)."""
     cache = os.environ.get("TEMPLM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "templm")
-    return os.path.join(cache, f"world-v{MANIFEST_VERSION}")
+    return os.path.join(cache, f"world-v{MANIFEST_VERSION}.{WORLD_VERSION}")

@@ -10,7 +10,7 @@ can become queries:
   start takes the first day of the known period, an end the last;
 - the statement overlaps `start_year..end_year` (it does not end before `start_year` or start after `end_year`)
   and does not end before it starts;
-- the subject has an English label (and, with `require_enwiki`, an `enwiki` sitelink).
+- the subject has an English label and, with `require_enwiki` (the default, as the paper), an `enwiki` sitelink.
 
 Object names are known only once the object's own line has been read. The pass keeps the kept statements and,
 for the ids they reference, a label table filled as those ids' lines go by, so memory grows with the kept
@@ -287,7 +287,7 @@ def merge_statements(statements: Iterable[Tuple[str, Optional[datetime.date], Op
 
 
 def build_templama(dump_path: str, out_dir: str, start_year: int = 2010, end_year: int = 2020,
-                   max_subjects: Optional[int] = 1000, require_enwiki: bool = False, seed: int = 0,
+                   max_subjects: Optional[int] = 1000, require_enwiki: bool = True, seed: int = 0,
                    relations: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Builds TempLAMA from a Wikidata JSON dump; writes `out_dir/{train,val,test}.jsonl` and `out_dir/stats.json`.
 
@@ -296,7 +296,7 @@ def build_templama(dump_path: str, out_dir: str, start_year: int = 2010, end_yea
       out_dir: created if needed; the four files appear together at the end (nothing is left on an error).
       start_year, end_year: the years queried (inclusive).
       max_subjects: the most subjects kept per relation, the most popular first; None keeps all.
-      require_enwiki: subjects and objects must have an English Wikipedia sitelink.
+      require_enwiki: subjects and objects must have an English Wikipedia sitelink (the paper's rule; the default).
       seed: the subject-disjoint train / val / test split (20/10/70).
       relations: a subset of `templama.TEMPLATES` (default: all nine).
 

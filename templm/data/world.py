@@ -1,16 +1,22 @@
 """The embedded temporal world: a seeded generator of entities, time-scoped facts, news and TempLAMA queries.
 
 Every verb of templm runs on this world by default, so it shows what the papers study: facts that change at
-different rates per relation, years with several valid answers, names that only appear from some date on, bursts of
-news about one event, and background topics whose mix drifts over the years.
+different rates per relation, years with several valid answers, names and words that only appear from some date on,
+bursts of news about one event, and background topics whose mix drifts over the years. How much of the news depends
+on its date is set by named mechanisms, each a `WorldConfig` field (README's table of the world says where each
+default comes from): most sentences are background that does not depend on the date (`background_share`), only a
+few per cent name a year (`year_share`), new names (`emerging_share`) and new words (`new_words_per_month`) keep
+appearing to the last month, the topic mix drifts (`topic_drift`), and every statement is drawn from many
+paraphrases.
 
 `generate_world(config, out_dir)` writes
   news.jsonl                 {"id","date","text"} per document, in date order
   templama/{train,val,test}.jsonl  TempLAMA release format, split by subject (20/10/70)
   calibration.jsonl          queries of relations with a known change class, with their candidate set
-  world.json                 every entity (with its first date) and every fact (with its interval)
-  mentions.jsonl             per document: the facts it states and the character spans of the entities it names
-  stats.json                 counts by year, share of multi-answer queries, emerging names per year
+  world.json                 every entity (with its first date), every fact (with its interval), every coined word
+  mentions.jsonl             per document: the facts it states, the character spans of the entities it names, and
+                             each sentence's span with its source (a relation, "topic:<name>" or "burst")
+  stats.json                 counts by year, share of multi-answer queries, emerging names and words per year
 Same config, same bytes. Everything is drawn from one `random.Random(seed)`.
 """
 
@@ -29,10 +35,15 @@ from templm.data.records import MAX_DATE, MIN_DATE, Query
 from templm.data.templama import TEMPLATES, Fact, queries_from_facts, split_by_subject, write_queries
 from templm.outputs import build_output_folder, check_output_folder
 
+# Part of the embedded world's cache name (templm.data.task_data.world_cache_dir): raised whenever the same config
+# draws other text, so a cache of an older generator is never read as this one's.
+WORLD_VERSION = 2
+
 
 @dataclasses.dataclass(frozen=True)
 class WorldConfig:
-    """The size of the world. `subjects_per_relation` sets every entity pool; `docs_per_month` the news volume."""
+    """The world's size and the rates of its mechanisms (README: "The embedded temporal world" lists each default
+    and where it comes from). `subjects_per_relation` sets every entity pool; `docs_per_month` the news volume."""
 
     seed: int = 0
     start_year: int = 2010
@@ -40,6 +51,15 @@ class WorldConfig:
     subjects_per_relation: int = 40
     docs_per_month: int = 60
     emerging_share: float = 0.25  # share of objects (and some subjects) that appear only after the first year
+    min_sentences: int = 4  # sentences of one document, drawn uniformly from min to max
+    max_sentences: int = 10
+    background_share: float = 0.6  # sentences that state no fact and no event: the same at any date
+    year_share: float = 0.039  # sentences that name a year
+    publication_year_share: float = 0.54  # of those, the share naming the year the document is published in
+    topic_drift: float = 1.0  # 0: the background topics keep their first-year mix; 1: they reach TOPICS' last mix
+    new_words_per_month: float = 2.0  # words coined each month, used from their first date on
+    new_word_persist_share: float = 0.25  # coined words that stay in use; the others are used for one month
+    new_word_sentence_share: float = 0.02  # sentences that use a coined word
 
     def __post_init__(self):
         if self.end_year < self.start_year:
@@ -51,6 +71,18 @@ class WorldConfig:
             raise ValueError("subjects_per_relation must be at least 4")
         if self.docs_per_month < 1:
             raise ValueError("docs_per_month must be at least 1")
+        if not 1 <= self.min_sentences <= self.max_sentences:
+            raise ValueError(f"min_sentences {self.min_sentences} and max_sentences {self.max_sentences}: expected "
+                             f"1 <= min_sentences <= max_sentences")
+        for name in ("emerging_share", "background_share", "year_share", "publication_year_share",
+                     "new_word_persist_share", "new_word_sentence_share"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be a share from 0 to 1, got {value}")
+        if not 0.0 <= self.topic_drift <= 2.0:
+            raise ValueError(f"topic_drift must be from 0 to 2 (2 doubles TOPICS' drift), got {self.topic_drift}")
+        if not 0.0 <= self.new_words_per_month <= 1000.0:
+            raise ValueError(f"new_words_per_month must be from 0 to 1000, got {self.new_words_per_month}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +91,15 @@ class Entity:
     name: str
     type: str
     first_date: datetime.date
+
+
+@dataclasses.dataclass(frozen=True)
+class Word:
+    """A coined word: used in the news from `first_date` to `last_date`."""
+
+    word: str
+    first_date: datetime.date
+    last_date: datetime.date
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,65 +138,126 @@ CALIBRATION_TEMPLATES = {
     "located_in": "<subject> is located in _X_.",
 }
 
-# News paraphrases per relation: {s} subject, {o} object, {d} the document's date. "start" templates report a new
-# fact in the weeks after it began; {d} is then the fact's start date.
-NEWS_TEMPLATES: Dict[str, List[str]] = {
-    "P54": ["{s} plays for {o}.", "{s} scored twice for {o} on {d}.", "{s}, who plays for {o}, was named man of "
-            "the match.", "{o} fielded {s} in the derby on {d}.", "Supporters of {o} cheered {s} at training."],
-    "P39": ["{s} holds the position of {o}.", "{s}, the {o}, spoke to reporters on {d}.", "As {o}, {s} signed a "
-            "new decree.", "{s} defended the budget in the role of {o}."],
-    "P108": ["{s} works for {o}.", "{s}, an engineer at {o}, presented a new product on {d}.", "{o} said its "
-             "employee {s} would lead the project.", "{s} of {o} gave a talk on {d}."],
-    "P102": ["{s} is a member of the {o}.", "{s} of the {o} addressed a rally on {d}.", "The {o} praised its "
-             "member {s}.", "{s} campaigned for the {o} in the spring."],
-    "P286": ["{o} is the head coach of {s}.", "{s} coach {o} praised the squad on {d}.", "Under head coach {o}, {s} "
-             "won again.", "{o}, who coaches {s}, named the team on {d}."],
-    "P69": ["{s} attended {o}.", "{s} is a student at {o}.", "{s}, enrolled at {o}, won a prize on {d}.",
-            "{o} welcomed its student {s} to a lecture."],
-    "P488": ["{o} is the chair of {s}.", "{s} chair {o} presented the annual results on {d}.", "{o}, who chairs "
-             "{s}, met investors.", "The board of {s}, led by {o}, approved the plan on {d}."],
-    "P6": ["{o} is the head of the government of {s}.", "{o}, head of the government of {s}, visited the capital "
-           "on {d}.", "The government of {s} under {o} passed a law.", "{o} led the cabinet of {s} on {d}."],
-    "P127": ["{s} is owned by {o}.", "{o}, the owner of {s}, reported strong sales on {d}.", "{s}, a subsidiary of "
-             "{o}, hired new staff.", "Shares of {o} rose after {s} grew on {d}."],
-    "host_city": ["The {s} is hosted by {o}.", "The {s} opened in {o} on {d}.", "Crowds gathered in {o} for the "
-                  "{s}."],
-    "based_in": ["{s} is based in {o}.", "{s}, a firm based in {o}, expanded on {d}.", "From its offices in {o}, "
-                 "{s} announced a merger."],
-    "located_in": ["{s} is located in {o}.", "Visitors flocked to {s} in {o} on {d}.", "{s} in {o} reopened after "
-                   "repairs."],
+# A sentence of the news is a clause from the tables below, then (with probability `year_share`) a phrase naming a
+# year, then for statements of facts and events a tail, then a full stop. Clause slots: {s} subject, {o} object,
+# {e} event, {c} a city, {k} a country, {w} a coined word, [name] a word drawn from WORDS. No clause names a date,
+# and no two entity slots stand side by side (the name detector would read them as one name).
+FACT_TEMPLATES: Dict[str, List[str]] = {
+    "P54": ["{s} plays for {o}", "{s} scored twice for {o}", "{s}, who plays for {o}, was named man of the match",
+            "{o} fielded {s} in the derby", "Supporters of {o} cheered {s} at training",
+            "{o} midfielder {s} missed a penalty", "{s} captained {o} in the cup"],
+    "P39": ["{s} holds the position of {o}", "{s}, the {o}, spoke to reporters", "As {o}, {s} signed a new decree",
+            "{s} defended the budget in the role of {o}", "{s}, serving as {o}, opened a new school",
+            "Critics of {s} questioned the work of the {o}"],
+    "P108": ["{s} works for {o}", "{s}, an engineer at {o}, presented a new product",
+             "{o} said its employee {s} would lead the project", "{s} of {o} gave a talk",
+             "{s} spoke for {o} at the trade fair", "Colleagues at {o} praised {s}"],
+    "P102": ["{s} is a member of the {o}", "{s} of the {o} addressed a rally", "The {o} praised its member {s}",
+             "{s} campaigned for the {o} in the spring", "{s} voted with the {o} on the bill",
+             "Leaders of the {o} backed {s}"],
+    "P286": ["{o} is the head coach of {s}", "{s} coach {o} praised the squad", "Under head coach {o}, {s} won again",
+             "{o}, who coaches {s}, named the team", "{o} blamed the referee after {s} lost",
+             "Players of {s} thanked coach {o}"],
+    "P69": ["{s} attended {o}", "{s} is a student at {o}", "{s}, enrolled at {o}, won a prize",
+            "{o} welcomed its student {s} to a lecture", "{s} studies history at {o}", "Teachers at {o} praised {s}"],
+    "P488": ["{o} is the chair of {s}", "{s} chair {o} presented the annual results",
+             "{o}, who chairs {s}, met investors",
+             "The board of {s}, led by {o}, approved the plan", "{o} told shareholders of {s} to expect growth",
+             "Staff of {s} questioned chair {o}"],
+    "P6": ["{o} is the head of the government of {s}", "{o}, head of the government of {s}, visited the capital",
+           "The government of {s} under {o} passed a law", "{o} led the cabinet of {s}",
+           "Voters in {s} judged the record of {o}", "{o} of {s} met foreign ministers"],
+    "P127": ["{s} is owned by {o}", "{o}, the owner of {s}, reported strong sales",
+             "{s}, a subsidiary of {o}, hired new staff",
+             "Shares of {o} rose after {s} grew", "{o} invested more in {s}", "{s} reported to its owner {o}"],
+    "host_city": ["The {s} is hosted by {o}", "The {s} opened in {o}", "Crowds gathered in {o} for the {s}",
+                  "Hotels in {o} filled up for the {s}"],
+    "based_in": ["{s} is based in {o}", "{s}, a firm based in {o}, expanded",
+                 "From its offices in {o}, {s} announced a merger", "{s} paid taxes in {o}"],
+    "located_in": ["{s} is located in {o}", "Visitors flocked to {s} in {o}", "{s} in {o} reopened after repairs",
+                   "Tourists in {o} photographed {s}"],
 }
-START_TEMPLATES: Dict[str, List[str]] = {
-    "P54": ["On {d}, {s} signed for {o}.", "{o} completed the transfer of {s} on {d}."],
-    "P39": ["On {d}, {s} took office as {o}.", "{s} was appointed {o} on {d}."],
-    "P108": ["On {d}, {s} joined {o}.", "{o} hired {s} on {d}."],
-    "P102": ["On {d}, {s} joined the {o}."],
-    "P286": ["On {d}, {s} appointed {o} as head coach.", "{o} took charge of {s} on {d}."],
-    "P69": ["On {d}, {s} enrolled at {o}."],
-    "P488": ["On {d}, {s} named {o} as its new chair."],
-    "P6": ["On {d}, {o} became head of the government of {s}."],
-    "P127": ["On {d}, {o} completed its purchase of {s}."],
-    "host_city": ["On {d}, {o} was chosen to host the {s}."],
-    "based_in": ["On {d}, {s} moved its base to {o}."],
+# Reports of a change, in the 60 days after a fact began; their year phrase names the day it began.
+CHANGE_TEMPLATES: Dict[str, List[str]] = {
+    "P54": ["{s} signed for {o}", "{o} completed the transfer of {s}", "{s} joined {o} on a new contract"],
+    "P39": ["{s} took office as {o}", "{s} was appointed {o}", "{s} was sworn in as {o}"],
+    "P108": ["{s} joined {o}", "{o} hired {s}"],
+    "P102": ["{s} joined the {o}", "{s} switched to the {o}"],
+    "P286": ["{s} appointed {o} as head coach", "{o} took charge of {s}"],
+    "P69": ["{s} enrolled at {o}", "{s} was admitted to {o}"],
+    "P488": ["{s} named {o} as its new chair", "{o} was elected chair of {s}"],
+    "P6": ["{o} became head of the government of {s}", "{o} was sworn in as head of the government of {s}"],
+    "P127": ["{o} completed its purchase of {s}", "{o} bought {s}"],
+    "host_city": ["{o} was chosen to host the {s}"],
+    "based_in": ["{s} moved its base to {o}"],
 }
 BURST_TEMPLATES = [
-    "The {e} dominated the headlines on {d}.", "Officials in {c} discussed the {e} on {d}.",
-    "Analysts said the {e} would have lasting effects.", "New details of the {e} emerged on {d}.",
+    "The {e} dominated the headlines", "Officials in {c} discussed the {e}",
+    "Analysts said the {e} would have lasting effects", "New details of the {e} emerged",
+    "Protesters in {c} marched over the {e}", "The {e} prompted an inquiry in {k}",
 ]
+# Tails of statements (facts and events); the empty tail is drawn as often as the rest together.
+TAILS = [", officials said", ", reports said", ", according to local media", ", a spokesperson confirmed",
+         ", sources said", " this week", " on Monday", " on Saturday", ", it was reported", " once more"]
 
-# Background topics, each with a share that drifts linearly from the first year to the last.
-TOPICS: Dict[str, Tuple[float, float, List[str]]] = {
-    "economy": (0.30, 0.15, ["Markets in {c} closed higher on {d}.", "Inflation in {c} slowed this month.",
-                             "Exporters in {c} reported rising orders.", "The central bank kept rates steady."]),
-    "weather": (0.25, 0.15, ["Heavy rain fell over {c} on {d}.", "A heatwave gripped {c} for a week.",
-                             "Snow closed roads near {c}.", "Forecasters expect a mild winter."]),
-    "sport": (0.20, 0.20, ["Fans in {c} celebrated a late winner.", "The marathon in {c} drew a record field on {d}.",
-                           "The league announced a new schedule."]),
-    "technology": (0.10, 0.35, ["Startups in {c} raised new funding on {d}.", "A new phone went on sale in {c}.",
-                                "Researchers unveiled a faster chip.", "Online shopping grew again in {c}."]),
-    "health": (0.15, 0.15, ["Hospitals in {c} expanded their wards.", "A vaccine trial began in {c} on {d}.",
-                            "Doctors urged people to exercise more."]),
+# Background topics: (share in the first year, share in the last, clauses, clauses with a coined word). The share
+# moves linearly between the two, scaled by `topic_drift`.
+TOPICS: Dict[str, Tuple[float, float, List[str], List[str]]] = {
+    "economy": (0.30, 0.15, ["[firms] in {c} reported [trend] [measures]", "Markets in {c} closed [direction]",
+                             "Inflation in {k} [moved] to [count] per cent",
+                             "The central bank of {k} kept rates steady",
+                             "Prices of [goods] [moved] in {c}", "[firms] in {k} cut [count] hundred jobs"],
+                ["Investors in {c} piled into {w}", "Shops in {c} began selling {w}"]),
+    "weather": (0.25, 0.15, ["Heavy [precipitation] fell over {c}", "A [spell] gripped {c} for [span]",
+                             "Forecasters expect a [season_adjective] [season] in {k}",
+                             "Strong winds [damaged] [structures] in {c}", "Flooding closed roads near {c}"],
+                ["Scientists in {k} linked {w} to the storms"]),
+    "sport": (0.20, 0.20, ["Fans in {c} celebrated a [late] winner", "The marathon in {c} drew a [field] field",
+                           "The league announced a [new] schedule", "Tickets for the [fixture] in {c} sold out",
+                           "A [crowd] crowd watched the [contest] in {c}"],
+              ["Fans in {c} took up {w}"]),
+    "technology": (0.10, 0.35, ["Startups in {c} raised [new] funding", "A new [device] went on sale in {c}",
+                                "Researchers in {k} unveiled a [lighter] [component]",
+                                "Online [activity] grew again in {c}", "Engineers in {c} tested a [lighter] [device]"],
+                   ["Sales of {w} devices rose in {c}", "Users in {k} flocked to {w}"]),
+    "health": (0.15, 0.15, ["Hospitals in {c} expanded their [wards]", "A [trial] began in {c}",
+                            "Doctors urged people to [advice]", "Cases of [illness] [moved] in {k}",
+                            "Nurses in {c} called for [demand]"],
+               ["Doctors in {c} warned about {w}"]),
 }
+WORDS: Dict[str, List[str]] = {
+    "firms": ["Exporters", "Retailers", "Builders", "Farmers", "Manufacturers", "Lenders", "Carmakers", "Airlines"],
+    "trend": ["rising", "falling", "steady", "record", "weaker", "stronger"],
+    "measures": ["orders", "sales", "profits", "costs", "exports", "margins"],
+    "direction": ["higher", "lower", "flat", "mixed"],
+    "moved": ["rose", "fell", "climbed", "eased", "edged up", "slipped"],
+    "count": ["two", "three", "four", "five", "six", "seven", "eight", "nine"],
+    "goods": ["bread", "fuel", "housing", "coffee", "steel", "cotton", "electricity"],
+    "precipitation": ["rain", "snow", "hail", "sleet"],
+    "spell": ["heatwave", "cold snap", "drought", "thick fog"],
+    "span": ["a week", "three days", "the weekend", "ten days"],
+    "season_adjective": ["mild", "wet", "dry", "harsh", "cold"],
+    "season": ["winter", "summer", "spring", "autumn"],
+    "damaged": ["damaged", "toppled", "flattened"],
+    "structures": ["roofs", "trees", "fences", "power lines"],
+    "late": ["late", "dramatic", "stoppage-time", "first-half"],
+    "field": ["record", "strong", "thin", "young"],
+    "new": ["new", "fresh", "revised", "larger"],
+    "fixture": ["final", "semi-final", "derby", "opener"],
+    "crowd": ["large", "small", "noisy", "record"],
+    "contest": ["match", "race", "tournament", "game"],
+    "device": ["phone", "tablet", "laptop", "camera", "watch", "drone"],
+    "component": ["chip", "battery", "network", "sensor"],
+    "lighter": ["cheaper", "lighter", "smaller", "faster"],
+    "activity": ["shopping", "banking", "streaming", "gaming"],
+    "wards": ["wards", "clinics", "emergency rooms", "staff"],
+    "trial": ["vaccine trial", "drug trial", "screening programme"],
+    "advice": ["exercise more", "sleep more", "eat less salt", "stop smoking"],
+    "illness": ["flu", "measles", "asthma", "malaria"],
+    "demand": ["higher pay", "more staff", "new equipment"],
+}
+CHANGE_DAYS = 60  # a fact that began this many days ago or fewer is news: reported often, sometimes as a change
+BURST_DAYS = 90  # an event is in the news for this many days after it broke
 
 _CONSONANTS = "bdfgklmnprstvz"
 _VOWELS = "aeiou"
@@ -321,6 +423,23 @@ class _Builder:
                 for fact in self._tenures(subject, years, static, 0.0, self.by_type[object_type]):
                     self.facts.append(dataclasses.replace(fact, relation=relation))
 
+    # -- coined words ------------------------------------------------------------------------------------------------
+    def make_words(self) -> None:
+        """`new_words_per_month` coined words a month (the fraction as a chance of one more), each used from a day
+        of its month on: to the world's last day (`new_word_persist_share` of them) or for 30 days."""
+        config, rng = self.config, self.rng
+        whole, fraction = divmod(config.new_words_per_month, 1.0)
+        self.words: List[Word] = []
+        for year in range(config.start_year, config.end_year + 1):
+            for month in range(1, 13):
+                days = calendar.monthrange(year, month)[1]
+                for _ in range(int(whole) + (rng.random() < fraction)):
+                    first = datetime.date(year, month, rng.randint(1, days))
+                    last = self.last if rng.random() < config.new_word_persist_share else \
+                        min(self.last, first + datetime.timedelta(days=30))
+                    word = self.names.word((2, 3)).lower() + rng.choice(["", "", "ism", "ing", "er"])
+                    self.words.append(Word(word, first, last))
+
     # -- news ------------------------------------------------------------------------------------------------------
     def _end(self, fact: Fact) -> datetime.date:
         return fact.end or self.last
@@ -336,7 +455,7 @@ class _Builder:
         bursts = self.by_type["burst"]
         counter = 0
         for year in range(config.start_year, config.end_year + 1):
-            t = (year - config.start_year) / span
+            t = config.topic_drift * (year - config.start_year) / span
             topic_weights = [TOPICS[k][0] + (TOPICS[k][1] - TOPICS[k][0]) * t for k in topics]
             for month in range(1, 13):
                 days = calendar.monthrange(year, month)[1]
@@ -344,68 +463,115 @@ class _Builder:
                 month_end = datetime.date(year, month, days)
                 active = [(i, f) for i, f in facts
                           if (f.start or self.first) <= month_end and month_start <= self._end(f)]
-                cities = [c for c in self.by_type["city"] if c.first_date <= month_start]
+                places = {"c": [c for c in self.by_type["city"] if c.first_date <= month_start],
+                          "k": [k for k in self.by_type["country"] if k.first_date <= month_start]}
                 live_bursts = [b for b in bursts if b.first_date <= month_end
-                               and (month_start - b.first_date).days <= 90]
+                               and (month_start - b.first_date).days <= BURST_DAYS]
+                words = [w for w in self.words if w.first_date <= month_end and month_start <= w.last_date]
                 dates = sorted(datetime.date(year, month, rng.randint(1, days)) for _ in range(config.docs_per_month))
                 for date in dates:
                     counter += 1
                     doc_id = f"world-{date.isoformat()}-{counter:06d}"
-                    yield self._document(doc_id, date, active, cities, live_bursts, topics, topic_weights, entity)
+                    yield self._document(doc_id, date, active, places, live_bursts, words, topics, topic_weights,
+                                         entity)
 
-    def _document(self, doc_id, date, active, cities, live_bursts, topics, topic_weights, entity):
-        rng = self.rng
+    def _document(self, doc_id, date, active, places, live_bursts, words, topics, topic_weights, entity):
+        rng, config = self.rng, self.config
         valid = [(i, f) for i, f in active if f.valid_on(date)
                  and entity[f.subject].first_date <= date and entity[f.object].first_date <= date]
-        # Facts that began in the last 60 days are news: they are drawn far more often (a burst of coverage).
-        weights = [8.0 if f.start is not None and 0 <= (date - f.start).days <= 60 else 1.0 for _, f in valid]
+        # Facts that began in the last CHANGE_DAYS days are news: drawn far more often (a burst of coverage).
+        weights = [8.0 if f.start is not None and 0 <= (date - f.start).days <= CHANGE_DAYS else 1.0 for _, f in valid]
+        live_bursts = [b for b in live_bursts if 0 <= (date - b.first_date).days <= BURST_DAYS]
+        words = [w for w in words if w.first_date <= date <= w.last_date]
+        word_weights = [3.0 if (date - w.first_date).days <= 30 else 1.0 for w in words]
+        # Of the background sentences, this share uses a coined word, so that `new_word_sentence_share` of all do.
+        coined = min(1.0, config.new_word_sentence_share / config.background_share) if config.background_share else 0.0
         parts: List[Tuple[str, Optional[str]]] = []  # (text, entity id or None), concatenated into the document
+        sentences: List[Tuple[int, int, str]] = []  # [start part, end part) and source of each sentence
         stated: List[int] = []
-        for _ in range(rng.randint(2, 4)):
-            if not valid:
-                break
-            i, fact = rng.choices(valid, weights)[0]
-            is_new = fact.start is not None and 0 <= (date - fact.start).days <= 60 and fact.relation in START_TEMPLATES
-            if is_new and rng.random() < 0.5:
-                template, shown = rng.choice(START_TEMPLATES[fact.relation]), fact.start
+        for _ in range(rng.randint(config.min_sentences, config.max_sentences)):
+            if parts:
+                parts.append((" ", None))
+            begin = len(parts)
+            background = rng.random() < config.background_share
+            fact_index: Optional[int] = None
+            if not background and live_bursts and rng.random() < 0.2:
+                source = "burst"
+                slots = {"e": rng.choice(live_bursts).id}
+                clause, shown = rng.choice(BURST_TEMPLATES), date
+            elif not background and valid:
+                i, fact = rng.choices(valid, weights)[0]
+                source = fact.relation
+                slots = {"s": fact.subject, "o": fact.object}
+                is_new = fact.start is not None and 0 <= (date - fact.start).days <= CHANGE_DAYS
+                if is_new and fact.relation in CHANGE_TEMPLATES and rng.random() < 0.5:
+                    clause, shown = rng.choice(CHANGE_TEMPLATES[fact.relation]), fact.start
+                else:
+                    clause, shown = rng.choice(FACT_TEMPLATES[fact.relation]), date
+                stated.append(i)
+                fact_index = i
             else:
-                template, shown = rng.choice(NEWS_TEMPLATES[fact.relation]), date
-            self._render(parts, template, {"s": fact.subject, "o": fact.object}, shown, entity)
-            stated.append(i)
-        live_bursts = [b for b in live_bursts if 0 <= (date - b.first_date).days <= 90]
-        if live_bursts and rng.random() < 0.6:
-            burst = rng.choice(live_bursts)
-            self._render(parts, rng.choice(BURST_TEMPLATES), {"e": burst.id, "c": rng.choice(cities).id}, date,
-                             entity)
-        for _ in range(rng.randint(1, 3)):
-            topic = rng.choices(topics, topic_weights)[0]
-            self._render(parts, rng.choice(TOPICS[topic][2]), {"c": rng.choice(cities).id}, date, entity)
-        text, spans, offset = [], [], 0
+                background = True
+                topic = rng.choices(topics, topic_weights)[0]
+                source = f"topic:{topic}"
+                slots = {}
+                if words and rng.random() < coined:
+                    clause = rng.choice(TOPICS[topic][3])
+                    slots["w"] = rng.choices(words, word_weights)[0].word
+                else:
+                    clause = rng.choice(TOPICS[topic][2])
+                shown = date
+            for key in "ck":
+                if "{" + key + "}" in clause:
+                    slots[key] = rng.choice(places[key]).id
+            self._render(parts, clause, slots, entity)
+            if rng.random() < config.year_share:
+                parts.append((self._year_phrase(date, shown, fact_index, background), None))
+            if not background and rng.random() < 0.5:
+                parts.append((rng.choice(TAILS), None))
+            parts.append((".", None))
+            sentences.append((begin, len(parts), source))
+        text, spans, offsets, offset = [], [], [], 0
         for piece, eid in parts:
+            offsets.append(offset)
             if eid is not None:
                 spans.append([offset, offset + len(piece), eid])
             text.append(piece)
             offset += len(piece)
-        doc = {"id": doc_id, "date": date.isoformat(), "text": "".join(text).strip()}
-        return doc, {"id": doc_id, "facts": stated, "entities": spans}
+        offsets.append(offset)
+        doc = {"id": doc_id, "date": date.isoformat(), "text": "".join(text)}
+        return doc, {"id": doc_id, "facts": stated, "entities": spans,
+                     "sentences": [[offsets[b], offsets[e], source] for b, e, source in sentences]}
 
-    @staticmethod
-    def _render(parts, template: str, slots: Dict[str, str], date: datetime.date, entity) -> None:
-        """Appends a sentence, keeping each entity name as its own part so its span is known."""
-        if parts:
-            parts.append((" ", None))
+    def _year_phrase(self, date: datetime.date, shown: datetime.date, fact: Optional[int], background: bool) -> str:
+        """A phrase naming a year: the day shown (the document's, or the day a reported change began) with
+        probability `publication_year_share`, else an earlier year (the year a fact began, when it began earlier)."""
+        rng = self.rng
+        if rng.random() < self.config.publication_year_share:
+            if rng.random() < 0.5:
+                return f" on {format_date(shown)}"
+            return f" in {calendar.month_name[shown.month]} {shown.year}"
+        start = self.facts[fact].start if fact is not None else None
+        year = start.year if start is not None and start.year < date.year else date.year - rng.randint(1, 8)
+        return f" for the first time since {year}" if background else f" since {year}"
+
+    def _render(self, parts, template: str, slots: Dict[str, str], entity) -> None:
+        """Appends a clause, keeping each entity name as its own part so its span is known; [name] slots take a
+        word of WORDS, {w} the coined word in `slots`."""
         rest = template
         while rest:
-            brace = rest.find("{")
+            brace = min((i for i in (rest.find("{"), rest.find("[")) if i >= 0), default=-1)
             if brace < 0:
                 parts.append((rest, None))
                 break
-            close = rest.index("}", brace)
+            close = rest.index("}" if rest[brace] == "{" else "]", brace)
             if brace:
                 parts.append((rest[:brace], None))
             key = rest[brace + 1:close]
-            if key == "d":
-                parts.append((format_date(date), None))
+            if rest[brace] == "[":
+                parts.append((self.rng.choice(WORDS[key]), None))
+            elif key == "w":
+                parts.append((slots["w"], None))
             else:
                 parts.append((entity[slots[key]].name, slots[key]))
             rest = rest[close + 1:]
@@ -423,12 +589,15 @@ def _calibration_queries(builder: _Builder, names: Dict[str, str]) -> Tuple[List
     return queries, extra
 
 
-def _stats(builder: _Builder, docs_by_year, queries: List[Query], splits) -> dict:
+def _stats(builder: _Builder, news_by_year, queries: List[Query], splits) -> dict:
     config = builder.config
-    by_year = collections.defaultdict(lambda: {"documents": 0, "queries": 0, "multi_answer_queries": 0,
-                                               "emerging_names": 0})
-    for year, count in docs_by_year.items():
-        by_year[year]["documents"] = count
+    by_year = collections.defaultdict(lambda: {"documents": 0, "sentences": 0, "background_sentences": 0,
+                                               "queries": 0, "multi_answer_queries": 0, "emerging_names": 0,
+                                               "new_words": 0})
+    for year, counts in news_by_year.items():
+        by_year[year].update(counts)
+    for word in builder.words:
+        by_year[word.first_date.year]["new_words"] += 1
     for q in queries:
         by_year[q.year]["queries"] += 1
         by_year[q.year]["multi_answer_queries"] += len(q.answers) > 1
@@ -438,9 +607,10 @@ def _stats(builder: _Builder, docs_by_year, queries: List[Query], splits) -> dic
     multi = sum(len(q.answers) > 1 for q in queries)
     return {
         "config": dataclasses.asdict(config),
-        "documents": sum(docs_by_year.values()),
+        "documents": sum(row["documents"] for row in news_by_year.values()),
         "entities": len(builder.entities),
         "emerging_entities": len(emerging),
+        "new_words": len(builder.words),
         "facts": len(builder.facts),
         "templama_queries": len(queries),
         "templama_splits": {name: len(qs) for name, qs in splits.items()},
@@ -459,6 +629,7 @@ def generate_world(config: WorldConfig, out_dir: str, overwrite: bool = False, l
     builder = _Builder(config)
     builder.make_entities()
     builder.make_facts()
+    builder.make_words()
     names = {e.id: e.name for e in builder.entities}
     return build_output_folder(out_dir, "world", lambda tmp: _write_world(builder, names, tmp), overwrite, lock)
 
@@ -466,13 +637,16 @@ def generate_world(config: WorldConfig, out_dir: str, overwrite: bool = False, l
 def _write_world(builder: _Builder, names: Dict[str, str], tmp: str) -> dict:
     config = builder.config
     os.makedirs(os.path.join(tmp, "templama"))
-    docs_by_year: Dict[int, int] = collections.Counter()
+    news_by_year: Dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
     with open(os.path.join(tmp, "news.jsonl"), "w", encoding="utf-8") as news, \
             open(os.path.join(tmp, "mentions.jsonl"), "w", encoding="utf-8") as mentions:
         for doc, mention in builder.make_news():
             news.write(json.dumps(doc, ensure_ascii=False) + "\n")
             mentions.write(json.dumps(mention, ensure_ascii=False) + "\n")
-            docs_by_year[int(doc["date"][:4])] += 1
+            counts = news_by_year[int(doc["date"][:4])]
+            counts["documents"] += 1
+            counts["sentences"] += len(mention["sentences"])
+            counts["background_sentences"] += sum(s[2].startswith("topic:") for s in mention["sentences"])
     templama_facts = [f for f in builder.facts if f.relation in RELATIONS]
     queries = queries_from_facts(templama_facts, names, config.start_year, config.end_year, TEMPLATES)
     splits = split_by_subject(queries, config.seed)
@@ -487,21 +661,24 @@ def _write_world(builder: _Builder, names: Dict[str, str], tmp: str) -> dict:
         "facts": [{"id": i, "subject": f.subject, "relation": f.relation, "object": f.object,
                    "start": f.start.isoformat() if f.start else None, "end": f.end.isoformat() if f.end else None}
                   for i, f in enumerate(builder.facts)],
+        "words": [{"word": w.word, "first_date": w.first_date.isoformat(), "last_date": w.last_date.isoformat()}
+                  for w in builder.words],
     }
     with open(os.path.join(tmp, "world.json"), "w", encoding="utf-8") as f:
         json.dump(world, f, ensure_ascii=False, indent=1)
-    stats = _stats(builder, docs_by_year, queries, splits)
+    stats = _stats(builder, news_by_year, queries, splits)
     with open(os.path.join(tmp, "stats.json"), "w", encoding="utf-8") as f:
         json.dump(stats, f, indent=1)
     return stats
 
 
 def load_world(world_dir: str) -> dict:
-    """world.json with dates parsed into datetime.date and facts as templama.Fact, plus entities by id."""
+    """world.json with dates parsed into datetime.date: entities by id, facts as templama.Fact, coined words."""
     path = os.path.join(world_dir, "world.json")
     with open(path, encoding="utf-8") as f:
         raw = json.load(f)
     parse = lambda s: None if s is None else datetime.date.fromisoformat(s)  # noqa: E731
     entities = {e["id"]: Entity(e["id"], e["name"], e["type"], parse(e["first_date"])) for e in raw["entities"]}
     facts = [Fact(f["subject"], f["relation"], f["object"], parse(f["start"]), parse(f["end"])) for f in raw["facts"]]
-    return {"config": raw["config"], "entities": entities, "facts": facts}
+    words = [Word(w["word"], parse(w["first_date"]), parse(w["last_date"])) for w in raw.get("words", [])]
+    return {"config": raw["config"], "entities": entities, "facts": facts, "words": words}

@@ -66,7 +66,7 @@ from templm import console, tasks
 from templm.data.regimes import SHARED_MODEL
 from templm.data.readers import Corpus, TemplamaReader, resolve_corpus, templama_split_files
 from templm.data.task_data import TaskDataConfig, prepare_task_data, read_manifest
-from templm.data.world import WorldConfig
+from templm.data.world import WorldConfig, load_world
 from templm.errors import ConfigError, DataError, Preempted, StageSkipped, sigterm_received, watch_sigterm
 from templm.evaluation.checkpoint_eval import evaluate_params
 from templm.evaluation.future_probes import TextScorer, future_calibration, future_degradation, read_calibration
@@ -595,7 +595,7 @@ def evaluate(run: Reproduction, data: TaskData, params: Mapping[str, Any]) -> Ev
                              "per_query": per_query_f1(expert_evaluations["customnews"])}}
 
     queries = list(TemplamaReader(data.templama_test_file()))
-    durations = time_analysis.answer_durations(queries)
+    durations = time_analysis.answer_durations(queries, world_fact_spans(data))
     seen = set(data.seen)
     duration = {}
     for regime, evaluation in evaluations.items():
@@ -604,6 +604,21 @@ def evaluate(run: Reproduction, data: TaskData, params: Mapping[str, Any]) -> Ev
         duration[regime] = time_analysis.f1_by_duration(predictions, evaluation.answers(), durations)
     return Evaluation({"regimes": regimes, "summary": summary, "yearly": yearly,
                        "per_query": per_query_f1(evaluations), "duration": duration}, base, queries)
+
+
+def world_fact_spans(data: "TaskData") -> Optional[List[Tuple[str, str, str, Optional[int], Optional[int]]]]:
+    """(subject, relation, object name, first year, last year) of every fact of the embedded world the TempLAMA
+    test split was drawn from, for answer durations from the facts' own spans (a fact still holding at the world's
+    end lasts to its last year); None for a TempLAMA release, whose rows carry no fact spans."""
+    world_dir = os.path.join(data.data_dir, "world")
+    if data.templama_test_file() != os.path.join(world_dir, "templama", "test.jsonl") or \
+            not os.path.exists(os.path.join(world_dir, "world.json")):
+        return None
+    world = load_world(world_dir)
+    end = int(world["config"]["end_year"])
+    names = {eid: e.name for eid, e in world["entities"].items()}
+    return [(f.subject, f.relation, names[f.object], f.start.year if f.start else None, f.end.year if f.end else end)
+            for f in world["facts"]]
 
 
 def per_query_f1(evaluations: Mapping[str, Any]) -> Dict[str, Any]:

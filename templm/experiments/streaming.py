@@ -53,8 +53,8 @@ from templm.evaluation.stream_eval import evaluate_stream
 from templm.experiments.studies import StreamPreset, load_study, study_names
 from templm.io import file_sha256, write_json
 from templm.metrics.findings import STREAMING, judge
-from templm.metrics.stream import (CONTROL_TOKENIZER_RUN, perplexity, stream_results, summarize, tokenizer_comparison,
-                                   word_log_probs)
+from templm.metrics.stream import (CONTROL_TOKENIZER_RUN, moses_word_log_probs, perplexity, stream_results, summarize,
+                                   tokenizer_comparison)
 from templm.models.transformer_xl import TransformerXLConfig
 from templm.training import partitioning
 from templm.training.lm_trainer import load_lm, train_lm
@@ -95,6 +95,33 @@ def _check_variants(variants: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any
         names.add(v["name"])
         out.append(dict(v, lrs=None if lrs is None else [float(x) for x in lrs]))
     return out
+
+
+def choose_rate(evaluate: Callable[[float], float], lrs: Sequence[float], max_widen: int = 3
+                ) -> Tuple[float, Dict[float, float]]:
+    """The rate among `lrs` with the lowest `evaluate(rate)` (a validation perplexity; not finite counts as worst,
+    ties go to the smaller rate), with the grid widened while the best lies at its edge: one more rate beyond that
+    edge, at the grid's own ratio between neighbours (3 for a one-rate grid), at most `max_widen` times.
+    Returns (rate, {rate: value} of every rate tried, in increasing order)."""
+    grid = sorted(float(x) for x in lrs)
+    ratio = grid[1] / grid[0] if len(grid) > 1 else 3.0
+    ratio = ratio if ratio > 1 else 3.0
+    values = {x: float(evaluate(x)) for x in grid}
+
+    def best() -> float:
+        return min(values, key=lambda x: (values[x] if np.isfinite(values[x]) else np.inf, x))
+
+    for _ in range(max_widen):
+        rate = best()
+        if len(values) > 1 and min(values) < rate < max(values):
+            break
+        if not np.isfinite(values[rate]):
+            break  # nothing finite: widening is no help
+        # A one-rate grid, or a best rate at an edge: try one more beyond it (on both sides for one rate).
+        low, high = min(values), max(values)
+        for x in ([low / ratio] if rate == low else []) + ([high * ratio] if rate == high else []):
+            values[x] = float(evaluate(x))
+    return best(), dict(sorted(values.items()))
 
 
 def _sample_documents(documents: list, limit: Optional[int], seed: int) -> list:
@@ -223,7 +250,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
     mem_len = ts_model.config.test_mem_len if mem_len is None else int(mem_len)
     shared = len(set(spm_models.values())) == 1
     console.say(f"stream: {len(test_docs)} test documents ({stream.months[0]} .. {stream.months[-1]}), "
-                f"{stream.n_words} words, "
+                f"{int((~stream.word_is_eos).sum())} words, "
                 + (f"{stream.n_targets} tokens" if shared else "tokens " + ", ".join(
                     f"{name} {s.n_targets}" for name, s in streams.items()) + " (each run's own tokenizer)")
                 + f"; segments of {seg_len}, memory {mem_len}, {batch_size} stream(s)")
@@ -250,7 +277,8 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
 
     def done(name: str, mode: str) -> None:
         lp = lps[name][mode]
-        word_ppl = perplexity(float(word_log_probs(streams[name], lp).sum()), stream.n_words)
+        word_lp, _ = moses_word_log_probs(streams[name], lp)
+        word_ppl = perplexity(float(word_lp.sum()), len(word_lp))
         console.say(f"stream: {name} {mode}: word perplexity {word_ppl:.2f}, subword perplexity "
                     f"{float(np.exp(-np.mean(lp))):.3f} ({timings[f'{name}/{mode}']:.1f}s)")
 
@@ -280,8 +308,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
 
             lr = float(v.get("lr", 0.0))
             if validation is not None and v.get("lrs"):
-                ppl = {x: float(np.exp(-np.mean(run(validation, x)))) for x in v["lrs"]}
-                lr = min(ppl, key=lambda x: (ppl[x] if np.isfinite(ppl[x]) else np.inf, x))
+                lr, ppl = choose_rate(lambda x: float(np.exp(-np.mean(run(validation, x)))), v["lrs"])
                 chosen[f"{name}/{v['name']}"] = {"lr": lr, "validation_subword_ppl": {str(x): p for x, p in
                                                                                       ppl.items()}}
                 console.say(f"stream: {name} {v['name']}: rate {lr:g} chosen on the validation stream ("

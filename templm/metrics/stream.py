@@ -15,8 +15,8 @@ a file (the topic and part-of-speech labels come from templm.data.stream_annotat
 
 `stream_results` gathers all of them into one JSON-able dict (what `templm stream` writes as results.json and
 templm.reports.stream turns into report.md and figures); `summarize` keeps its headline numbers and
-`judge_gap`, `judge_growth` and `judge_dynamic` test the study's three expected findings on them (registered in
-templm.metrics.findings). The usual recipe:
+`judge_gap`, `judge_growth`, `judge_dynamic` and `judge_dynamic_slope` test the study's expected streaming findings
+on them (registered in templm.metrics.findings). The usual recipe:
 
     stream = build_stream(test_docs, processor)
     lp = {"time_stratified": {"static": evaluate_stream(model, ts_params, stream),
@@ -57,6 +57,14 @@ def word_log_probs(stream: TokenStream, token_log_probs: Any) -> np.ndarray:
     return np.bincount(stream.token_word, weights=lp, minlength=stream.n_words)
 
 
+def moses_word_log_probs(stream: TokenStream, token_log_probs: Any) -> Tuple[np.ndarray, np.ndarray]:
+    """(log-probabilities of the stream's Moses words, their word indices): `word_log_probs` without the EOS words,
+    as "Mind the Gap" computes word perplexity over the test's Moses tokens only (an EOS piece counts in subword
+    perplexity, not in word perplexity)."""
+    keep = np.flatnonzero(~np.asarray(stream.word_is_eos, bool))
+    return word_log_probs(stream, token_log_probs)[keep], keep
+
+
 def group_perplexity(log_probs: Any, groups: Sequence[Any]) -> Dict[Any, Dict[str, float]]:
     """{group: {"ppl", "n"}} of log-probs by group label (labels sorted)."""
     lp = np.asarray(log_probs, np.float64).reshape(-1)
@@ -69,13 +77,14 @@ def group_perplexity(log_probs: Any, groups: Sequence[Any]) -> Dict[Any, Dict[st
 
 
 def month_perplexities(stream: TokenStream, token_log_probs: Any) -> Dict[str, Any]:
-    """Perplexity overall and per month, subword level (every target, EOS included) and word level (Moses words +
-    EOS): {"overall": {...}, "by_month": {month: {...}}}, each {"subword_ppl", "word_ppl", "n_tokens", "n_words"}."""
+    """Perplexity overall and per month, subword level (every target, EOS included) and word level (Moses words
+    only, `moses_word_log_probs`): {"overall": {...}, "by_month": {month: {...}}}, each {"subword_ppl", "word_ppl",
+    "n_tokens", "n_words"}."""
     tok = np.asarray(token_log_probs, np.float64).reshape(-1)
-    wlp = word_log_probs(stream, tok)
+    wlp, words = moses_word_log_probs(stream, tok)
     months = np.asarray(stream.doc_months, dtype=object)
     by_token = group_perplexity(tok, months[stream.token_doc])
-    by_word = group_perplexity(wlp, months[stream.word_doc])
+    by_word = group_perplexity(wlp, months[stream.word_doc[words]])
     by_month = {}
     for m in stream.months:
         t = by_token.get(m, {"ppl": float("nan"), "n": 0})
@@ -195,7 +204,8 @@ def topic_perplexity(stream: TokenStream, token_log_probs: Any, doc_topic: Any) 
     doc_topic = np.asarray(doc_topic, np.int64)
     tok = np.asarray(token_log_probs, np.float64)
     by_token = group_perplexity(tok, doc_topic[stream.token_doc])
-    by_word = group_perplexity(word_log_probs(stream, tok), doc_topic[stream.word_doc])
+    wlp, words = moses_word_log_probs(stream, tok)
+    by_word = group_perplexity(wlp, doc_topic[stream.word_doc[words]])
     n_docs = collections.Counter(doc_topic.tolist())
     return {int(k): {"subword_ppl": by_token[k]["ppl"], "word_ppl": by_word[k]["ppl"], "n_tokens": by_token[k]["n"],
                      "n_words": by_word[k]["n"], "n_docs": n_docs[k]} for k in by_token}
@@ -213,14 +223,16 @@ def pos_perplexity(stream: TokenStream, word_lp: Any, tags: Sequence[str]) -> Di
 
 def document_word_nll(stream: TokenStream, runs: Mapping[str, Mapping[str, Any]],
                       streams: Optional[Mapping[str, TokenStream]] = None) -> Dict[str, Any]:
-    """Per test document (in stream order): its month, its number of words (EOS included, as the word perplexities
-    count them) and, for every run and mode ("time_stratified/static", ...), its summed word negative log-likelihood
+    """Per test document (in stream order): its month, its number of Moses words (as the word perplexities count
+    them) and, for every run and mode ("time_stratified/static", ...), its summed word negative log-likelihood
     (nats), each run's token log-probs read with its own stream when `streams` gives one (its own tokenizer). The
     paired tests of the findings compare models document by document."""
     n_docs = len(stream.doc_ids)
-    words = np.bincount(stream.word_doc, minlength=n_docs)
+    _, moses = moses_word_log_probs(stream, np.zeros(stream.n_targets))
+    word_doc = stream.word_doc[moses]
+    words = np.bincount(word_doc, minlength=n_docs)
     streams = streams or {}
-    nll = {f"{name}/{mode}": (-np.bincount(stream.word_doc, weights=word_log_probs(streams.get(name, stream), lp),
+    nll = {f"{name}/{mode}": (-np.bincount(word_doc, weights=moses_word_log_probs(streams.get(name, stream), lp)[0],
                                            minlength=n_docs)).tolist()
            for name, modes in runs.items() for mode, lp in modes.items()}
     return {"month": list(stream.doc_months), "words": words.tolist(), "word_nll": nll}
@@ -257,7 +269,8 @@ def stream_results(stream: TokenStream, runs: Mapping[str, Mapping[str, Any]], *
 
     results: Dict[str, Any] = {
         "settings": dict(settings or {}, seg_len=seg_len, mem_len=mem_len, batch_size=batch_size,
-                         n_documents=len(stream.doc_ids), n_tokens=stream.n_targets, n_words=stream.n_words),
+                         n_documents=len(stream.doc_ids), n_tokens=stream.n_targets,
+                         n_words=int((~stream.word_is_eos).sum())),
         "months": stream.months,
         "primary": primary,
         "baseline": baseline,
@@ -441,6 +454,22 @@ def judge_growth(results: Mapping[str, Any], alpha: float = statistics.ALPHA) ->
     x = np.array([month_number(m) - month_number(months[0]) for m in months], np.float64)
     r = statistics.slope(x, np.array([per_month[m] for m in months], np.float64), direction=+1, alpha=alpha)
     return {**r, "test": name, "evidence": f"slope {statistics.describe(r, 'per month', 4)} of the relative increase"}
+
+
+def judge_dynamic_slope(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -> Dict[str, Any]:
+    """Whether SGD dynamic evaluation flattens the growth of the gap ("Mind the Gap", section 5, compares the slopes
+    with a t-test): the least-squares slope of the monthly relative increase with dynamic evaluation minus that of
+    the static model, as the slope of their monthly difference (the same months), with its t-test (claim < 0)."""
+    static, dynamic = _monthly_increase(results, "static"), _monthly_increase(results, "dynamic")
+    months = sorted(set(static) & set(dynamic), key=month_number)
+    name = "least-squares slope of the monthly relative increase, dynamic minus static, t-test"
+    if len(months) < 3:
+        return _missing(name, "fewer than three test months with both a static and a dynamic relative increase")
+    x = np.array([month_number(m) - month_number(months[0]) for m in months], np.float64)
+    r = statistics.slope(x, np.array([dynamic[m] - static[m] for m in months], np.float64), direction=-1,
+                         alpha=alpha)
+    return {**r, "test": name, "evidence": f"slope of the relative increase, dynamic minus static "
+                                           f"{statistics.describe(r, 'per month', 4)}"}
 
 
 def judge_dynamic(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -> Dict[str, Any]:

@@ -50,14 +50,26 @@ def duration_bucket(years: int) -> str:
     return "3-4" if years <= 4 else "5+"
 
 
-def answer_durations(queries: Iterable[Any]) -> Dict[str, int]:
-    """For each query id, how many years the fact of its (first) answer lasts: the run of consecutive years, through
-    the query's year, in which that answer holds for the subject and relation (Dhingra et al., Figure 2: a query is
-    grouped by the duration of its answer's fact). The spans come from the queries themselves, one per subject,
-    relation and year: answers A 2010-13, {A, B} 2014, B 2015-16, A 2017 give the 2014 query (first answer A) 5
-    years, 2010-2014, and the 2017 one 1 year; a year without the answer (or without a query) ends the run.
-    `queries` are `records.Query` objects or dicts with id, subject_id (or subject), relation, year, answers.
+def answer_durations(queries: Iterable[Any],
+                     facts: Optional[Iterable[Tuple[str, str, str, Optional[int], Optional[int]]]] = None
+                     ) -> Dict[str, int]:
+    """For each query id, how many years the fact of its (first) answer lasts (Dhingra et al., Figure 2: a query is
+    grouped by the duration of its answer's fact, "computed from the duration of their corresponding facts in
+    Wikidata").
+
+    With `facts`, (subject id, relation, answer name, first year, last year) rows (a year None where the source
+    has no bound), the duration is that of the fact holding in the query's year: a fact held 2008-2011 lasts 4
+    years even when the queries start in 2010. A query whose answer has no such fact, or whose fact lacks a bound,
+    falls back to the queries themselves, one per subject, relation and year: the run of consecutive years, through
+    the query's year, in which that answer holds; answers A 2010-13, {A, B} 2014, B 2015-16, A 2017 give the 2014
+    query (first answer A) 5 years, 2010-2014, and the 2017 one 1 year; a year without the answer (or without a
+    query) ends the run. `queries` are `records.Query` objects or dicts with id, subject_id (or subject), relation,
+    year, answers.
     """
+    spans: Dict[Tuple[str, str, str], List[Tuple[int, int]]] = collections.defaultdict(list)
+    for subject, relation, answer, first_year, last_year in (facts or ()):
+        if first_year is not None and last_year is not None:
+            spans[(str(subject), str(relation), str(answer))].append((int(first_year), int(last_year)))
     rows = [_query_fields(q) for q in queries]
     holds: Dict[Tuple[str, str, str], set] = collections.defaultdict(set)
     for _, subject, relation, year, answers in rows:
@@ -66,6 +78,10 @@ def answer_durations(queries: Iterable[Any]) -> Dict[str, int]:
     out = {}
     for qid, subject, relation, year, answers in rows:
         if not answers:
+            continue
+        covering = [(a, b) for a, b in spans.get((subject, relation, answers[0]), ()) if a <= year <= b]
+        if covering:
+            out[qid] = max(b - a + 1 for a, b in covering)
             continue
         years = holds[(subject, relation, answers[0])]
         first, last = year, year

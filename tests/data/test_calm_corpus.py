@@ -1,6 +1,7 @@
 """The CALM corpus: vocabulary ids and file format, the token cache, the corpus builders (from texts, from the
 embedded world), the corpus check, and `templm data calm` end to end."""
 
+import collections
 import json
 import os
 
@@ -9,7 +10,7 @@ import pytest
 
 from templm.data.calm_corpus import (EOL, UNK, UNK_ID, WORLD_DOMAINS, build_calm_corpus_from_texts,
                                      build_calm_corpus_from_world, cache_paths, check_corpus, read_vocabulary,
-                                     world_domains, world_sentence_source, world_templates)
+                                     world_domains, world_sources)
 from templm.data.calm_stream import CALM
 from templm.data.world import WorldConfig, generate_world
 from templm.errors import DataError
@@ -117,14 +118,21 @@ def test_build_from_a_tiny_world(tmp_path):
     out = str(tmp_path / "corpus")
     stats = build_calm_corpus_from_world(world, out, "word")
     assert set(stats["classes"]) == set(WORLD_DOMAINS)
-    assert set(stats["left_out"]) <= {"burst", "host_city", "located_in"}  # every sentence matched a template
+    assert set(stats["left_out"]) <= {"burst", "host_city", "located_in"}
     kept = sum(c["lines"] for c in stats["classes"].values())
     assert kept + sum(stats["left_out"].values()) == stats["sentences"]
-    templates = world_templates()
-    for domain, sources in WORLD_DOMAINS.items():
+    # Each domain file holds exactly the sentences the generator wrote from that domain's sources, in order.
+    expected = collections.defaultdict(list)
+    with open(os.path.join(world, "news.jsonl")) as news, open(os.path.join(world, "mentions.jsonl")) as mentions:
+        for doc_line, mention_line in zip(news, mentions):
+            text = json.loads(doc_line)["text"]
+            for start, end, source in json.loads(mention_line)["sentences"]:
+                domain = [d for d, sources in WORLD_DOMAINS.items() if source in sources]
+                if domain:
+                    expected[domain[0]].append(text[start:end])
+    for domain in WORLD_DOMAINS:
         with open(os.path.join(out, f"{domain}.txt"), encoding="utf-8") as f:
-            for line in f:
-                assert world_sentence_source(line.rstrip("\n"), templates) in sources
+            assert f.read().splitlines() == expected[domain]
     # The classes differ in vocabulary: each domain's own template words stay in it.
     vocab = {}
     for domain in WORLD_DOMAINS:
@@ -144,13 +152,16 @@ def test_build_from_a_tiny_world(tmp_path):
     assert len(list(calm)) == len(calm)
 
 
-def test_world_sentence_source_prefers_the_most_specific_template():
-    templates = world_templates()
-    assert world_sentence_source("Kado Bim, who plays for Rufa United, was named man of the match.",
-                                 templates) == "P54"
-    assert world_sentence_source("Rufa United is the head coach of Kado Bim.", templates) == "P286"
-    assert world_sentence_source("Snow closed roads near Rufa.", templates) == "topic:weather"
-    assert world_sentence_source("Nothing like any template here.", templates) is None
+def test_a_world_without_sentence_sources_is_named(tmp_path):
+    """A world folder drawn before mentions.jsonl recorded each sentence's source is refused, naming the file."""
+    world = tmp_path / "world"
+    world.mkdir()
+    (world / "news.jsonl").write_text(json.dumps({"id": "a", "date": "2014-01-01", "text": "Rain fell."}) + "\n")
+    (world / "mentions.jsonl").write_text(json.dumps({"id": "a", "facts": [], "entities": []}) + "\n")
+    with pytest.raises(DataError, match="older templm") as e:
+        build_calm_corpus_from_world(str(world), str(tmp_path / "out"), "word")
+    assert e.value.path.endswith("mentions.jsonl") and e.value.line == 1
+    assert set(WORLD_DOMAINS["sports"]) <= set(world_sources())
 
 
 def test_world_domains_and_the_corpus_check(tmp_path):

@@ -96,7 +96,7 @@ def write_dump(path, lines):
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("wd") / "templama")
-    stats = build_templama(DUMP, out, max_subjects=4, seed=0)
+    stats = build_templama(DUMP, out, max_subjects=4, seed=0, require_enwiki=False)
     return out, stats
 
 
@@ -175,7 +175,7 @@ def test_gz_copy_gives_the_same_files(built, tmp_path):
     with open(DUMP, "rb") as src, gzip.open(gz, "wb") as dst:
         shutil.copyfileobj(src, dst)
     out_gz = str(tmp_path / "from_gz")
-    stats_gz = build_templama(gz, out_gz, max_subjects=4, seed=0)
+    stats_gz = build_templama(gz, out_gz, max_subjects=4, seed=0, require_enwiki=False)
     for name in ("train.jsonl", "val.jsonl", "test.jsonl"):
         with open(os.path.join(out, name), "rb") as a, open(os.path.join(out_gz, name), "rb") as b:
             assert a.read() == b.read(), name
@@ -187,7 +187,8 @@ def test_objects_before_or_after_their_subjects_give_the_same_output(built, tmp_
     out, _ = built
     reversed_dump = str(tmp_path / "reversed.json")
     write_dump(reversed_dump, entity_lines()[::-1])  # every object now comes before the subjects naming it
-    stats = build_templama(reversed_dump, str(tmp_path / "rev"), max_subjects=4, seed=0)
+    stats = build_templama(reversed_dump, str(tmp_path / "rev"), max_subjects=4, seed=0,
+                           require_enwiki=False)
     assert stats["passes"] == 2 and stats["objects_found_late"] > 1
     assert read_out(str(tmp_path / "rev")) == read_out(out)
 
@@ -197,13 +198,15 @@ def test_one_pass_when_every_object_follows(tmp_path):
     assert len(lines) == 4
     dump = str(tmp_path / "politicians.json")
     write_dump(dump, lines)
-    stats = build_templama(dump, str(tmp_path / "out"), relations=["P39"])
+    stats = build_templama(dump, str(tmp_path / "out"), relations=["P39"], require_enwiki=False)
     assert (stats["passes"], stats["objects_looked_up"], stats["queries"]) == (1, 0, 17)
 
 
-def test_require_enwiki(tmp_path):
+def test_require_enwiki_is_the_default(tmp_path):
+    """The paper keeps facts "whose subjects and objects are both entities with Wikipedia pages": so does the
+    builder unless told otherwise (require_enwiki=False, `--norequire_enwiki`)."""
     out = str(tmp_path / "enwiki")
-    stats = build_templama(DUMP, out, max_subjects=4, seed=0, require_enwiki=True)
+    stats = build_templama(DUMP, out, max_subjects=4, seed=0)
     queries = {q.id: q for q in sum(read_out(out).values(), [])}
     # Q16, Q7, Q8 lack an enwiki sitelink; so Q12 is no longer cut. Q105 (svwiki only) stops being an answer.
     assert {q.subject_id for q in queries.values()} == {"Q1", "Q2", "Q4", "Q12", "Q100"}
@@ -221,7 +224,7 @@ def test_require_enwiki(tmp_path):
 
 def test_max_subjects_ranks_by_sitelinks_then_statements_then_id(tmp_path):
     out = str(tmp_path / "top1")
-    stats = build_templama(DUMP, out, max_subjects=1)
+    stats = build_templama(DUMP, out, max_subjects=1, require_enwiki=False)
     by_relation = {}
     for q in sum(read_out(out).values(), []):
         by_relation.setdefault(q.relation, set()).add(q.subject_id)
@@ -232,7 +235,8 @@ def test_max_subjects_ranks_by_sitelinks_then_statements_then_id(tmp_path):
 
 def test_years_and_relations(tmp_path):
     out = str(tmp_path / "p39")
-    stats = build_templama(DUMP, out, start_year=2014, end_year=2016, relations=["P39"], seed=3)
+    stats = build_templama(DUMP, out, start_year=2014, end_year=2016, relations=["P39"], seed=3,
+                           require_enwiki=False)
     queries = sorted(sum(read_out(out).values(), []), key=lambda q: q.id)
     # Ivan's Q201 starts in 2019 (> 2016): dropped, leaving him one object.
     assert ids_and_answers(queries) == [("Q7_P39_2014", ["Q200"]), ("Q7_P39_2015", ["Q201"]),
@@ -249,15 +253,15 @@ def test_bad_json_line_names_file_and_line_and_writes_nothing(tmp_path):
     write_dump(dump, lines)
     out = tmp_path / "out"
     with pytest.raises(DataError) as e:
-        build_templama(dump, str(out))
+        build_templama(dump, str(out), require_enwiki=False)
     assert (e.value.path, e.value.line) == (dump, 3)
     assert f"{dump}:3: malformed JSON" in str(e.value)
     assert not out.exists()
     # A failed rebuild leaves an earlier build as it was.
-    build_templama(DUMP, str(out), max_subjects=4)
+    build_templama(DUMP, str(out), max_subjects=4, require_enwiki=False)
     before = {name: (out / name).read_bytes() for name in os.listdir(out)}
     with pytest.raises(DataError):
-        build_templama(dump, str(out))
+        build_templama(dump, str(out), require_enwiki=False)
     assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before
 
 
@@ -265,26 +269,26 @@ def test_other_bad_input(tmp_path):
     not_object = str(tmp_path / "list.json")
     write_dump(not_object, [entity_lines()[0], "[1, 2]"])
     with pytest.raises(DataError, match=r"list.json:3: expected an entity object"):
-        build_templama(not_object, str(tmp_path / "o1"))
+        build_templama(not_object, str(tmp_path / "o1"), require_enwiki=False)
     truncated = str(tmp_path / "cut.json.gz")
     with open(DUMP, "rb") as src:
         data = gzip.compress(src.read())
     with open(truncated, "wb") as f:
         f.write(data[: len(data) // 2])
     with pytest.raises(DataError, match="corrupt or truncated"):
-        build_templama(truncated, str(tmp_path / "o2"))
+        build_templama(truncated, str(tmp_path / "o2"), require_enwiki=False)
     with pytest.raises(DataError, match="no such file"):
-        build_templama(str(tmp_path / "missing.json.bz2"), str(tmp_path / "o3"))
+        build_templama(str(tmp_path / "missing.json.bz2"), str(tmp_path / "o3"), require_enwiki=False)
     with pytest.raises(ValueError, match="P999"):
-        build_templama(DUMP, str(tmp_path / "o4"), relations=["P999"])
+        build_templama(DUMP, str(tmp_path / "o4"), relations=["P999"], require_enwiki=False)
     with pytest.raises(ValueError, match="start_year"):
-        build_templama(DUMP, str(tmp_path / "o5"), start_year=2021, end_year=2020)
+        build_templama(DUMP, str(tmp_path / "o5"), start_year=2021, end_year=2020, require_enwiki=False)
     assert not any((tmp_path / f"o{i}").exists() for i in range(1, 6))
 
 
 def test_progress_is_shown_with_a_rate(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(wikidata, "PROGRESS_EVERY", 10)
-    build_templama(DUMP, str(tmp_path / "out"))
+    build_templama(DUMP, str(tmp_path / "out"), require_enwiki=False)
     progress = [line for line in capsys.readouterr().err.splitlines() if "lines/s" in line]
     assert any("pass 1" in m and ": 20 lines," in m for m in progress), progress
 
@@ -334,6 +338,6 @@ def test_a_dump_with_no_queries_is_an_error_and_writes_nothing(tmp_path, lines):
     write_dump(dump, lines)
     out = tmp_path / "out"
     with pytest.raises(DataError, match=r"no TempLAMA queries for 2010..2020: \d+ entities read, 0 statements") as e:
-        build_templama(dump, str(out))
+        build_templama(dump, str(out), require_enwiki=False)
     assert e.value.path == dump and "nothing was written" in str(e.value)
     assert not out.exists()

@@ -84,7 +84,7 @@ def test_the_streaming_half_runs_inside_reproduce(run_dir, results):
     assert "figures/stream_relative_perplexity.png" in text and "## streaming" not in text
     assert "findings" not in stream  # the stage's findings are the study's, in one place
     assert {n for n, f in results["findings"].items() if f["half"] == STREAMING} == {
-        "streaming_gap", "streaming_growth", "streaming_dynamic"}
+        "streaming_gap", "streaming_growth", "streaming_dynamic", "streaming_dynamic_slope"}
     dynamic = results["findings"]["streaming_dynamic"]
     assert dynamic["verdict"] == verdict(dynamic["effect"], dynamic["p_value"], -1)
     assert (dynamic["effect"] < 0) == (gain < 0)  # per document and overall, the same direction here

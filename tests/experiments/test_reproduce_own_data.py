@@ -225,7 +225,7 @@ def test_a_corpus_that_cannot_be_split_skips_the_streaming_half_and_its_findings
     reason = results["skipped"]["extra: streaming"]
     assert reason.startswith("the corpus cannot be split: no document dated 2019-")
     streaming = {n: f for n, f in results["findings"].items() if f["half"] == "streaming"}
-    assert set(streaming) == {"streaming_gap", "streaming_growth", "streaming_dynamic"}
+    assert set(streaming) == {"streaming_gap", "streaming_growth", "streaming_dynamic", "streaming_dynamic_slope"}
     for name, found in streaming.items():
         assert found["evidence"] == f"not tested: the streaming stage was skipped ({reason})", name
         assert found["verdict"] == "inconclusive" and found["n"] == 0

@@ -23,7 +23,7 @@ from templm.data.readers import read_documents
 from templm.data.token_stream import build_stream
 from templm.data.vocab import train_spm
 from templm.experiments.streaming import PRESETS as STREAM_PRESETS
-from templm.experiments.streaming import prepare_preset_data, stream_evaluation
+from templm.experiments.streaming import choose_rate, prepare_preset_data, stream_evaluation
 from templm.io import file_sha256, jsonable
 from templm.reports.stream import stream_markdown
 from templm.training import lm_trainer, partitioning
@@ -270,12 +270,40 @@ def test_dynamic_rates_are_chosen_on_the_validation_stream(runs, tmp_path):
     chosen = results["dynamic"]["chosen"]
     assert set(chosen) == {"time_stratified/dynamic"}  # the variant without candidates is not swept
     ppl = chosen["time_stratified/dynamic"]["validation_subword_ppl"]
-    assert set(ppl) == {"0.0001", "0.3", "3.0"}
+    assert {"0.0001", "0.3", "3.0"} <= set(ppl)  # and more beyond an edge where the best was there (choose_rate)
     assert chosen["time_stratified/dynamic"]["lr"] == float(min(ppl, key=ppl.get))
     assert results["dynamic"]["validation_split_file"].endswith("time_stratified_validation.gz")
     with pytest.raises(ValueError, match="lrs must be a list of positive rates"):
         stream_evaluation(str(tmp_path / "bad"), runs["time_stratified"], runs["control"],
                           dynamic=[{"name": "d", "rule": "sgd", "lrs": [0.1, -1]}])
+
+
+def test_a_rate_grid_widens_while_the_best_rate_is_at_its_edge():
+    """Four of five variants once chose the edge of their three-rate grid, so the best rate was never bracketed: the
+    grid now grows by its own ratio beyond the edge the best rate sits at, at most three times."""
+    import math
+
+    def valley(centre):
+        calls = []
+
+        def evaluate(lr):
+            calls.append(lr)
+            return 10 + math.log(lr / centre) ** 2
+        return evaluate, calls
+
+    evaluate, calls = valley(0.5)
+    lr, tried = choose_rate(evaluate, (0.01, 0.03, 0.1))
+    assert [round(x, 6) for x in tried] == [0.01, 0.03, 0.1, 0.3, 0.9] and math.isclose(lr, 0.3)
+    evaluate, calls = valley(1e-9)  # far below: three widenings, then the edge is kept
+    lr, tried = choose_rate(evaluate, (1e-4, 1e-3))
+    assert len(tried) == 5 and math.isclose(lr, 1e-7) and len(calls) == 5
+    evaluate, calls = valley(0.03)  # bracketed from the start: nothing more is evaluated
+    assert choose_rate(evaluate, (0.01, 0.03, 0.1))[0] == 0.03 and len(calls) == 3
+    lr, tried = choose_rate(lambda x: float("nan") if x > 0.05 else 1 / x, (0.01, 0.1))  # NaN counts as worst
+    assert lr == 0.01 and [round(x, 6) for x in tried] == [0.001, 0.01, 0.1]
+    evaluate, calls = valley(2.0)  # one rate: both sides are tried
+    lr, tried = choose_rate(evaluate, (0.5,))
+    assert [round(x, 6) for x in tried] == [0.166667, 0.5, 1.5, 4.5] and lr == 1.5
 
 
 def test_the_increasing_distance_layout_trains_on_its_file_and_streams_the_main_test(runs, tmp_path):

@@ -60,6 +60,27 @@ def test_temporal_beats_uniform_three_ways():
     assert future["temporal_beats_uniform"]["n"] == n
 
 
+def test_the_table_2_contrasts_take_their_own_slice_and_models():
+    """Temporal against Uniform on the future years, and against the routed Yearly experts on the seen years: each
+    on its own queries, so that a model that wins one slice and loses the other is judged apart on each."""
+    n = 40
+    years = [SEEN[i % 3] for i in range(n)] + [NEW] * n
+    base = np.clip(50 + noise(2 * n, 15, 4), 0, 100)
+    temporal = np.concatenate([base[:n] - 8 + noise(n, 2, 5), base[n:] + 9 + noise(n, 2, 6)])
+    results = {"world": {"seen_years": SEEN, "future_years": [NEW]},
+               "per_query": {"id": [f"q{i}" for i in range(2 * n)], "year": years,
+                             "f1": {"uniform": list(base), "temporal": list(temporal), "yearly": list(base)}}}
+    found = by_name(results)
+    assert found["temporal_beats_uniform"]["verdict"] == "opposite" and found["temporal_beats_uniform"]["n"] == n
+    future = found["temporal_beats_uniform_future"]
+    assert future["verdict"] == "appears" and future["n"] == n and future["effect"] == pytest.approx(
+        float(np.mean(temporal[n:] - base[n:])))
+    assert found["temporal_beats_yearly"]["verdict"] == "opposite"
+    assert "Yearly" in found["temporal_beats_yearly"]["evidence"]
+    del results["per_query"]["f1"]["yearly"]
+    assert by_name(results)["temporal_beats_yearly"]["reason"] == "no per-query F1 of both Temporal and Yearly"
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Yearly experts fall off with the year gap: a slope over queries scored by every expert.
 
@@ -190,24 +211,27 @@ def stream_results(gap_nats, growth, dynamic_nats, n_docs=48, months=24):
                                        "control/static": (ctl * words).tolist(),
                                        "time_stratified/dynamic": (dyn * words).tolist()}},
             "relative": {"static": {"per_month": per_month},
-                         "dynamic": {"per_month": {m: v - 0.3 for m, v in per_month.items()}}}}
+                         # Dynamic evaluation takes half the growth away (the slopes' comparison), with its own noise.
+                         "dynamic": {"per_month": {m: v - 0.3 - 0.5 * growth * i + float(noise(1, 0.02, 50 + i)[0])
+                                                   for i, (m, v) in enumerate(per_month.items())}}}}
 
 
 def test_stream_findings_three_ways():
     found = stream_findings(stream_results(0.5, 0.01, -0.3))
     assert {k: v["verdict"] for k, v in found.items()} == {"gap": "appears", "growth": "appears",
-                                                          "dynamic": "appears"}
+                                                          "dynamic": "appears", "dynamic_slope": "appears"}
+    assert found["dynamic_slope"]["effect"] == pytest.approx(-0.005, abs=0.002)
     assert found["gap"]["effect"] == pytest.approx(0.5, abs=0.05) and found["gap"]["n"] == 48
     assert found["growth"]["n"] == 24 and found["growth"]["effect"] == pytest.approx(0.01, abs=0.003)
     assert found["dynamic"]["gap_narrows"]["verdict"] == "appears"
     assert set(judge(stream_results(0.5, 0.01, -0.3), STREAMING)) == {f.name for f in of_half(STREAMING)}
     mirror = stream_findings(stream_results(-0.5, -0.01, +0.3))
     assert {k: v["verdict"] for k, v in mirror.items()} == {"gap": "opposite", "growth": "opposite",
-                                                           "dynamic": "opposite"}
+                                                           "dynamic": "opposite", "dynamic_slope": "opposite"}
     # The smoke report's "+0.01% per month" growth: inside the noise of the monthly values.
     flat = stream_findings(stream_results(0.0, 0.0001, 0.0))
     assert {k: v["verdict"] for k, v in flat.items()} == {"gap": "inconclusive", "growth": "inconclusive",
-                                                         "dynamic": "inconclusive"}
+                                                         "dynamic": "inconclusive", "dynamic_slope": "inconclusive"}
     no_dynamic = stream_results(0.5, 0.01, -0.3)
     del no_dynamic["documents"]["word_nll"]["time_stratified/dynamic"]
     assert stream_findings(no_dynamic)["dynamic"]["verdict"] == "inconclusive"

@@ -5,6 +5,7 @@ import collections
 import math
 
 import numpy as np
+import pytest
 
 from templm.data.token_stream import EOS_WORD, TokenStream
 from templm.metrics.findings import STREAMING, judge
@@ -42,9 +43,12 @@ def test_per_month_aggregation_on_hand_made_log_probs():
     jan, feb = agg["by_month"]["2020-01"], agg["by_month"]["2020-02"]
     assert list(agg["by_month"]) == ["2020-01", "2020-02"]
     assert jan["n_tokens"] == 2 and math.isclose(jan["subword_ppl"], math.exp(4.0 / 2))
-    assert jan["n_words"] == 2 and math.isclose(jan["word_ppl"], math.exp(4.0 / 2))  # (c+EOS: -4, empty word: 0)
+    # Word level counts Moses words only, as the paper: "c" (with the EOS piece merged into it: -4); the EOS words
+    # (the emptied one and doc 0's and doc 2's, -0.5 and -0.8) are left out.
+    assert jan["n_words"] == 1 and math.isclose(jan["word_ppl"], math.exp(4.0 / 1))
     assert feb["n_tokens"] == 7 and math.isclose(feb["subword_ppl"], math.exp(5.5 / 7))
-    assert feb["n_words"] == 7 and math.isclose(feb["word_ppl"], math.exp(5.5 / 7))
+    assert feb["n_words"] == 5 and math.isclose(feb["word_ppl"], math.exp(4.2 / 5))
+    assert agg["overall"]["n_words"] == 6 and math.isclose(agg["overall"]["word_ppl"], math.exp(8.2 / 6))
     assert math.isclose(agg["overall"]["subword_ppl"], math.exp(9.5 / 9))
 
 
@@ -153,16 +157,23 @@ def test_per_document_word_nll_adds_up_to_the_overall_perplexity(drifting_stream
     """The per-document numbers the findings' paired tests use are the overall word perplexity, split by document."""
     results = drifting_stream["results"]
     docs = results["documents"]
-    assert len(docs["month"]) == len(docs["words"]) == 9 and sum(docs["words"]) == drifting_stream["stream"].n_words
+    stream = drifting_stream["stream"]
+    assert len(docs["month"]) == len(docs["words"]) == 9
+    assert sum(docs["words"]) == stream.n_words - len(stream.doc_ids)  # one EOS word per document left out
     for key, nll in docs["word_nll"].items():
         name, mode = key.split("/")
         overall = results["runs"][name][mode]["overall"]["word_ppl"]
         assert math.isclose(math.exp(sum(nll) / sum(docs["words"])), overall, rel_tol=1e-9)
     found = judge(results, STREAMING)
-    assert set(found) == {"streaming_gap", "streaming_growth", "streaming_dynamic"}
+    assert set(found) == {"streaming_gap", "streaming_growth", "streaming_dynamic", "streaming_dynamic_slope"}
     assert found["streaming_gap"]["n"] == 9 and found["streaming_growth"]["n"] == 3
     # the drift, and half of it undone
     assert found["streaming_gap"]["effect"] > 0 and found["streaming_dynamic"]["effect"] < 0
+    # The slopes' comparison is the slope of the difference: static's slope minus dynamic's, as the run has them.
+    rel = results["relative"]
+    slope = found["streaming_dynamic_slope"]
+    assert slope["n"] == 3 and slope["effect"] == pytest.approx(rel["dynamic"]["slope"] - rel["static"]["slope"])
+    assert slope["effect"] < 0
 
 
 def test_emerging_occurrences_and_relative_increase_per_topic(drifting_stream):

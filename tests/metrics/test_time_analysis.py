@@ -45,6 +45,15 @@ def test_answer_durations_are_the_span_of_the_first_answers_fact():
     # Dicts work as well as Query objects.
     assert ta.answer_durations([{"id": "s", "subject_id": "S", "relation": "P", "year": 2014, "answers": ["u"]}]) == {
         "s": 1}
+    # From the facts' own spans (Dhingra et al.: "the duration of their corresponding facts in Wikidata"): X held
+    # 2011-2015 for A, so its queries inside 2014-2015 get 5 years, not the 2 the query window shows; a fact without
+    # an end, or an answer without a fact, falls back to the queries.
+    facts = [("A", "P54", "X", 2011, 2015), ("A", "P54", "Y", 2016, None), ("A", "P54", "X", 2017, 2030)]
+    d = ta.answer_durations(queries, facts)
+    assert d["A_P54_2014"] == d["A_P54_2015"] == 5
+    assert d["A_P54_2016"] == 1  # Y's fact has no end: the queries' run
+    assert d["A_P54_2017"] == d["A_P54_2018"] == 14 and d["A_P54_2019"] == 2
+    assert d["B_P54_2014"] == 1
     groups = ta.answer_groups(queries)
     assert groups[("A", "P54")] == "multiple" and groups[("B", "P54")] == "single"
 

@@ -1,0 +1,40 @@
+"""Task data built from a user's corpus: what the vocabulary is trained on."""
+
+import json
+import os
+import random
+
+import sentencepiece as spm
+
+from templm.data.task_data import TaskDataConfig, prepare_task_data
+
+
+def test_the_vocabulary_has_seen_no_future_text(tmp_path):
+    """The study's models never train on the future years, so neither does their vocabulary: every piece of it is
+    text of a seen year (or of the Temporal prefix). The future year here is full of a word no earlier year has,
+    frequent enough that SentencePiece would make pieces of it."""
+    rng = random.Random(3)
+    clubs = ["Rovers", "United", "Athletic", "City"]
+    lines = []
+    for year in (2014, 2015, 2016):
+        for k in range(120):
+            club = rng.choice(clubs)
+            text = f"Fans of {club} cheered on {year}. The crowd left happy. Tickets for {rng.choice(clubs)} sold out."
+            if year == 2016:  # varied sentences, so that no sampling of unique sentences thins the word out
+                text += "".join(f" Quorvexian {rng.choice(clubs)} won {rng.randint(1, 99)} Quorvexian cups."
+                                for _ in range(4))
+            lines.append(json.dumps({"id": f"{year}-{k}", "date": f"{year}-05-{1 + k % 28:02d}", "text": text}))
+    corpus = tmp_path / "news.jsonl"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = str(tmp_path / "tasks")
+    manifest = prepare_task_data(TaskDataConfig(corpus=str(corpus), vocab_size=200, exact_vocab_size=False,
+                                                future_years=1), out)
+    assert manifest["seen_years"] == [2014, 2015] and manifest["future_years"] == [2016]
+    seen_text = " ".join(json.loads(line)["text"] for line in lines if not line.startswith('{"id": "2016'))
+    seen_text += " " + " ".join(f"year: {y}" for y in (2014, 2015, 2016))
+    processor = spm.SentencePieceProcessor(model_file=os.path.join(out, manifest["vocabulary"]))
+    pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())
+              if not (processor.is_control(i) or processor.is_unknown(i))]
+    unseen = [p for p in pieces if p.replace("\u2581", " ").strip() not in seen_text]
+    assert unseen == []  # trained on every year, the vocabulary held "Q", "x" and numbers of 2016's text
+    assert len(processor.encode("Quorvexian")) > 2  # spelled in pieces of older text
