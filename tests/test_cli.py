@@ -331,11 +331,13 @@ def test_a_full_disk_while_data_tasks_writes_records_or_the_vocabulary_is_exit_4
     written = sorted((os.stat(os.path.join(root, n)).st_mtime_ns, os.path.getsize(os.path.join(root, n)),
                       os.path.relpath(os.path.join(root, n), scratch))
                      for root, _, names in os.walk(scratch) for n in names if not n.startswith("."))
-    largest_so_far = [max(size for _, size, _ in written[:i + 1]) for i in range(len(written))]
+    # Files closed in the same clock tick (the record writers close together) count as written together: the limit
+    # must be under the file's size and over every file written before or with it, so that only this one crosses.
     first = {}
-    for i, (_, size, name) in enumerate(written):
+    for mtime, size, name in written:
         kind = "record" if name.endswith(".tfrecord") else "vocabulary" if name.endswith(".model") else None
-        if kind and kind not in first and i and size > largest_so_far[i - 1]:
+        others = [other for t, other, n in written if t <= mtime and n != name]
+        if kind and kind not in first and others and size > max(others):
             first[kind] = (size, name)
     assert set(first) == {"record", "vocabulary"}, written
     for kind, (size, name) in first.items():

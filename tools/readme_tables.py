@@ -8,7 +8,8 @@ Each file is the results.json of `templm reproduce --preset P --seeds S,S,... --
 seeds; one seed's results.json works too). The table goes between README's two marker lines, one column per file:
 for each finding of the registry (templm.metrics.findings) the verdict over the seeds, the mean effect with its
 95 % interval and p, and each seed's verdict; then the wall time and, under the table, the command and machine of
-each column.
+each column. Below it, the streaming half's relative increase, its monthly slope and the gain from dynamic
+evaluation, each seed's and their mean, beside "Mind the Gap"'s values.
 """
 
 from __future__ import annotations
@@ -68,8 +69,58 @@ def _wall(results: Mapping[str, Any]) -> str:
     return total
 
 
+# Mind the Gap's values (Table 2, WMT; CustomNews and arXiv in parentheses; section 5 for dynamic evaluation).
+PAPER_STREAMING = {
+    "relative_increase": "+6.3 % (CustomNews +16.0 %, arXiv +8.4 %)",
+    "slope": "upward on every dataset (Figure 1)",
+    "dynamic_gain": "-1.2 % (WMT 22.45 to 22.17)",
+    "gap_closed": "21 % (WMT: 0.28 of the 1.34 between the models)",
+}
+STREAMING_ROWS = (
+    ("relative_increase", "streaming: relative increase of TIME-STRATIFIED over CONTROL, overall word perplexity"),
+    ("slope", "streaming: slope of the monthly relative increase (static), percentage points per month"),
+    ("dynamic_gain", "streaming: dynamic evaluation (SGD), TIME-STRATIFIED word perplexity change"),
+    ("gap_closed", "streaming: share of the gap to CONTROL that dynamic evaluation closes"),
+)
+
+
+def _seeds(results: Mapping[str, Any]) -> List[Mapping[str, Any]]:
+    """Each seed's own results (a run over seeds keeps them whole under per_seed; one seed's is itself)."""
+    per_seed = results.get("per_seed")
+    return list(per_seed.values()) if isinstance(per_seed, dict) else [results]
+
+
+def streaming_numbers(results: Mapping[str, Any]) -> dict:
+    """{row: [value of each seed]} of STREAMING_ROWS from each seed's streaming stage (none where it did not run)."""
+    out: dict = {name: [] for name, _ in STREAMING_ROWS}
+    for seed in _seeds(results):
+        stream = (seed.get("extra") or {}).get("streaming") or {}
+        ppl = stream.get("overall_word_ppl") or {}
+        ts, ctl, dyn = (ppl.get(k) for k in ("time_stratified/static", "control/static", "time_stratified/dynamic"))
+        if ts is None or ctl is None:
+            continue
+        out["relative_increase"].append(ts / ctl - 1)
+        slope = ((stream.get("relative") or {}).get("static") or {}).get("slope_per_month")
+        if slope is not None:
+            out["slope"].append(slope)
+        if dyn is not None:
+            out["dynamic_gain"].append(dyn / ts - 1)
+            if ts != ctl:
+                out["gap_closed"].append((ts - dyn) / (ts - ctl))
+    return out
+
+
+def _percent(values: Sequence[float], digits: int = 1) -> str:
+    if not values:
+        return "not run"
+    mean = sum(values) / len(values)
+    each = ", ".join(f"{100 * v:+.{digits}f}" for v in values)
+    return f"{100 * mean:+.{digits}f} %" + (f" (seeds {each})" if len(values) > 1 else "")
+
+
 def table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
-    """The Markdown between README's markers: the table, then how each column was made."""
+    """The Markdown between README's markers: the table, then the streaming numbers beside the paper's, then how
+    each column was made."""
     names = [f.name for f in REGISTRY if all(f.name in (r.get("findings") or {}) for r in runs)]
     lines = ["| finding | " + " | ".join(_column(r) for r in runs) + " |",
              "|---|" + "---|" * len(runs)]
@@ -77,6 +128,15 @@ def table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
         lines.append(f"| `{name}`: {BY_NAME[name].claim} | "
                      + " | ".join(cell(r["findings"][name]) for r in runs) + " |")
     lines.append("| wall time | " + " | ".join(_wall(r) for r in runs) + " |")
+    lines.append("")
+    numbers = [streaming_numbers(r) for r in runs]
+    lines.append("| the streaming half beside the paper | " + " | ".join(_column(r) for r in runs)
+                 + " | Mind the Gap |")
+    lines.append("|---|" + "---|" * (len(runs) + 1))
+    for name, label in STREAMING_ROWS:
+        digits = 2 if name == "slope" else 1
+        lines.append(f"| {label} | " + " | ".join(_percent(n[name], digits) for n in numbers)
+                     + f" | {PAPER_STREAMING[name]} |")
     lines.append("")
     for r, source in zip(runs, sources):
         seeds = r.get("seeds") or [r.get("seed")]

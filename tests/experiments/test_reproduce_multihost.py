@@ -63,9 +63,18 @@ def test_two_processes_give_the_one_process_numbers(runs):
                                                "adapt_uniform_alpha0.5"}
     for path, value in single.items():
         if isinstance(value, float) and not math.isnan(value):
-            # Summed over two devices instead of one: the same numbers to float32 noise (relative 1e-4 leaves room
-            # for the bootstrap intervals, computed from those numbers).
-            assert multi[path] == pytest.approx(value, rel=1e-4, abs=1e-6), path
+            # Summed over two devices instead of one: the same numbers to float32 noise, relative 1e-4, or 1e-5
+            # absolute for numbers near 0 that are differences of model outputs (a slope of entropies over the
+            # years). A bootstrap interval's end is an order statistic of the resampled estimates: noise that swaps
+            # two neighbouring ones moves it by their spacing, so it is held to a thousandth of the interval's width.
+            tolerance = 1e-5
+            if path.endswith("/p_value"):
+                tolerance = 1e-3  # a test of a slope near 0 moves its p with that noise; verdicts are equal (below)
+            if path.endswith(("/interval[0]", "/interval[1]")):
+                low, high = single[path[:-3] + "[0]"], single[path[:-3] + "[1]"]
+                if isinstance(low, float) and isinstance(high, float) and math.isfinite(high - low):
+                    tolerance = max(tolerance, 1e-3 * abs(high - low))
+            assert multi[path] == pytest.approx(value, rel=1e-4, abs=tolerance), path
         elif not isinstance(value, float):
             assert multi[path] == value, path  # counts, predictions' F1 per query, verdicts, names
 

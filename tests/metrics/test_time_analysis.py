@@ -129,3 +129,31 @@ def test_entropy_over_candidates_by_hand():
     table = ta.mean_by_class_and_year([1.0, 3.0, 2.0, 5.0], ["never", "never", "frequent", "other"],
                                       [2019, 2019, 2020, 2019])
     assert table == {"frequent": {2020: 2.0}, "never": {2019: 2.0}, "other": {2019: 5.0}}
+
+
+def test_the_studys_durations_come_from_the_worlds_fact_spans(tmp_path):
+    """On the embedded world the study groups queries by the span of their answer's fact (the paper's "duration of
+    their corresponding facts in Wikidata"), which starts before the queried years for most facts; a TempLAMA
+    release's rows carry no spans, and the queries' own run of years is used."""
+    from templm.data import TemplamaReader
+    from templm.data.world import WorldConfig, generate_world
+    from templm.experiments.reproduce import TaskData, world_fact_spans
+
+    data_dir = tmp_path / "data"
+    generate_world(WorldConfig(seed=5, start_year=2014, end_year=2017, subjects_per_relation=6, docs_per_month=2),
+                   str(data_dir / "world"))
+    data = TaskData(str(data_dir), {}, [2014, 2015], [2016, 2017], "embedded world", {}, 2)
+    queries = list(TemplamaReader(str(data_dir / "world" / "templama" / "test.jsonl")))
+    spans = world_fact_spans(data)
+    from_facts, from_queries = ta.answer_durations(queries, spans), ta.answer_durations(queries)
+    assert set(from_facts) == set(from_queries)
+    # A fact spans at least its run of queried years, unless the same answer came back in a later fact of the next
+    # year (two facts, one run of queries): rare.
+    assert sum(from_facts[i] >= from_queries[i] for i in from_queries) >= 0.9 * len(queries)
+    assert sum(from_facts[i] > from_queries[i] for i in from_queries) > len(queries) / 4  # begun before 2014
+    import shutil
+
+    shutil.copytree(data_dir / "world" / "templama", tmp_path / "release")
+    release = TaskData(str(data_dir), {"config": {"templama_dir": str(tmp_path / "release")}}, [2014, 2015],
+                       [2016, 2017], "corpus", {}, 2)
+    assert world_fact_spans(release) is None

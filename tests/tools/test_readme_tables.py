@@ -60,3 +60,23 @@ def test_readme_has_the_markers_once():
     with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
         text = f.read()
     assert text.count(readme_tables.BEGIN) == 1 and text.count(readme_tables.END) == 1
+
+
+def test_the_streaming_numbers_beside_the_papers_come_from_each_seeds_stream_run():
+    """The relative increase, its slope and the dynamic-evaluation gain are each seed's own overall word
+    perplexities and slope, as the run's results.json holds them; their row shows every seed and the mean."""
+    with open(os.path.join(REPO, "tests", "fixtures", "reproduce_results.json"), encoding="utf-8") as f:
+        first = json.load(f)
+    second = copy.deepcopy(first)
+    ppl = second["extra"]["streaming"]["overall_word_ppl"]
+    ppl["time_stratified/static"] = ppl["control/static"] * 1.2
+    ppl["time_stratified/dynamic"] = ppl["control/static"] * 1.1
+    numbers = readme_tables.streaming_numbers(combine_seeds({"0": first, "1": second}))
+    own = first["extra"]["streaming"]["overall_word_ppl"]
+    ts, ctl, dyn = own["time_stratified/static"], own["control/static"], own["time_stratified/dynamic"]
+    assert numbers["relative_increase"] == pytest.approx([ts / ctl - 1, 0.2])
+    assert numbers["dynamic_gain"] == pytest.approx([dyn / ts - 1, 1.1 / 1.2 - 1])
+    assert numbers["gap_closed"] == pytest.approx([(ts - dyn) / (ts - ctl), 0.5])
+    assert numbers["slope"] == [first["extra"]["streaming"]["relative"]["static"]["slope_per_month"]] * 2
+    assert readme_tables._percent([0.1, 0.2]) == "+15.0 % (seeds +10.0, +20.0)"
+    assert readme_tables._percent([]) == "not run"

@@ -54,9 +54,9 @@ def _losses(model_dir):
 
 
 def test_loss_falls_on_a_world_split(data, tmp_path):
-    result = _train(data, tmp_path, 60, save_period=0, **SHARED)
+    result = _train(data, tmp_path, 120, save_period=0, **SHARED)
     losses = _losses(tmp_path)
-    assert len(losses) == 60 and result["step"] == 60
+    assert len(losses) == 120 and result["step"] == 120
     # Below the unigram entropy of the split's tokens: the model uses its context, not only token frequencies.
     docs = read_split_documents(data["corpus"], os.path.join(data["split_dir"], "time_stratified_train.gz"))
     counts = np.bincount(tokenize_documents(docs, load_processor(data["spm_model"]))[0])
@@ -67,12 +67,12 @@ def test_loss_falls_on_a_world_split(data, tmp_path):
     assert result["data"]["documents"] == len(read_split_file(os.path.join(data["split_dir"],
                                                                            "time_stratified_train.gz")))
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path))
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["60", "integrity"]  # the end is always saved
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["120", "integrity"]  # the end is always saved
 
     model, params, meta = lm_trainer.load_lm(str(tmp_path))
-    assert model.config == lm_trainer.resolve_config(TINY) and meta["step"] == 60
+    assert model.config == lm_trainer.resolve_config(TINY) and meta["step"] == 120
     assert meta["split_file"].endswith("time_stratified_train.gz") and meta["data_order"] == "shuffle"
-    assert meta["mem_len"] == 16 and meta["data_position"] == 60
+    assert meta["mem_len"] == 16 and meta["data_position"] == 120
     same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), b), result["params"], params)
     assert all(jax.tree.leaves(same))
 
