@@ -66,7 +66,7 @@ from templm import console, tasks
 from templm.data.regimes import SHARED_MODEL
 from templm.data.readers import Corpus, TemplamaReader, resolve_corpus, templama_split_files
 from templm.data.task_data import TaskDataConfig, prepare_task_data, read_manifest
-from templm.data.world import WorldConfig, load_world
+from templm.data.world import WORLD_VERSION, WorldConfig, load_world
 from templm.errors import ConfigError, DataError, Preempted, StageSkipped, sigterm_received, watch_sigterm
 from templm.evaluation.checkpoint_eval import evaluate_params
 from templm.evaluation.future_probes import TextScorer, future_calibration, future_degradation, read_calibration
@@ -778,7 +778,10 @@ def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[Ex
         partitioning.barrier("reproduce: run.json")
         return False
     record = {"preset": dataclasses.asdict(preset), "seed": seed, "extra_stages": [stage.name for stage in extra]}
-    if not data.embedded:  # the embedded world's record stays as it was, so its earlier runs still resume
+    if data.embedded:
+        # The generator's version: the same seed draws other text under another one, so its models start afresh.
+        record["world_version"] = WORLD_VERSION
+    else:
         record["data"] = data.record()
     if stream_preset is not None and any(stage.name == "streaming" for stage in extra):
         record["stream_preset"] = dataclasses.asdict(stream_preset)

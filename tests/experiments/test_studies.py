@@ -53,3 +53,24 @@ def test_a_study_file_with_an_unknown_or_missing_field_is_one_message(tmp_path):
         load_study(str(half))
     with pytest.raises(ConfigError, match="unknown study 'huge'"):
         load_study("huge")
+
+
+def test_a_run_of_an_older_world_generator_starts_its_models_afresh(tmp_path):
+    """A run folder of the embedded world records the generator's version: the same seed drew other text before,
+    so `make demo` rerun after an upgrade must not resume (and report) models trained on the old world."""
+    import json
+
+    from templm.data.world import WORLD_VERSION
+    from templm.experiments.reproduce import PRESETS, _start_or_resume
+
+    out = tmp_path / "run"
+    (out / "models" / "uniform").mkdir(parents=True)
+    assert not _start_or_resume(str(out), PRESETS["tiny_test"], 0, ())
+    record = json.loads((out / "run.json").read_text())
+    assert record["world_version"] == WORLD_VERSION and not (out / "models").exists()
+    (out / "models" / "uniform").mkdir(parents=True)
+    assert _start_or_resume(str(out), PRESETS["tiny_test"], 0, ())  # the same record: resumed, models kept
+    assert (out / "models" / "uniform").is_dir()
+    del record["world_version"]  # as a run of the generator before version 2 wrote it
+    (out / "run.json").write_text(json.dumps(record))
+    assert not _start_or_resume(str(out), PRESETS["tiny_test"], 0, ()) and not (out / "models").exists()
