@@ -80,3 +80,16 @@ def test_the_streaming_numbers_beside_the_papers_come_from_each_seeds_stream_run
     assert numbers["slope"] == [first["extra"]["streaming"]["relative"]["static"]["slope_per_month"]] * 2
     assert readme_tables._percent([0.1, 0.2]) == "+15.0 % (seeds +10.0, +20.0)"
     assert readme_tables._percent([]) == "not run"
+
+
+def test_the_detectable_slope_is_the_monthly_noise_over_the_months_spread():
+    months = [f"2018-{m:02d}" for m in range(1, 13)] + [f"2019-{m:02d}" for m in range(1, 13)]
+    noise = [0.05 if i % 2 else -0.05 for i in range(24)]
+    line = {m: 0.1 + 0.01 * i for i, m in enumerate(months)}
+    assert readme_tables._detectable_slope(line) == pytest.approx(0.0, abs=1e-12)  # no noise: any slope shows
+    noisy = {m: v + e for (m, v), e in zip(line.items(), noise)}
+    twice = {m: v + 2 * e for (m, v), e in zip(line.items(), noise)}
+    assert readme_tables._detectable_slope(twice) == pytest.approx(2 * readme_tables._detectable_slope(noisy))
+    # 2.8 standard errors of the slope: sd / sqrt(sum (x - mean)^2) with 24 months is sd / 33.9.
+    assert readme_tables._detectable_slope(noisy) == pytest.approx(2.8 * 0.0511 / 33.91, rel=0.02)
+    assert readme_tables._detectable_slope(dict(list(line.items())[:3])) is None
