@@ -53,8 +53,8 @@ from templm.evaluation.stream_eval import evaluate_stream
 from templm.experiments.studies import StreamPreset, load_study, study_names
 from templm.io import file_sha256, write_json
 from templm.metrics.findings import STREAMING, judge
-from templm.metrics.stream import (CONTROL_TOKENIZER_RUN, moses_word_log_probs, perplexity, stream_results, summarize,
-                                   tokenizer_comparison)
+from templm.metrics.stream import (CONTROL_TOKENIZER_RUN, moses_word_log_probs, moses_words, perplexity,
+                                   stream_results, summarize, tokenizer_comparison)
 from templm.models.transformer_xl import TransformerXLConfig
 from templm.training import partitioning
 from templm.training.lm_trainer import load_lm, train_lm
@@ -250,7 +250,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
     mem_len = ts_model.config.test_mem_len if mem_len is None else int(mem_len)
     shared = len(set(spm_models.values())) == 1
     console.say(f"stream: {len(test_docs)} test documents ({stream.months[0]} .. {stream.months[-1]}), "
-                f"{int((~stream.word_is_eos).sum())} words, "
+                f"{len(moses_words(stream))} words, "
                 + (f"{stream.n_targets} tokens" if shared else "tokens " + ", ".join(
                     f"{name} {s.n_targets}" for name, s in streams.items()) + " (each run's own tokenizer)")
                 + f"; segments of {seg_len}, memory {mem_len}, {batch_size} stream(s)")

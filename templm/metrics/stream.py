@@ -57,11 +57,16 @@ def word_log_probs(stream: TokenStream, token_log_probs: Any) -> np.ndarray:
     return np.bincount(stream.token_word, weights=lp, minlength=stream.n_words)
 
 
+def moses_words(stream: TokenStream) -> np.ndarray:
+    """The indices of the stream's Moses words: every word but the EOS words."""
+    return np.flatnonzero(~np.asarray(stream.word_is_eos, bool))
+
+
 def moses_word_log_probs(stream: TokenStream, token_log_probs: Any) -> Tuple[np.ndarray, np.ndarray]:
     """(log-probabilities of the stream's Moses words, their word indices): `word_log_probs` without the EOS words,
     as "Mind the Gap" computes word perplexity over the test's Moses tokens only (an EOS piece counts in subword
     perplexity, not in word perplexity)."""
-    keep = np.flatnonzero(~np.asarray(stream.word_is_eos, bool))
+    keep = moses_words(stream)
     return word_log_probs(stream, token_log_probs)[keep], keep
 
 
@@ -228,8 +233,7 @@ def document_word_nll(stream: TokenStream, runs: Mapping[str, Mapping[str, Any]]
     (nats), each run's token log-probs read with its own stream when `streams` gives one (its own tokenizer). The
     paired tests of the findings compare models document by document."""
     n_docs = len(stream.doc_ids)
-    _, moses = moses_word_log_probs(stream, np.zeros(stream.n_targets))
-    word_doc = stream.word_doc[moses]
+    word_doc = stream.word_doc[moses_words(stream)]
     words = np.bincount(word_doc, minlength=n_docs)
     streams = streams or {}
     nll = {f"{name}/{mode}": (-np.bincount(word_doc, weights=moses_word_log_probs(streams.get(name, stream), lp)[0],
@@ -270,7 +274,7 @@ def stream_results(stream: TokenStream, runs: Mapping[str, Mapping[str, Any]], *
     results: Dict[str, Any] = {
         "settings": dict(settings or {}, seg_len=seg_len, mem_len=mem_len, batch_size=batch_size,
                          n_documents=len(stream.doc_ids), n_tokens=stream.n_targets,
-                         n_words=int((~stream.word_is_eos).sum())),
+                         n_words=len(moses_words(stream))),
         "months": stream.months,
         "primary": primary,
         "baseline": baseline,
