@@ -552,12 +552,14 @@ def _stop_if_asked(where: str) -> None:
 
 def evaluate(run: Reproduction, data: TaskData, params: Mapping[str, Any]) -> Evaluation:
     """TempLAMA and CustomNews of the Uniform and Temporal models and of the yearly router, each expert on every
-    year (the fall-off with the year gap), and F1 by answer duration. `params`: {model name: parameters}."""
+    year (the fall-off with the year gap), and F1 by answer duration. "per_query" holds the three models' per-query
+    TempLAMA F1 with each query's answer duration (None where unknown), and their per-example CustomNews span F1
+    under "customnews". `params`: {model name: parameters}."""
     run.configure(data.data_dir)
     fns = run.shared["fns"]
     regimes: Dict[str, Any] = {}
     summary: Dict[str, Any] = {}
-    evaluations = {}
+    evaluations, news_evaluations = {}, {}
     base = {}
     for regime in SHARED_MODEL:
         _stop_if_asked(regime)
@@ -566,6 +568,7 @@ def evaluate(run: Reproduction, data: TaskData, params: Mapping[str, Any]) -> Ev
         customnews = evaluate_model(model_fns, f"customnews_ssm_{regime}", run.lengths)
         regimes[regime], summary[regime] = _qa_summary(data, templama, customnews, run.params_count, run.preset.steps)
         evaluations[regime] = templama
+        news_evaluations[regime] = customnews
         base[regime] = {"templama": templama, "customnews": customnews}
     _stop_if_asked("the yearly experts")
     router = YearRouter({year: params[f"yearly_{year}"] for year in data.seen})
@@ -575,6 +578,7 @@ def evaluate(run: Reproduction, data: TaskData, params: Mapping[str, Any]) -> Ev
                                                        run.preset.yearly_steps * len(data.seen))
     regimes["yearly"]["routes"] = {str(y): router.route(y) for y in data.manifest["years"]}
     evaluations["yearly"] = templama
+    news_evaluations["yearly"] = customnews
 
     # Each expert on every year's test examples, TempLAMA and CustomNews: the fall-off with the year gap.
     experts: Dict[str, Dict[int, Any]] = {"templama": {}, "customnews": {}}
@@ -602,8 +606,11 @@ def evaluate(run: Reproduction, data: TaskData, params: Mapping[str, Any]) -> Ev
         ids = {ex["id"] for ex in evaluation.examples if ex.get("year") in seen}
         predictions = {i: p for i, p in evaluation.predictions().items() if i in ids}
         duration[regime] = time_analysis.f1_by_duration(predictions, evaluation.answers(), durations)
-    return Evaluation({"regimes": regimes, "summary": summary, "yearly": yearly,
-                       "per_query": per_query_f1(evaluations), "duration": duration}, base, queries)
+    per_query = per_query_f1(evaluations)
+    per_query["duration"] = [durations.get(i) for i in per_query["id"]]
+    per_query["customnews"] = per_query_f1(news_evaluations)
+    return Evaluation({"regimes": regimes, "summary": summary, "yearly": yearly, "per_query": per_query,
+                       "duration": duration}, base, queries)
 
 
 def world_fact_spans(data: "TaskData") -> Optional[List[Tuple[str, str, str, Optional[int], Optional[int]]]]:

@@ -52,6 +52,9 @@ from templm.metrics import statistics, stream
 
 CHANGE_CLASSES = ("frequent", "rare", "never")
 OLD_F1_KEPT = 0.8  # "keeps most of its old-year F1": at least this share of the un-adapted model's
+SHORT_DURATION = 5  # Dhingra et al., Figure 2: Uniform "does worse on queries whose answers persist for less than 5"
+MATCH_ALPHA = 0.5  # the paper's alpha whose short fine-tune "matches" the retrained model
+RETRAINED_F1_MATCHED = 0.9  # "matches": at least this share of the retrained model's F1 (a non-inferiority margin)
 
 
 def _fmt(x: Optional[float], digits: int = 2, sign: bool = True) -> str:
@@ -69,11 +72,15 @@ def _missing(test: str, reason: str) -> Dict[str, Any]:
 # One seed.
 
 
-def _paired_regimes(results, better: str, worse: str, slice_: str, alpha) -> Dict[str, Any]:
-    """Paired bootstrap / sign-flip test over the same TempLAMA test queries of one slice ("seen" or "future"
-    years) of the per-query F1, `better` minus `worse` (claim > 0)."""
+def _paired_regimes(results, better: str, worse: str, slice_: str, alpha, dataset: str = "templama"
+                    ) -> Dict[str, Any]:
+    """Paired bootstrap / sign-flip test over the same test examples of one slice ("seen" or "future" years) of the
+    per-example F1, `better` minus `worse` (claim > 0): TempLAMA's queries, or CustomNews's masked spans."""
     name = "paired bootstrap of the per-query F1 difference"
     pq = results.get("per_query") or {}
+    if dataset == "customnews":
+        pq = pq.get("customnews") or {}
+    label = {"templama": "TempLAMA F1", "customnews": "CustomNews span F1"}[dataset]
     f1 = pq.get("f1") or {}
     if better not in f1 or worse not in f1:
         return _missing(name, f"no per-query F1 of both {better.title()} and {worse.title()}")
@@ -81,9 +88,9 @@ def _paired_regimes(results, better: str, worse: str, slice_: str, alpha) -> Dic
     keep = np.array([y in years for y in pq["year"]], bool)
     x, y = np.asarray(f1[better], float)[keep], np.asarray(f1[worse], float)[keep]
     if len(x) < 2:
-        return _missing(name, f"fewer than two {slice_}-year test queries")
+        return _missing(name, f"fewer than two {slice_}-year test examples")
     out = statistics.paired_difference(x, y, direction=+1, alpha=alpha)
-    out["evidence"] = (f"{slice_}-year TempLAMA F1 {better.title()} {x.mean():.2f} vs {worse.title()} "
+    out["evidence"] = (f"{slice_}-year {label} {better.title()} {x.mean():.2f} vs {worse.title()} "
                        f"{y.mean():.2f}: difference {statistics.describe(out, 'F1')}")
     return out
 
@@ -98,6 +105,43 @@ def _temporal_beats_uniform_future(results, alpha) -> Dict[str, Any]:
 
 def _temporal_beats_yearly(results, alpha) -> Dict[str, Any]:
     return _paired_regimes(results, "temporal", "yearly", "seen", alpha)
+
+
+def _yearly_beats_temporal_customnews(results, alpha) -> Dict[str, Any]:
+    return _paired_regimes(results, "yearly", "temporal", "seen", alpha, dataset="customnews")
+
+
+def _duration_tradeoff(results, alpha) -> Dict[str, Any]:
+    """Dhingra et al., Figure 2 (right): Uniform does better than the Yearly experts on queries whose answer lasts
+    long, worse on those lasting less than SHORT_DURATION years. The per-query F1 difference Uniform minus Yearly
+    over the seen-year queries, answers lasting >= SHORT_DURATION years minus shorter ones (claim > 0); each
+    group's mean F1 of every model as details."""
+    name = (f"Welch's t-test of the per-query F1 difference Uniform minus Yearly, answers lasting >= {SHORT_DURATION} "
+            f"years minus shorter ones")
+    pq = results.get("per_query") or {}
+    f1 = pq.get("f1") or {}
+    if "uniform" not in f1 or "yearly" not in f1 or not pq.get("duration"):
+        return _missing(name, "no per-query F1 of Uniform and the Yearly experts with answer durations")
+    seen = set(lookup(results, "world", "seen_years", default=[]) or [])
+    duration = np.array([np.nan if d is None else float(d) for d in pq["duration"]], float)
+    keep = np.array([y in seen for y in pq["year"]], bool) & np.isfinite(duration)
+    scores = {m: np.asarray(v, float)[keep] for m, v in f1.items()}
+    long = duration[keep] >= SHORT_DURATION
+    diff = scores["uniform"] - scores["yearly"]
+    out = statistics.welch(diff[long], diff[~long], direction=+1, alpha=alpha)
+    out["test"] = name
+    out["groups"] = {group: {"n": int(mask.sum()), **{m: float(v[mask].mean()) if mask.any() else None
+                                                       for m, v in scores.items()}}
+                     for group, mask in (("long", long), ("short", ~long))}
+    def group_text(group):
+        g = out["groups"][group]
+        return (f"{'>=' if group == 'long' else '<'} {SHORT_DURATION} years (n={g['n']}): "
+                + ", ".join(f"{m.title()} {_fmt(g.get(m), sign=False)}" for m in ("uniform", "yearly", "temporal")
+                            if m in g))
+
+    out["evidence"] = (f"seen-year TempLAMA F1 by answer duration, {group_text('long')}; {group_text('short')}; "
+                       f"Uniform's lead over Yearly, long minus short {statistics.describe(out, 'F1')}")
+    return out
 
 
 def _yearly_falloff(results, alpha) -> Dict[str, Any]:
@@ -230,6 +274,48 @@ def _adaptation(results, alpha) -> Dict[str, Any]:
     return out
 
 
+def _adapted_matches_retrained(results, alpha) -> Dict[str, Any]:
+    """Dhingra et al., section 3.3: with alpha 0.5, the Temporal model fine-tuned briefly "matches" the Temporal
+    model retrained from scratch. A non-inferiority test on each slice (the new year, the old years), paired over
+    the same TempLAMA test queries: adapted F1 above RETRAINED_F1_MATCHED x the retrained model's (claim > 0); it
+    appears when both slices pass (intersection-union), is the opposite when either is significantly below."""
+    name = (f"paired non-inferiority tests on the new year and the old years: adapted (alpha {MATCH_ALPHA:g}) F1 minus "
+            f"{RETRAINED_F1_MATCHED:g} x the retrained model's > 0 (intersection-union)")
+    pq = lookup(results, "adaptation", "regimes", "temporal", "per_query", "templama", default=None)
+    new_year = lookup(results, "adaptation", "new_year")
+    old_years = set(lookup(results, "adaptation", "old_years", default=[]) or [])
+    if not pq or "retrained" not in pq["f1"] or new_year is None:
+        return _missing(name, "no retrained Temporal model with per-query F1")
+    key = next((a for a in pq["f1"] if a not in ("base", "retrained") and float(a) == MATCH_ALPHA), None)
+    if key is None:
+        have = ", ".join(sorted((a for a in pq["f1"] if a not in ("base", "retrained")), key=float)) or "none"
+        return _missing(name, f"no fine-tune at alpha {MATCH_ALPHA:g}, the paper's (the run's alphas: {have})")
+    years = np.asarray(pq["year"], object)
+    adapted, retrained = np.asarray(pq["f1"][key], float), np.asarray(pq["f1"]["retrained"], float)
+    parts = {}
+    for part, mask in (("new_year", years == new_year), ("old_years", np.array([y in old_years for y in years]))):
+        if mask.sum() < 2:
+            return _missing(name, f"fewer than two {part.replace('_', ' ')} test queries")
+        test = statistics.paired_difference(adapted[mask], RETRAINED_F1_MATCHED * retrained[mask], direction=+1,
+                                            alpha=alpha)
+        test["adapted_f1"], test["retrained_f1"] = float(adapted[mask].mean()), float(retrained[mask].mean())
+        parts[part] = test
+    verdicts = [t["verdict"] for t in parts.values()]
+    verdict = ("appears" if all(v == "appears" for v in verdicts) else
+               "opposite" if "opposite" in verdicts else "inconclusive")
+    weakest = min(parts, key=lambda k: parts[k]["effect"])
+    p_values = [t["p_value"] for t in parts.values()]
+    out = {"test": name, "effect": parts[weakest]["effect"], "interval": parts[weakest]["interval"],
+           "p_value": None if any(p is None for p in p_values) else max(p_values), "n": parts[weakest]["n"],
+           "confidence": parts[weakest].get("confidence", 0.95), "verdict": verdict, "weakest": weakest,
+           "alpha": key, "slices": {k: {f: t[f] for f in ("effect", "interval", "p_value", "n", "verdict",
+                                                          "adapted_f1", "retrained_f1")} for k, t in parts.items()}}
+    out["evidence"] = f"alpha {key}: " + "; ".join(
+        f"{k.replace('_', ' ')} F1 adapted {t['adapted_f1']:.2f} vs retrained {t['retrained_f1']:.2f}, margin test "
+        f"{statistics.describe(t, 'F1')}" for k, t in parts.items())
+    return out
+
+
 def _aligned(pq: Mapping[str, Any], ids: Sequence[str], name: str) -> np.ndarray:
     where = {i: k for k, i in enumerate(pq["id"])}
     return np.asarray([pq["f1"][name][where[i]] for i in ids], float)
@@ -302,8 +388,13 @@ REGISTRY: Tuple[Finding, ...] = (
             "Table 2's 2019-20 column)", +1, TIME_AWARE, ("data", "evaluate"), _temporal_beats_uniform_future),
     Finding("temporal_beats_yearly", "Temporal beats the Yearly experts on seen-year TempLAMA F1 (Table 2)", +1,
             TIME_AWARE, ("data", "evaluate"), _temporal_beats_yearly),
+    Finding("yearly_beats_temporal_customnews", "The Yearly experts beat Temporal on seen-year CustomNews span F1 "
+            "(Table 2: short-lived facts)", +1, TIME_AWARE, ("data", "evaluate"), _yearly_beats_temporal_customnews),
     Finding("yearly_falloff", "Yearly experts fall off with the year gap", -1, TIME_AWARE, ("data", "evaluate"),
             _yearly_falloff),
+    Finding("duration_tradeoff", f"Uniform's F1 lead over the Yearly experts is larger on answers lasting >= "
+            f"{SHORT_DURATION} years than on shorter ones (Figure 2)", +1, TIME_AWARE, ("data", "evaluate"),
+            _duration_tradeoff),
     Finding("multi_answer_falls_faster", "The log-likelihood of multi-answer facts falls faster into the future "
             "than that of single-answer facts", -1, TIME_AWARE, ("data", "future probes"),
             _multi_answer_falls_faster),
@@ -311,6 +402,9 @@ REGISTRY: Tuple[Finding, ...] = (
             TIME_AWARE, ("data", "future probes", "calibration"), _entropy_order),
     Finding("adaptation", f"Alpha-mixture adaptation gains on the new year while keeping most (>= {OLD_F1_KEPT:.0%}) "
             "of the old-years F1", +1, TIME_AWARE, ("data", "adaptation"), _adaptation),
+    Finding("adapted_matches_retrained", f"With alpha {MATCH_ALPHA:g}, a short fine-tune of Temporal matches (>= "
+            f"{RETRAINED_F1_MATCHED:.0%} of) the Temporal model retrained from scratch on the new and the old years",
+            +1, TIME_AWARE, ("data", "adaptation"), _adapted_matches_retrained),
     Finding("temporal_forgets_less", "Adapted to a new year, the Temporal model forgets the old years less than the "
             "Uniform model", -1, TIME_AWARE, ("data", "adaptation"), _temporal_forgets_less),
     Finding("streaming_gap", "TIME-STRATIFIED perplexity is above CONTROL's on the test documents", +1, STREAMING,

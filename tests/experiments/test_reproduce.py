@@ -159,6 +159,15 @@ def test_results_json_holds_every_stage(results):
     assert all(len(v) == len(ids) for v in results["per_query"]["f1"].values())
     seen = [f for f, y in zip(results["per_query"]["f1"]["temporal"], results["per_query"]["year"]) if y == 2016]
     assert sum(seen) / len(seen) == pytest.approx(results["regimes"]["temporal"]["templama"]["f1_2016"])
+    # Each query's answer duration (the world's fact spans: at least one year), and CustomNews's spans per example.
+    durations = results["per_query"]["duration"]
+    assert len(durations) == len(ids) and all(d is None or d >= 1 for d in durations) and any(durations)
+    news = results["per_query"]["customnews"]
+    assert set(news["f1"]) == {"uniform", "temporal", "yearly"} and len(news["id"]) == sum(
+        results["regimes"]["temporal"]["customnews"][f"count_{y}"] for y in (2016, 2017))
+    for regime in ("temporal", "yearly"):
+        spans = [f for f, y in zip(news["f1"][regime], news["year"]) if y == 2016]
+        assert sum(spans) / len(spans) == pytest.approx(results["regimes"][regime]["customnews"]["f1_2016"])
 
     def keys(tree, path=()):  # wall-clock numbers live under "timing" only
         if isinstance(tree, dict):
