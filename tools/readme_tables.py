@@ -3,6 +3,7 @@ typed by hand and none can drift from what the code does.
 
     python tools/readme_tables.py runs/smoke_seeds/results.json [runs/small_seeds/results.json ...]
     python tools/readme_tables.py --check ...   # exit 1 where README's table is not the one these results give
+    python tools/readme_tables.py --block NAME ...   # README's table between the marker lines named NAME
 
 Each file is the results.json of `templm reproduce --preset P --seeds S,S,... --out DIR` (a run over several
 seeds; one seed's results.json works too). The table goes between README's two marker lines, one column per file:
@@ -21,10 +22,19 @@ import sys
 from typing import Any, List, Mapping, Sequence
 
 from templm.io import atomic_write, format_duration
+from templm.metrics import statistics
 from templm.metrics.findings import BY_NAME, REGISTRY
 
 BEGIN = "<!-- readme_tables: begin (written by tools/readme_tables.py from the runs' results.json) -->"
 END = "<!-- readme_tables: end -->"
+
+
+def markers(block: str = "") -> tuple:
+    """The begin and end lines of README's table `block` ("" the first table; a name for each further one)."""
+    if not block:
+        return BEGIN, END
+    return (f"<!-- readme_tables: begin {block} (written by tools/readme_tables.py from the runs' results.json) -->",
+            f"<!-- readme_tables: end {block} -->")
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 
 
@@ -94,16 +104,14 @@ def _seeds(results: Mapping[str, Any]) -> List[Mapping[str, Any]]:
 
 
 def _detectable_slope(per_month: Mapping[str, float]) -> Any:
-    """2.8 standard errors of the least-squares slope through a monthly series (months in order, one apart): the
-    slope a two-sided t-test at 0.05 finds with 80 % power (normal approximation); None under four months."""
-    import numpy as np
-
-    y = np.asarray(list(per_month.values()), float)
+    """2.8 standard errors of the least-squares slope through a monthly series (months in order, one apart; the
+    growth finding's slope test, statistics.slope): the slope a two-sided t-test at 0.05 finds with 80 % power
+    (normal approximation); None under four months."""
+    y = list(per_month.values())
     if len(y) < 4:
         return None
-    x = np.arange(len(y), dtype=float)
-    residuals = y - np.polyval(np.polyfit(x, y, 1), x)
-    return float(2.8 * residuals.std(ddof=2) / np.sqrt(((x - x.mean()) ** 2).sum()))
+    stderr = statistics.slope(range(len(y)), y, direction=+1)["stderr"]
+    return None if stderr is None else 2.8 * stderr
 
 
 def _seed_folders(results: Mapping[str, Any], source: str) -> List[str]:
@@ -181,13 +189,15 @@ def table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def replace(readme: str, body: str) -> str:
-    """README's text with `body` between the markers (a ValueError when they are not there once each, in order)."""
-    if readme.count(BEGIN) != 1 or readme.count(END) != 1 or readme.index(BEGIN) > readme.index(END):
-        raise ValueError(f"README needs the two marker lines once each, in order:\n{BEGIN}\n{END}")
-    head, rest = readme.split(BEGIN)
-    _, tail = rest.split(END)
-    return f"{head}{BEGIN}\n{body}\n{END}{tail}"
+def replace(readme: str, body: str, block: str = "") -> str:
+    """README's text with `body` between the markers of `block` (a ValueError when they are not there once each, in
+    order)."""
+    begin, end = markers(block)
+    if readme.count(begin) != 1 or readme.count(end) != 1 or readme.index(begin) > readme.index(end):
+        raise ValueError(f"README needs the two marker lines once each, in order:\n{begin}\n{end}")
+    head, rest = readme.split(begin)
+    _, tail = rest.split(end)
+    return f"{head}{begin}\n{body}\n{end}{tail}"
 
 
 def main(argv: List[str]) -> int:
@@ -195,6 +205,8 @@ def main(argv: List[str]) -> int:
     parser.add_argument("results", nargs="+", help="results.json of `templm reproduce --seeds ...`, one per column")
     parser.add_argument("--readme", default=README)
     parser.add_argument("--check", action="store_true", help="change nothing: exit 1 where README differs")
+    parser.add_argument("--block", default="", help="which of README's tables: '' the first, or the name in its "
+                                                   "marker lines")
     args = parser.parse_args(argv)
     runs = []
     for path in args.results:
@@ -202,7 +214,7 @@ def main(argv: List[str]) -> int:
             runs.append(json.load(f))
     with open(args.readme, encoding="utf-8") as f:
         readme = f.read()
-    new = replace(readme, table(runs, args.results))
+    new = replace(readme, table(runs, args.results), args.block)
     if args.check:
         if new != readme:
             print(f"{args.readme}: the table differs from what {', '.join(args.results)} give", file=sys.stderr)

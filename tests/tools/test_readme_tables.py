@@ -56,6 +56,18 @@ def test_the_table_of_a_run_over_seeds_replaces_what_is_between_the_markers(tmp_
     assert readme_tables.main([str(source), "--readme", str(readme), "--check"]) == 0
 
 
+def test_a_named_block_is_written_between_its_own_markers_and_leaves_the_first_table():
+    begin, end = readme_tables.markers("smoke10")
+    assert begin != readme_tables.BEGIN and "smoke10" in begin and end == "<!-- readme_tables: end smoke10 -->"
+    readme = f"{readme_tables.BEGIN}\nfirst\n{readme_tables.END}\ntext\n{begin}\nsecond\n{end}\n"
+    assert readme_tables.replace(readme, "new", "smoke10") == (
+        f"{readme_tables.BEGIN}\nfirst\n{readme_tables.END}\ntext\n{begin}\nnew\n{end}\n")
+    assert readme_tables.replace(readme, "new") == f"{readme_tables.BEGIN}\nnew\n{readme_tables.END}\ntext\n" \
+        f"{begin}\nsecond\n{end}\n"
+    with pytest.raises(ValueError, match="smoke10"):
+        readme_tables.replace("no markers", "new", "smoke10")
+
+
 def test_readme_has_the_markers_once():
     with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
         text = f.read()
@@ -86,7 +98,7 @@ def test_the_detectable_slope_is_the_monthly_noise_over_the_months_spread():
     months = [f"2018-{m:02d}" for m in range(1, 13)] + [f"2019-{m:02d}" for m in range(1, 13)]
     noise = [0.05 if i % 2 else -0.05 for i in range(24)]
     line = {m: 0.1 + 0.01 * i for i, m in enumerate(months)}
-    assert readme_tables._detectable_slope(line) == pytest.approx(0.0, abs=1e-12)  # no noise: any slope shows
+    assert readme_tables._detectable_slope(line) == pytest.approx(0.0, abs=1e-9)  # no noise: any slope shows
     noisy = {m: v + e for (m, v), e in zip(line.items(), noise)}
     twice = {m: v + 2 * e for (m, v), e in zip(line.items(), noise)}
     assert readme_tables._detectable_slope(twice) == pytest.approx(2 * readme_tables._detectable_slope(noisy))
