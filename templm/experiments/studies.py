@@ -63,7 +63,7 @@ class Preset:
     steps: int  # Uniform and Temporal
     yearly_steps: int  # each Yearly expert
     adapt_steps: int  # each alpha's fine-tuning
-    retrain_steps: int  # the Temporal model retrained from scratch on every year up to the new one
+    retrain_steps: int  # each regime (Uniform, Temporal) retrained from scratch on every year up to the new one
     alphas: Tuple[float, ...]
     adapt_eval_points: int = 1  # evaluations during each fine-tuning (the adaptation curve)
     retrain_eval_points: int = 1

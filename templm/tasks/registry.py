@@ -16,8 +16,9 @@ and test 2019-2020 as the future). Their validation and test splits hold every y
 
 Mixtures: `uniform_mixture`, `temporal_mixture`, `yearly_YYYY_mixture` mix CustomNews and TempLAMA training data
 1000:1; `temporal_adapt_YYYY_alphaAAA` samples year YYYY's news with probability alpha (AAA = 100 x alpha, 010..090)
-and the older years' with 1 - alpha, shared equally, with the year prefix, and `uniform_adapt_YYYY_alphaAAA` the same
-without it (`adapt_mixture(year, alpha, regime)` registers any other alpha).
+and the older years' with 1 - alpha, shared equally, with the year prefix, beside TempLAMA's training queries 1000:1
+as in training, and `uniform_adapt_YYYY_alphaAAA` the same without it (`adapt_mixture(year, alpha, regime)` registers
+any other alpha). Their TempLAMA queries are the training years' (configure `train_years` to include the new year).
 
 Metrics come out by year through the `year` feature every example carries (keys `f1_2014`, `ppl_2014`, ...), and by
 slice (`seen_f1`, `future_f1`) from the manifest's seen and future years. Every task reports EM/F1 of the predicted
@@ -245,7 +246,9 @@ def adapt_mixture_name(year: int, alpha: float, regime: str = "temporal") -> str
 
 def adapt_mixture(year: int, alpha: float, regime: str = "temporal") -> str:
     """Registers (once) and returns the mixture that samples `year`'s news with probability alpha and the older
-    years' with 1 - alpha, with the year prefix (regime "temporal") or without it ("uniform")."""
+    years' with 1 - alpha, with the year prefix (regime "temporal") or without it ("uniform"), shaped like the
+    training mixtures: the news and the regime's TempLAMA training queries (those of the registered training years)
+    NEWS_TO_TEMPLAMA_RATE to 1."""
     if regime not in REGIMES:
         raise ValueError(f"adapt_mixture: regime must be one of {REGIMES}, got {regime!r}")
     name = adapt_mixture_name(year, alpha, regime)
@@ -259,7 +262,9 @@ def adapt_mixture(year: int, alpha: float, regime: str = "temporal") -> str:
         raise ValueError(f"adapt_mixture: alpha must be in (0, 1), got {alpha}")
     # One year's news with the year prefix (the temporal slices) or without it (the yearly tasks' slices).
     stem = "customnews_ssm_temporal" if regimes.regime(regime).year_prefix else "customnews_ssm_yearly"
-    rates = [(f"{stem}_{year}", alpha)]
-    rates += [(f"{stem}_{y}", (1.0 - alpha) / len(older)) for y in older]
+    news = NEWS_TO_TEMPLAMA_RATE / (NEWS_TO_TEMPLAMA_RATE + 1.0)
+    rates = [(f"{stem}_{year}", news * alpha)]
+    rates += [(f"{stem}_{y}", news * (1.0 - alpha) / len(older)) for y in older]
+    rates.append((f"templama_{regime}", 1.0 - news))
     _mixture(name, rates)
     return name

@@ -133,7 +133,7 @@ def test_results_json_holds_every_stage(results):
     steps = {name: m["steps"] for name, m in results["models"].items()}
     assert steps == {"uniform": PRESET.steps, "temporal": PRESET.steps, "yearly_2016": PRESET.yearly_steps,
                      "adapt_alpha0.5": PRESET.adapt_steps, "adapt_uniform_alpha0.5": PRESET.adapt_steps,
-                     "retrain": PRESET.retrain_steps}
+                     "retrain": PRESET.retrain_steps, "retrain_uniform": PRESET.retrain_steps}
     assert results["summary"]["yearly"]["params"] == params  # one expert
     assert set(results["yearly"]["by_gap"]) == {"0", "1"}
     assert set(results["yearly"]["customnews"]["by_gap"]) == {"0", "1"}  # the experts on CustomNews spans too
@@ -151,6 +151,12 @@ def test_results_json_holds_every_stage(results):
         assert summary["alphas"]["0.5"]["total_steps"] == PRESET.steps + PRESET.adapt_steps
         assert set(adapted["customnews_summary"]["alphas"]) == {"0.5"}
         assert set(adapted["per_query"]) == {"templama", "customnews"}
+        # Each regime against itself retrained from scratch (the paper's "models retrained from scratch").
+        assert adapted["retrained"]["steps"] == PRESET.retrain_steps
+        assert summary["retrained"]["new_f1"] == adapted["retrained"]["new_f1"]
+        assert set(adapted["per_query"]["templama"]["f1"]) == {"base", "0.5", "retrained"}
+    assert results["adaptation"]["retrained"] == results["adaptation"]["regimes"]["temporal"]["retrained"]
+    assert results["models"]["retrain_uniform"]["regime"] == "uniform"
     assert [name for name, _ in results["timing"]["stages"]] == STAGES  # in run order
     assert set(results["findings"]) == {f.name for f in REGISTRY}
     assert all(f["verdict"] in ("appears", "opposite", "inconclusive") for f in results["findings"].values())

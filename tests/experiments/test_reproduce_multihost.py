@@ -59,8 +59,8 @@ def test_two_processes_give_the_one_process_numbers(runs):
     multi, single = _numbers(results["multi"]), _numbers(results["single"])
     assert set(multi) == set(single)
     assert results["multi"]["config"]["data_shards"] == 0 and results["single"]["config"]["data_shards"] == 2
-    assert set(results["multi"]["models"]) == {"uniform", "temporal", "yearly_2016", "retrain", "adapt_alpha0.5",
-                                               "adapt_uniform_alpha0.5"}
+    assert set(results["multi"]["models"]) == {"uniform", "temporal", "yearly_2016", "retrain", "retrain_uniform",
+                                               "adapt_alpha0.5", "adapt_uniform_alpha0.5"}
     for path, value in single.items():
         if isinstance(value, float) and not math.isnan(value):
             # Summed over two devices instead of one: the same numbers to float32 noise, relative 1e-4, or 1e-5

@@ -159,11 +159,17 @@ def test_prefetching_mixture_gives_seqios_examples_in_seqios_order(data_dir, nam
 
 
 def test_alpha_adaptation_mixture(data_dir):
+    """Year 2015's news at alpha, the older years' at 1 - alpha, and TempLAMA's training queries 1000:1 as in the
+    training mixtures (Dhingra et al. adapt on the training mixture's kind of data)."""
     name = tasks.adapt_mixture(2015, 0.3)
     assert name == "temporal_adapt_2015_alpha030"
+    rates = {t.name: seqio.get_mixture_or_task(name).get_rate(t) for t in seqio.get_mixture_or_task(name).tasks}
+    assert rates["templama_temporal"] == pytest.approx(1 / 1001)
+    assert rates["customnews_ssm_temporal_2015"] == pytest.approx(0.3 * 1000 / 1001)
+    assert sum(rates.values()) == pytest.approx(1.0)
     n = 4000
     share = _task_shares(name, n, lambda ex: int(ex["year"]))
-    assert set(share) == {2012, 2013, 2014, 2015}
+    assert set(share) <= {2012, 2013, 2014, 2015} and {2012, 2013, 2014, 2015} <= set(share)
     sigma = (0.3 * 0.7 / n) ** 0.5
     assert abs(share[2015] - 0.3) < 4 * sigma
     for year in (2012, 2013, 2014):
@@ -174,7 +180,7 @@ def test_alpha_adaptation_mixture(data_dir):
     uniform = tasks.adapt_mixture(2015, 0.3, "uniform")
     assert uniform == "uniform_adapt_2015_alpha030" == tasks.uniform_adapt_mixture(year=2015, alpha=0.3)
     assert sorted(t.name for t in seqio.get_mixture_or_task(uniform).tasks) == [
-        f"customnews_ssm_yearly_{y}" for y in (2012, 2013, 2014, 2015)]
+        f"customnews_ssm_yearly_{y}" for y in (2012, 2013, 2014, 2015)] + ["templama_uniform"]
     vocabulary = seqio.get_mixture_or_task(uniform).output_features["inputs"].vocabulary
     texts = [vocabulary.decode(ex["inputs"].tolist()) for ex in _examples(uniform, split="train", n=50)]
     assert texts and not any(text.startswith("year:") for text in texts)
