@@ -73,6 +73,10 @@ def test_report_sections_and_numbers(results, written):
         row = (f"| {regime.capitalize()} + fine-tuning | 0.7 | {adapt['steps']} | {adapt['total_steps']} | "
                f"{adapt['new_f1']:.2f} | {adapt['old_f1']:.2f} | {news['new_f1']:.2f} | {news['old_f1']:.2f} |")
         assert row in text
+        # Each regime's own reference, retrained from scratch on every year up to the new one.
+        scratch = results["adaptation"]["regimes"][regime]["retrained"]
+        assert (f"| {regime.capitalize()} retrained from scratch on every year | - | {scratch['steps']} | "
+                f"{scratch['steps']} | {scratch['new_f1']:.2f} | {scratch['old_f1']:.2f} |") in text
     assert f"Total: {results['timing']['total_s']:.1f} s" in text
     for figure in report.FIGURES:
         assert f"(figures/{figure}.png)" in text
