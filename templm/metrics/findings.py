@@ -43,6 +43,7 @@ The streaming half (Lazaridou et al.), on one stream run's results (templm.metri
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -459,9 +460,18 @@ def combine(per_seed: Sequence[Mapping[str, Any]], direction: int, alpha: float 
     one-sample t-test of the per-seed effects (statistics.combine_seeds), each seed's result under "per_seed"."""
     out = statistics.combine_seeds([dict(r) for r in per_seed], direction=direction, alpha=alpha)
     if len(per_seed) > 1:
-        out["evidence"] = (f"mean of {len(per_seed)} seeds' effects {statistics.describe(out)}; per seed: "
-                           + ", ".join(f"{_fmt(r.get('effect'))} ({r.get('verdict')})" for r in per_seed))
+        digits = _digits([r.get("effect") for r in per_seed])
+        out["evidence"] = (f"mean of {len(per_seed)} seeds' effects {statistics.describe(out, digits=digits)}; per "
+                           "seed: " + ", ".join(f"{_fmt(r.get('effect'), digits)} ({r.get('verdict')})"
+                                                for r in per_seed))
     return jsonable(out)
+
+
+def _digits(values: Sequence[Optional[float]]) -> int:
+    """Decimals that show the largest of `values` with at least two significant digits (2 at the least): a slope
+    of 0.0021 per month is +0.0021, not +0.00."""
+    largest = max((abs(v) for v in values if v is not None and math.isfinite(v) and v != 0), default=1.0)
+    return max(2, 1 - math.floor(math.log10(largest)))
 
 
 def combine_findings(per_seed: Sequence[Mapping[str, Mapping[str, Any]]], alpha: float = statistics.ALPHA

@@ -341,6 +341,10 @@ def test_seeds_combine_through_their_effects():
     assert all(f["claim"] == BY_NAME[n].claim and f["half"] == TIME_AWARE for n, f in everything.items())
     one = combine([seeds[0]["temporal_beats_uniform"]], +1)
     assert one["verdict"] == seeds[0]["temporal_beats_uniform"]["verdict"]
+    # Small effects (a slope per month) keep two significant digits in the evidence, not "-0.00".
+    slopes = combine([{"effect": e, "verdict": "appears"} for e in (-0.0021, -0.0034, -0.0012)], -1)
+    assert "per seed: -0.0021 (appears), -0.0034 (appears), -0.0012 (appears)" in slopes["evidence"]
+    assert "effects -0.0022 [" in slopes["evidence"]
 
 
 def test_each_finding_is_json_with_the_evidence_fields():
