@@ -91,7 +91,8 @@ STREAMING_ROWS = (
     ("relative_increase", "streaming: relative increase of TIME-STRATIFIED over CONTROL, overall word perplexity"),
     ("slope", "streaming: slope of the monthly relative increase (static), percentage points per month"),
     ("dynamic_gain", "streaming: dynamic evaluation (SGD), TIME-STRATIFIED word perplexity change"),
-    ("gap_closed", "streaming: share of the gap to CONTROL that dynamic evaluation closes"),
+    ("gap_closed", "streaming: share of the gap to CONTROL that dynamic evaluation closes (pooled over the seeds: "
+                   "their gains over their gaps, summed)"),
     ("detectable_slope", "streaming: the smallest slope the monthly t-test detects, 80 % power (2.8 standard errors "
                          "of the fitted slope), percentage points per month"),
 )
@@ -127,6 +128,7 @@ def streaming_numbers(results: Mapping[str, Any], source: str = "") -> dict:
     """{row: [value of each seed]} of STREAMING_ROWS from each seed's streaming stage (none where it did not run);
     the detectable slope reads each seed's stream results.json (under the run folder of `source`) for its months."""
     out: dict = {name: [] for name, _ in STREAMING_ROWS}
+    out["gap_parts"] = []  # (dynamic gain, gap) in perplexity of each seed: the pooled share of the gap closed
     folders = _seed_folders(results, source) if source else [None] * len(_seeds(results))
     for seed, folder in zip(_seeds(results), folders):
         stream = (seed.get("extra") or {}).get("streaming") or {}
@@ -149,13 +151,23 @@ def streaming_numbers(results: Mapping[str, Any], source: str = "") -> dict:
             out["dynamic_gain"].append(dyn / ts - 1)
             if ts != ctl:
                 out["gap_closed"].append((ts - dyn) / (ts - ctl))
+                out["gap_parts"].append((ts - dyn, ts - ctl))
     return out
 
 
-def _percent(values: Sequence[float], digits: int = 1) -> str:
+def _pooled(numbers: Mapping[str, Any]) -> Any:
+    """The share of the gap closed over every seed at once: the seeds' dynamic gains over their gaps, summed (a mean
+    of the seeds' ratios is ruled by a seed whose gap is near 0)."""
+    parts = numbers.get("gap_parts") or []
+    gap = sum(g for _, g in parts)
+    return None if not parts or gap == 0 else sum(d for d, _ in parts) / gap
+
+
+def _percent(values: Sequence[float], digits: int = 1, mean: Any = None) -> str:
+    """The mean of `values` (or the `mean` given) in per cent, then each seed's value."""
     if not values:
         return "not run"
-    mean = sum(values) / len(values)
+    mean = sum(values) / len(values) if mean is None else mean
     each = ", ".join(f"{100 * v:+.{digits}f}" for v in values)
     return f"{100 * mean:+.{digits}f} %" + (f" (seeds {each})" if len(values) > 1 else "")
 
@@ -177,8 +189,8 @@ def table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
     lines.append("|---|" + "---|" * (len(runs) + 1))
     for name, label in STREAMING_ROWS:
         digits = 2 if name in ("slope", "detectable_slope") else 1
-        lines.append(f"| {label} | " + " | ".join(_percent(n[name], digits) for n in numbers)
-                     + f" | {PAPER_STREAMING[name]} |")
+        cells = [_percent(n[name], digits, _pooled(n) if name == "gap_closed" else None) for n in numbers]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {PAPER_STREAMING[name]} |")
     lines.append("")
     for r, source in zip(runs, sources):
         seeds = r.get("seeds") or [r.get("seed")]

@@ -89,6 +89,10 @@ def test_the_streaming_numbers_beside_the_papers_come_from_each_seeds_stream_run
     assert numbers["relative_increase"] == pytest.approx([ts / ctl - 1, 0.2])
     assert numbers["dynamic_gain"] == pytest.approx([dyn / ts - 1, 1.1 / 1.2 - 1])
     assert numbers["gap_closed"] == pytest.approx([(ts - dyn) / (ts - ctl), 0.5])
+    # The row's mean pools the seeds (a seed whose gap is near 0 would rule a mean of ratios).
+    second_gap, second_gain = ctl * 0.2, ctl * 0.1
+    assert readme_tables._pooled(numbers) == pytest.approx((ts - dyn + second_gain) / (ts - ctl + second_gap))
+    assert readme_tables._percent([0.1, 9.0], mean=0.25) == "+25.0 % (seeds +10.0, +900.0)"
     assert numbers["slope"] == [first["extra"]["streaming"]["relative"]["static"]["slope_per_month"]] * 2
     assert readme_tables._percent([0.1, 0.2]) == "+15.0 % (seeds +10.0, +20.0)"
     assert readme_tables._percent([]) == "not run"
