@@ -27,6 +27,7 @@ from templm.metrics.findings import BY_NAME, REGISTRY
 
 BEGIN = "<!-- readme_tables: begin (written by tools/readme_tables.py from the runs' results.json) -->"
 END = "<!-- readme_tables: end -->"
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 
 
 def markers(block: str = "") -> tuple:
@@ -35,7 +36,6 @@ def markers(block: str = "") -> tuple:
         return BEGIN, END
     return (f"<!-- readme_tables: begin {block} (written by tools/readme_tables.py from the runs' results.json) -->",
             f"<!-- readme_tables: end {block} -->")
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 
 
 def _number(x: Any) -> str:
@@ -150,8 +150,8 @@ def streaming_numbers(results: Mapping[str, Any], source: str = "") -> dict:
         if dyn is not None:
             out["dynamic_gain"].append(dyn / ts - 1)
             if ts != ctl:
-                out["gap_closed"].append((ts - dyn) / (ts - ctl))
                 out["gap_parts"].append((ts - dyn, ts - ctl))
+    out["gap_closed"] = [gain / gap for gain, gap in out["gap_parts"]]
     return out
 
 

@@ -23,8 +23,9 @@ of a run that never stopped. Another preset or seed in the same folder starts th
 
 Models never see the future years: Uniform and Temporal train on the mixtures whose training splits hold only the
 seen years (the SeqIO tasks' default), the Yearly experts on one seen year each, and the retrained references (and the
-adaptation mixtures) on the seen years plus the new year. The same preset and seed give the same numbers (seeded world, seeded and ordered tf.data
-pipelines, deterministic CPU arithmetic); wall-clock times are kept apart, under "timing".
+adaptation mixtures) on the seen years plus the new year. The same preset and seed give the same numbers (seeded
+world, seeded and ordered tf.data pipelines, deterministic CPU arithmetic); wall-clock times are kept apart, under
+"timing".
 
 Studies (gin_configs/study/*.gin, templm/experiments/studies.py; README.md has their measured times): `smoke` (the
 demo: every stage, small and noisy), `small` (sized so that the paper's findings show), `tiny_test` (the test

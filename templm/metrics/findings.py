@@ -134,6 +134,7 @@ def _duration_tradeoff(results, alpha) -> Dict[str, Any]:
     out["groups"] = {group: {"n": int(mask.sum()), **{m: float(v[mask].mean()) if mask.any() else None
                                                        for m, v in scores.items()}}
                      for group, mask in (("long", long), ("short", ~long))}
+
     def group_text(group):
         g = out["groups"][group]
         return (f"{'>=' if group == 'long' else '<'} {SHORT_DURATION} years (n={g['n']}): "
