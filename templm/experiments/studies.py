@@ -24,6 +24,9 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 GIN_DIR = os.path.join(REPO_ROOT, "gin_configs")
 STUDY_DIR = os.path.join(GIN_DIR, "study")
 
+# Dhingra et al. probe the future from the year after training (2018) to 2029 (Figures 3 and 4): 11 years.
+PAPER_HORIZON = 11
+
 
 # Numeric fields of a study that must be at least 1 (the others at least 0).
 _AT_LEAST_ONE = frozenset({"vocab_size", "steps", "yearly_steps", "adapt_steps", "retrain_steps", "adapt_eval_points",
@@ -73,8 +76,8 @@ class Preset:
     batch_size: int = 32
     learning_rate: float = 0.01
     eval_batch_size: int = 32
-    max_gap: int = 10  # degradation: years past the last seen year
-    calibration_years: int = 4  # calibration: future years probed, from the first year after the seen ones
+    max_gap: int = PAPER_HORIZON  # degradation: years past the last seen year
+    calibration_years: int = PAPER_HORIZON  # calibration: future years probed, from the first year after the seen ones
     heldout_fraction: float = 0.1
     estimated_steps_per_s: float = 8.0  # for the ETA before the first measurement (2 CPU cores, tiny model)
     base_model: str = "tiny"  # a T5_1_1_CONFIGS name

@@ -7,8 +7,8 @@ import pytest
 
 from templm.cli import parse_gin
 from templm.errors import ConfigError
-from templm.experiments.studies import (Preset, StreamPreset, load_study, read_study_file, register_gin,
-                                        study_from_gin, study_names)
+from templm.experiments.studies import (PAPER_HORIZON, Preset, StreamPreset, load_study, read_study_file,
+                                        register_gin, study_from_gin, study_names)
 
 
 @pytest.fixture
@@ -38,6 +38,15 @@ def test_bindings_go_on_top_and_included_files_come_first(clean_gin):
         ("small", 2048, 300000, 50000)
     assert paper.preset.initial_checkpoint == "t5-small-ssm" and paper.stream.model["n_layer"] == 18
     assert isinstance(paper.preset, Preset) and isinstance(paper.stream, StreamPreset)
+
+
+def test_the_presets_probe_the_future_as_far_as_the_paper():
+    # Dhingra et al. move the input year from 2019 to 2029 after training through 2018 (Figures 3 and 4): the
+    # log-likelihood change and the calibration entropy over 11 future years, in every preset a user runs.
+    assert PAPER_HORIZON == 2029 - 2018
+    for name in ("smoke", "small", "paper"):
+        preset = load_study(name).preset
+        assert (preset.max_gap, preset.calibration_years) == (PAPER_HORIZON, PAPER_HORIZON), name
 
 
 def test_a_study_file_with_an_unknown_or_missing_field_is_one_message(tmp_path):
