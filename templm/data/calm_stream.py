@@ -15,12 +15,18 @@ needs at least ``window_size + 1`` columns (``batch_size * (window_size + 1)`` t
 Segments: the class order holds every class `nswitches` times with no class directly after itself (the original
 shuffles and then swaps up to 1000 times, which may leave repeats; here the order is drawn position by position among
 the classes that keep a repeat-free completion possible, each with probability proportional to its remaining
-count, so it never fails; at least two classes are required). Segment lengths in batches follow a discrete
-truncated exponential with support ``1 .. ceil(10 * m)`` and ``P(k) ~ exp(-lambda * k)``, where ``m =
-switch_frequency / window_size / batch_size`` and `lambda` is solved so that the mean is exactly `m` (the original
-draws a continuous truncated exponential shifted by ``0.1 m`` and rounds, which biases the mean); when ``m <= 1``
-every segment is one batch. ALL draws come from ``numpy.random.default_rng(seed)``: first the class order, then the
-segment lengths in segment order.
+count, so it never fails; at least two classes are required). Segment lengths in batches follow `segment_lengths`,
+with ``m = switch_frequency / window_size / batch_size``:
+
+- "original" (the default): the law of the original CALM code, a continuous exponential of scale `m` shifted by
+  ``0.1 m`` and truncated ``10 m`` scales later (scipy's ``truncexpon(b=10 m, loc=0.1 m, scale=m)``), rounded to
+  the nearest integer and raised to at least 1. Its mean is above `m` (about ``1.1 m`` plus the rounding's share);
+- "exact_mean": a discrete truncated exponential with support ``1 .. ceil(10 * m)`` and ``P(k) ~ exp(-lambda *
+  k)``, `lambda` solved so that the mean is exactly `m`; every segment is one batch when ``m <= 1``.
+
+ALL draws come from ``numpy.random.default_rng(seed)``: first the class order, then the segment lengths in segment
+order (the original draws each class's lengths apart; the lengths are independent of the order and of each other,
+so the stream's law is the same).
 """
 
 from __future__ import annotations
@@ -31,11 +37,13 @@ import os
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
+from scipy import stats
 
 from templm.data.calm_corpus import LEVELS, CalmVocabulary, class_files, load_class_tokens, read_vocabulary
 from templm.errors import DataError
 
 LENGTH_CAP_FACTOR = 10  # segment lengths are capped at ceil(LENGTH_CAP_FACTOR * mean)
+SEGMENT_LAWS = ("original", "exact_mean")  # the segment length laws (module docstring)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -62,12 +70,18 @@ def segment_length_rate(mean: float) -> Tuple[float, int]:
     return 0.5 * (lo + hi), cap
 
 
-def draw_segment_lengths(rng: np.random.Generator, mean: float, n: int) -> np.ndarray:
-    """`n` segment lengths (int64, in batches) with mean `mean` (see `segment_length_rate`); all 1 when mean <= 1."""
+def draw_segment_lengths(rng: np.random.Generator, mean: float, n: int, law: str = "exact_mean") -> np.ndarray:
+    """`n` segment lengths (int64, in batches) for a configured mean of `mean` batches, by `law` (module docstring):
+    "exact_mean" (see `segment_length_rate`; all 1 when mean <= 1) or "original" (the original CALM's law)."""
+    if law not in SEGMENT_LAWS:
+        raise ValueError(f"segment_lengths must be one of {SEGMENT_LAWS}, got {law!r}")
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     if not mean > 0 or not math.isfinite(mean):
         raise ValueError(f"mean segment length must be a positive number, got {mean}")
+    if law == "original":
+        law_of_x = stats.truncexpon(b=LENGTH_CAP_FACTOR * mean, loc=0.1 * mean, scale=mean)
+        return np.maximum(1, np.rint(law_of_x.rvs(size=n, random_state=rng))).astype(np.int64)
     if mean <= 1:
         return np.ones(n, dtype=np.int64)
     lam, cap = segment_length_rate(mean)
@@ -146,11 +160,15 @@ class CALM:
                 log.log(item, loss)
         print(compute_metrics(read_loss_log("loss_log.jsonl")))
 
-    Iterating again replays the identical stream. `cache=False` tokenises without reading or writing the cache.
+    Iterating again replays the identical stream. `cache=False` tokenises without reading or writing the cache;
+    `segment_lengths` is the segment length law, "original" or "exact_mean" (module docstring).
     """
 
     def __init__(self, corpus_path: str, model_level: str, switch_frequency: float, nswitches: int,
-                 window_size: int, batch_size: int, seed: int, cache: bool = True):
+                 window_size: int, batch_size: int, seed: int, cache: bool = True,
+                 segment_lengths: str = "original"):
+        if segment_lengths not in SEGMENT_LAWS:
+            raise ValueError(f"segment_lengths must be one of {SEGMENT_LAWS}, got {segment_lengths!r}")
         if model_level not in LEVELS:
             raise ValueError(f"model_level must be one of {LEVELS}, got {model_level!r}")
         for name, value in (("nswitches", nswitches), ("window_size", window_size), ("batch_size", batch_size)):
@@ -169,6 +187,7 @@ class CALM:
         self.window_size = int(window_size)
         self.batch_size = int(batch_size)
         self.seed = int(seed)
+        self.segment_lengths = segment_lengths
         files = class_files(corpus_path)
         if len(files) < 2:
             raise DataError(f"CALM needs at least two classes, found {len(files)} <class>.txt file", corpus_path)
@@ -187,13 +206,14 @@ class CALM:
             self._streams.append(stream)
         rng = np.random.default_rng(self.seed)
         order = draw_class_order(rng, len(files), self.nswitches)
-        lengths = draw_segment_lengths(rng, self.mean_segment_length, len(order))
+        lengths = draw_segment_lengths(rng, self.mean_segment_length, len(order), segment_lengths)
         self._segments: Tuple[Tuple[int, int], ...] = tuple((int(c), int(n)) for c, n in zip(order, lengths))
         self._current: Optional[CalmBatch] = None
 
     @property
     def mean_segment_length(self) -> float:
-        """The configured mean segment length in batches: switch_frequency / window_size / batch_size."""
+        """m = switch_frequency / window_size / batch_size, in batches: the "exact_mean" law's mean, the "original"
+        law's exponential scale (module docstring)."""
         return self.switch_frequency / self.window_size / self.batch_size
 
     @property

@@ -9,8 +9,8 @@ that switches between classes.
    are news domains (`domains`, default all of `calm_corpus.WORLD_DOMAINS`) and the corpus is rebuilt into
    `<out_dir>/corpus` each run (which keeps the run a function of its config);
 2. draws the stream `CALM(corpus, model_level, switch_frequency, nswitches, window_size, batch_size, seed)`
-   (`templm.data.calm_stream`); the vocabulary (char or word ids) comes from the corpus and sizes a small
-   Transformer-XL (`txl_config_for`);
+   (`templm.data.calm_stream`; segment lengths by the original's law unless `segment_lengths="exact_mean"`); the
+   vocabulary (char or word ids) comes from the corpus and sizes a small Transformer-XL (`txl_config_for`);
 3. initialises one set of parameters from `seed` and, with `baseline="pretrained"` (the default), trains them with
    Adam on the first `pretrain_batches` batches of the stream (`pretrain_passes` passes, memory carried and reset
    at each pass). Those batches lie inside the metrics' burn-in (the first 50 segments; a longer prefix is refused)
@@ -53,7 +53,7 @@ import jax.numpy as jnp
 from templm import console
 from templm.data.calm_corpus import build_world_corpus, check_corpus
 from templm.data.calm_log import LossLogger, read_loss_log
-from templm.data.calm_stream import CALM, class_wraps, switch_points
+from templm.data.calm_stream import CALM, SEGMENT_LAWS, class_wraps, switch_points
 from templm.evaluation.calm_online import RULES, init_params, make_learner, pretrain, run_online, txl_config_for
 from templm.evaluation.dynamic_eval import adapt_mask, collect_ms
 from templm.io import format_duration, write_json
@@ -76,7 +76,7 @@ def run_calm(out_dir: Optional[str] = None, corpus_dir: Optional[str] = None, wo
              n_layer: int = 2, mem_len: Optional[int] = None, rule: str = "adam", lr: float = 1e-3,
              which: str = "all", rms_decay: float = 0.0, rms_eps: float = 1e-3, baseline: str = "pretrained",
              pretrain_batches: int = 100, pretrain_passes: int = 2, pretrain_lr: float = 3e-3,
-             progress_every: int = 100) -> Dict[str, Any]:
+             progress_every: int = 100, segment_lengths: str = "original") -> Dict[str, Any]:
     """Runs the CALM evaluation of a Transformer-XL online learner against a static baseline (module docstring).
 
     Corpus: `corpus_dir` (an existing CALM corpus) or, when it is None, one built from the world at `world_dir`
@@ -90,6 +90,8 @@ def run_calm(out_dir: Optional[str] = None, corpus_dir: Optional[str] = None, wo
         raise ValueError("run_calm needs out_dir: bind templm.run_calm.out_dir (or the OUT_DIR macro of the config)")
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    if segment_lengths not in SEGMENT_LAWS:
+        raise ValueError(f"segment_lengths must be one of {SEGMENT_LAWS}, got {segment_lengths!r}")
     if baseline not in BASELINES:
         raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
     if rule == "rms" and baseline != "pretrained":
@@ -107,7 +109,8 @@ def run_calm(out_dir: Optional[str] = None, corpus_dir: Optional[str] = None, wo
         built = build_world_corpus(world_dir, corpus_dir, model_level, domains, world)
         corpus_info = {"world_dir": world_dir, "world_generated": built["world_generated"]}
         check_corpus(corpus_dir)
-    stream = CALM(corpus_dir, model_level, switch_frequency, nswitches, window_size, batch_size, seed)
+    stream = CALM(corpus_dir, model_level, switch_frequency, nswitches, window_size, batch_size, seed,
+                  segment_lengths=segment_lengths)
     names = list(stream.class_names)
     n_segments = len(stream.segments)
     if n_segments < MIN_SEGMENTS:
@@ -169,7 +172,7 @@ def run_calm(out_dir: Optional[str] = None, corpus_dir: Optional[str] = None, wo
     results = {
         "config": {"out_dir": out_dir, "model_level": model_level, "switch_frequency": switch_frequency,
                    "nswitches": nswitches, "window_size": window_size, "batch_size": batch_size, "seed": seed,
-                   "rule": rule, "lr": lr, "which": which if isinstance(which, str) else "custom",
+                   "segment_lengths": segment_lengths, "rule": rule, "lr": lr, "which": which if isinstance(which, str) else "custom",
                    "rms_decay": rms_decay, "rms_eps": rms_eps, "baseline": baseline,
                    "pretrain_batches": pretrain_batches,
                    "pretrain_passes": pretrain_passes if baseline == "pretrained" else 0,

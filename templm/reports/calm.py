@@ -45,8 +45,8 @@ def format_report(results: Dict[str, Any]) -> str:
         f"Corpus `{corpus['dir']}`: {len(corpus['classes'])} classes ({', '.join(corpus['classes'])}), "
         f"{cfg['model_level']} level, vocabulary {corpus['vocab_size']}. Stream: {stream['batches']} batches of "
         f"{cfg['batch_size']} x {cfg['window_size']} tokens in {stream['segments']} segments (mean "
-        f"{stream['mean_segment_length']:.2f} batches; switch_frequency {cfg['switch_frequency']}, nswitches "
-        f"{cfg['nswitches']}, seed {cfg['seed']}).",
+        f"{stream['mean_segment_length']:.2f} batches, {cfg.get('segment_lengths', 'original')} law; switch_frequency "
+        f"{cfg['switch_frequency']}, nswitches {cfg['nswitches']}, seed {cfg['seed']}).",
         "",
         f"Learner: Transformer-XL ({model['n_layer']} layers, d_model {model['d_model']}, {model['n_head']} heads, "
         f"memory {model['mem_len']}; {results['parameters']:,} parameters) with the dynamic-evaluation step: each "

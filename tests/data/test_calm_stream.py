@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from templm.data.calm_corpus import EOL, build_calm_corpus_from_texts
 from templm.data.calm_stream import (CALM, class_wraps, draw_class_order, draw_segment_lengths, segment_length_rate,
@@ -139,21 +140,55 @@ def test_calm_segments_have_no_adjacent_repeats(corpus):
         assert np.bincount(classes).tolist() == [30, 30, 30]
 
 
-def test_segment_length_mean_matches_the_configuration(corpus):
-    # m = switch_frequency / window_size / batch_size = 1500 / 5 / 4 = 75 batches.
+def _original_law(m):
+    """The original CALM's segment lengths at scale m as a pmf over k = 1..kmax: rint of truncexpon(b=10 m, loc=0.1 m,
+    scale=m), at least 1 (probabilities from scipy's CDF, independent of the sampler under test)."""
+    law = stats.truncexpon(b=10 * m, loc=0.1 * m, scale=m)
+    kmax = int(np.rint(0.1 * m + 10 * m * m)) + 1
+    k = np.arange(1, kmax + 1)
+    p = law.cdf(k + 0.5) - law.cdf(k - 0.5)
+    p[0] = law.cdf(1.5)  # rint gives 0 or 1 below 1.5, and 0 is raised to 1
+    return k, p
+
+
+def test_segment_lengths_follow_the_original_law_by_default(corpus):
+    # m = switch_frequency / window_size / batch_size = 1500 / 5 / 4 = 75 batches. The original shifts an exponential
+    # of mean m by 0.1 m, so its mean is 82.5 batches, not m.
     calm = _calm(corpus, seed=2, switch_frequency=1500, nswitches=1500)
-    assert calm.mean_segment_length == 75
+    assert calm.mean_segment_length == 75 and calm.segment_lengths == "original"
     lengths = np.array([n for _, n in calm.segments])
-    assert lengths.min() >= 1 and lengths.max() <= 750  # support 1 .. ceil(10 m)
-    # The law's standard deviation is about m (it is nearly exponential), so the mean of n = 4500 draws has a
-    # standard error near 75 / sqrt(4500) = 1.1. A correct sampler misses by more than five standard errors with
-    # probability below 1e-6 (the seed is fixed, so the test is deterministic anyway), while a bias as large as the
-    # original's shift by 0.1 m (7.5 batches) is caught. Smaller biases are caught by the exact-law test below.
-    se = lengths.std() / math.sqrt(lengths.size)
-    assert abs(lengths.mean() - 75) < 5 * se
+    k, p = _original_law(75.0)
+    mean, sd = (k * p).sum(), math.sqrt(((k - (k * p).sum()) ** 2 * p).sum())
+    assert mean == pytest.approx(82.5, abs=0.01)
+    assert lengths.min() >= 8  # rint(0.1 m) = 8 at the least: the shift
+    # The law's standard deviation is about m, so the mean of n = 4500 draws has a standard error near 75 /
+    # sqrt(4500) = 1.1; a correct sampler misses by more than five of them with probability below 1e-6 (and the seed
+    # is fixed), while the exact-mean law (mean 75) is 7 standard errors away.
+    assert abs(lengths.mean() - mean) < 5 * sd / math.sqrt(lengths.size)
+    exact = _calm(corpus, seed=2, switch_frequency=1500, nswitches=1500, segment_lengths="exact_mean")
+    exact_lengths = np.array([n for _, n in exact.segments])
+    assert abs(exact_lengths.mean() - 75) < 5 * exact_lengths.std() / math.sqrt(exact_lengths.size)
+    assert exact_lengths.min() == 1 and [c for c, _ in exact.segments] == [c for c, _ in calm.segments]
+    with pytest.raises(ValueError, match="segment_lengths"):
+        _calm(corpus, segment_lengths="poisson")
 
 
-def test_segment_length_law_is_exact():
+@pytest.mark.parametrize("m", [0.25, 1.0, 3.0, 40.0])
+def test_original_segment_law_is_the_originals(m):
+    k, p = _original_law(m)
+    draws = draw_segment_lengths(np.random.default_rng(0), m, 50_000, law="original")
+    assert draws.dtype == np.int64 and draws.min() >= 1 and draws.max() <= k[-1]
+    # The empirical CDF within the Dvoretzky-Kiefer-Wolfowitz band of the law's (exceeded with probability below
+    # 1e-6; eps = 0.012 at n = 50,000). A sampler without the shift by 0.1 m, the rounding or the floor at 1 misses
+    # it by 0.09 or more at one of these m; so does the exact-mean law.
+    empirical = np.cumsum(np.bincount(draws, minlength=k[-1] + 1)[1:]) / draws.size
+    eps = math.sqrt(math.log(2 / 1e-6) / (2 * draws.size))
+    assert np.max(np.abs(empirical - np.cumsum(p))) < eps
+    if m == 0.25:
+        assert draws.tolist() == [1] * draws.size  # the law lies in [0.025, 0.65], rounded to 0 and raised to 1
+
+
+def test_exact_mean_segment_law_is_exact():
     for m in (1.3, 6.0, 40.0):
         lam, cap = segment_length_rate(m)
         k = np.arange(1, cap + 1)
@@ -161,10 +196,10 @@ def test_segment_length_law_is_exact():
         p /= p.sum()
         assert cap == math.ceil(10 * m)
         assert (k * p).sum() == pytest.approx(m, rel=1e-9)
-        draws = draw_segment_lengths(np.random.default_rng(0), m, 50_000)
+        draws = draw_segment_lengths(np.random.default_rng(0), m, 50_000, law="exact_mean")
         sd = math.sqrt(((k - m) ** 2 * p).sum())
         assert abs(draws.mean() - m) < 5 * sd / math.sqrt(draws.size)  # 5 standard errors, as above
-    assert draw_segment_lengths(np.random.default_rng(0), 0.4, 10).tolist() == [1] * 10  # at least one batch
+    assert draw_segment_lengths(np.random.default_rng(0), 0.4, 10, law="exact_mean").tolist() == [1] * 10
 
 
 def test_bad_corpora_are_data_errors(tmp_path, corpus):

@@ -18,11 +18,12 @@ from templm_testing import farm_and_market, run_templm as templm, write_texts
 GIN = "gin_configs/calm/txl_online.gin"
 
 
-# The smallest run that CALM scores: 2 classes x 50 segments of one batch of 2 x 8 tokens, a one-layer model.
-TINY = dict(domains=["sports", "politics"], nswitches=50, switch_frequency=16, window_size=8, batch_size=2,
+# The smallest run that CALM scores: 2 classes x 50 segments of one batch of 2 x 8 tokens, a one-layer model. The
+# original's segment law at scale m = 4 / 8 / 2 = 0.25 draws from [0.025, 0.65], which rounds to one batch.
+TINY = dict(domains=["sports", "politics"], nswitches=50, switch_frequency=4, window_size=8, batch_size=2,
             d_model=32, d_head=16, d_inner=64, n_layer=1, mem_len=8, pretrain_batches=20, pretrain_passes=1)
 TINY_RUN = ("--gin.templm.run_calm.domains=['sports', 'politics']", "--gin.templm.run_calm.nswitches=50",
-            "--gin.templm.run_calm.switch_frequency=16", "--gin.templm.run_calm.window_size=8",
+            "--gin.templm.run_calm.switch_frequency=4", "--gin.templm.run_calm.window_size=8",
             "--gin.templm.run_calm.batch_size=2", "--gin.templm.run_calm.d_model=32",
             "--gin.templm.run_calm.d_head=16", "--gin.templm.run_calm.d_inner=64",
             "--gin.templm.run_calm.n_layer=1", "--gin.templm.run_calm.mem_len=8",
@@ -58,6 +59,8 @@ def test_run_calm_refuses_bad_settings_before_writing(tmp_path):
         run_calm(out_dir=str(tmp_path / "a"), rule="lbfgs")
     with pytest.raises(ValueError, match="baseline='pretrained'"):
         run_calm(out_dir=str(tmp_path / "a"), rule="rms", baseline="init")
+    with pytest.raises(ValueError, match="segment_lengths"):
+        run_calm(out_dir=str(tmp_path / "a"), segment_lengths="poisson")
     assert not (tmp_path / "a").exists()
 
 
@@ -78,7 +81,7 @@ def test_templm_calm_end_to_end(tmp_path):
 
     results = json.loads((out / "results.json").read_text())
     assert results["corpus"]["classes"] == ["politics", "sports"]
-    assert results["stream"]["segments"] == 100 and results["stream"]["batches"] == 100  # mean length 16/8/2 = 1
+    assert results["stream"]["segments"] == 100 and results["stream"]["batches"] == 100  # every segment one batch
     for model in ("learner", "baseline"):
         metrics = results["metrics"][model]
         for key in ("loss", "total_pp", "ppl@sw", "rec"):
