@@ -53,8 +53,8 @@ from templm.evaluation.stream_eval import evaluate_stream
 from templm.experiments.studies import StreamPreset, load_study, study_names
 from templm.io import file_sha256, write_json
 from templm.metrics.findings import STREAMING, judge
-from templm.metrics.stream import (CONTROL_TOKENIZER_RUN, moses_word_log_probs, moses_words, perplexity,
-                                   stream_results, summarize, tokenizer_comparison)
+from templm.metrics.stream import (CONTROL_TOKENIZER_RUN, LARGER_MODEL_RUN, moses_word_log_probs, moses_words,
+                                   perplexity, stream_results, summarize, tokenizer_comparison)
 from templm.models.transformer_xl import TransformerXLConfig
 from templm.training import partitioning
 from templm.training.lm_trainer import load_lm, train_lm
@@ -463,7 +463,8 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
     Args:
       out_dir: receives world/ (unless a corpus is given), splits/, spm_time_stratified.model and
         spm_control.model (spm.model with `shared_tokenizer`), time_stratified/ and control/ (the two `train_lm`
-        runs), stream/results.json (stream_evaluation's results) and summary.json (what this returns).
+        runs; time_stratified_large/ too when the preset has a `larger_model`), stream/results.json
+        (stream_evaluation's results) and summary.json (what this returns).
       world_dir: an embedded world already generated (`templm data world`); its news.jsonl is the corpus.
       corpus: any corpus templm reads instead (dated documents spanning the cut-off and the test period; one file,
         a glob pattern or a list). Default (neither): the world is generated here from `seed` with the preset's
@@ -486,7 +487,9 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
 
     The cut-off is 2017-12-31: TIME-STRATIFIED trains on 2010-2017, validation is 2018-01..03 and the test stream is
     the 24 months 2018-04..2020-03; CONTROL trains on as many documents, the most recent ones up to 2020-03
-    (test documents excluded). Both models train on shuffled documents with the same seed, steps and sizes.
+    (test documents excluded). Both models train on shuffled documents with the same seed, steps and sizes. A
+    preset's `larger_model` adds a third, larger TIME-STRATIFIED model (same split, tokenizer, seed and steps),
+    scored statically against the same CONTROL model for the model-size comparison (`streaming_size_slope`).
 
     Returns `metrics.stream.summarize` of the results ({"overall_word_ppl": {run/mode: word ppl}, "relative": {mode:
     {"slope_per_month", "mean", "first_month", "last_month"}}, "dynamic_gain": {mode: relative word-ppl change of
@@ -510,13 +513,17 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
     if compare_tokenizers and shared_tokenizer:
         raise ValueError("compare_tokenizers needs the per-setup tokenizers (shared_tokenizer=False)")
     config = TransformerXLConfig(vocab_size=p.model_vocab_size, **p.model)
-    setups = [("time_stratified", "time_stratified_train", "time_stratified"), ("control", "control_train", "control")]
+    setups = [("time_stratified", "time_stratified_train", "time_stratified", config),
+              ("control", "control_train", "control", config)]
     if compare_tokenizers:
-        setups.append((CONTROL_TOKENIZER_RUN, "time_stratified_train", "control"))
-    for name, split, tokenizer in setups:
+        setups.append((CONTROL_TOKENIZER_RUN, "time_stratified_train", "control", config))
+    if p.larger_model_config is not None:  # Mind the Gap, section 4: a larger TIME-STRATIFIED model
+        setups.append((LARGER_MODEL_RUN, "time_stratified_train", "time_stratified",
+                       TransformerXLConfig(vocab_size=p.model_vocab_size, **p.larger_model_config)))
+    for name, split, tokenizer, run_config in setups:
         t0 = time.time()
         train_lm(os.path.join(out_dir, name), data["corpus"], split_dir=data["split_dir"], split=split,
-                 spm_model=data["spm_models"][tokenizer], config=config, train_steps=p.train_steps,
+                 spm_model=data["spm_models"][tokenizer], config=run_config, train_steps=p.train_steps,
                  batch_size=p.batch_size, learning_rate=p.learning_rate, warmup_steps=p.warmup,
                  seed=seed,
                  data_order="shuffle", save_period=0, keep_checkpoints=1, log_period=max(1, p.train_steps // 10),
@@ -529,8 +536,7 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
                                 os.path.join(out_dir, "control"), dynamic=p.dynamic,
                                 min_test_count=p.min_test_count, n_topics=p.n_topics,
                                 train_count_documents=p.train_count_documents, ms_segments=p.ms_segments, seed=seed,
-                                extra_dirs={CONTROL_TOKENIZER_RUN: os.path.join(out_dir, CONTROL_TOKENIZER_RUN)}
-                                if compare_tokenizers else None)
+                                extra_dirs={name: os.path.join(out_dir, name) for name, *_ in setups[2:]} or None)
     timings["evaluate"] = time.time() - t0
     summary = summarize(results)
     summary.update(out_dir=out_dir, results=results["files"]["results.json"],
@@ -589,7 +595,7 @@ def _stream_data(context: Any) -> Tuple[Optional[Corpus], Optional[str], Union[d
     return corpus, data.split_dir, cutoff
 
 # Expected seconds of each preset's run_stream_experiment, for reproduce's ETA.
-ESTIMATED_SECONDS = {"tiny_test": 30.0, "smoke": 60.0, "small": 600.0}
+ESTIMATED_SECONDS = {"tiny_test": 40.0, "smoke": 90.0, "small": 800.0}
 
 
 def reproduce_stage(context: Any) -> Dict[str, Any]:

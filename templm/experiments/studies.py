@@ -120,6 +120,9 @@ class StreamPreset:
     ms_segments: int = 64
     pad_vocab_to: int = 1  # the model's vocabulary rounded up to a multiple of this (a model axis must divide it)
     warmup_steps: Optional[int] = None  # the learning rate's linear warm-up (None: min(100, train_steps // 10))
+    # A larger TIME-STRATIFIED model for Mind the Gap's model-size comparison (section 4): keys of `model` with
+    # other values, trained like the others and scored against the same CONTROL model; None: no such model.
+    larger_model: Optional[Dict[str, Any]] = None
 
     @property
     def warmup(self) -> int:
@@ -140,6 +143,19 @@ class StreamPreset:
                 raise ConfigError(f"StreamStudy.cutoff: expected a date 'YYYY-MM-DD', got {self.cutoff!r}") from None
         object.__setattr__(self, "model", dict(self.model))
         object.__setattr__(self, "dynamic", tuple(dict(v) for v in self.dynamic))
+        if self.larger_model is not None:
+            larger = dict(self.larger_model)
+            unknown = sorted(set(larger) - set(self.model))
+            if not larger or unknown:
+                raise ConfigError("templm.StreamStudy.larger_model: give the sizes of `model` that the larger model "
+                                  "changes, as {'n_layer': 4}" + (f"; not keys of model: {', '.join(unknown)}"
+                                                                  if unknown else ""))
+            object.__setattr__(self, "larger_model", larger)
+
+    @property
+    def larger_model_config(self) -> Optional[Dict[str, Any]]:
+        """The larger TIME-STRATIFIED model's sizes: `model` with `larger_model` on top (None without one)."""
+        return None if self.larger_model is None else {**self.model, **self.larger_model}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,6 +38,9 @@ The streaming half (Lazaridou et al.), on one stream run's results (templm.metri
                                the monthly gap narrows, paired over months, as a detail
     streaming_dynamic_slope    the t-test on the least-squares slope of the monthly difference of the relative
                                increases, dynamic minus static: the slopes' difference (claim < 0)
+    streaming_size_slope       the t-test on the least-squares slope of the monthly relative increase of a larger
+                               TIME-STRATIFIED model minus SLOPE_KEPT x the smaller's (claim > 0: size does not
+                               flatten the slope; non-inferiority)
 """
 
 from __future__ import annotations
@@ -417,6 +420,9 @@ REGISTRY: Tuple[Finding, ...] = (
             STREAMING, ("streaming",), stream.judge_dynamic),
     Finding("streaming_dynamic_slope", "dynamic evaluation reduces the upward slope of the gap (Mind the Gap, "
             "section 5: the t-test on the slopes)", -1, STREAMING, ("streaming",), stream.judge_dynamic_slope),
+    Finding("streaming_size_slope", f"a larger TIME-STRATIFIED model keeps the upward slope of the gap (Mind the Gap, "
+            f"section 4: model size has no significant effect on it): its slope at least {stream.SLOPE_KEPT:.0%} of "
+            "the smaller model's", +1, STREAMING, ("streaming",), stream.judge_size_slope),
 )
 BY_NAME: Mapping[str, Finding] = {f.name: f for f in REGISTRY}
 

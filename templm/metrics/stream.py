@@ -15,8 +15,9 @@ a file (the topic and part-of-speech labels come from templm.data.stream_annotat
 
 `stream_results` gathers all of them into one JSON-able dict (what `templm stream` writes as results.json and
 templm.reports.stream turns into report.md and figures); `summarize` keeps its headline numbers and
-`judge_gap`, `judge_growth`, `judge_dynamic` and `judge_dynamic_slope` test the study's expected streaming findings
-on them (registered in templm.metrics.findings). The usual recipe:
+`judge_gap`, `judge_growth`, `judge_dynamic`, `judge_dynamic_slope` and `judge_size_slope` (with a larger
+TIME-STRATIFIED run, LARGER_MODEL_RUN) test the study's expected streaming findings on them (registered in
+templm.metrics.findings). The usual recipe:
 
     stream = build_stream(test_docs, processor)
     lp = {"time_stratified": {"static": evaluate_stream(model, ts_params, stream),
@@ -380,6 +381,11 @@ def summarize(results: Mapping[str, Any]) -> Dict[str, Any]:
 
 # The TIME-STRATIFIED setup trained with CONTROL's tokenizer, for the paper's outdated-tokenizer comparison.
 CONTROL_TOKENIZER_RUN = "time_stratified_control_tokenizer"
+# A larger TIME-STRATIFIED model (same split, tokenizer, steps and seed), for the paper's model-size comparison.
+LARGER_MODEL_RUN = "time_stratified_large"
+# "Model size has no significant effect on the slope" (Mind the Gap, section 4) as a non-inferiority claim: the
+# larger model's slope of the relative increase is at least this share of the smaller model's (templm's margin).
+SLOPE_KEPT = 0.5
 
 
 def tokenizer_comparison(results: Mapping[str, Any], other: str = CONTROL_TOKENIZER_RUN,
@@ -496,4 +502,48 @@ def judge_dynamic(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -
                                                np.array([static[m] for m in paired]), direction=-1, alpha=alpha)
         out["gap_narrows"] = {k: narrows[k] for k in ("effect", "interval", "p_value", "n", "verdict")}
         out["evidence"] += f"; monthly gap, dynamic minus static {statistics.describe(narrows, '', 3)}"
+    return out
+
+
+def judge_size_slope(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -> Dict[str, Any]:
+    """Mind the Gap, section 4: a larger TIME-STRATIFIED model (LARGER_MODEL_RUN) has a lower perplexity, but model
+    size leaves the upward slope of its relative increase over the same CONTROL model unchanged. Tested as
+    non-inferiority of the larger model's slope: the least-squares slope of the monthly series (larger model's
+    relative increase) - SLOPE_KEPT x (the smaller's), i.e. slope_large - SLOPE_KEPT x slope_small, with its t-test
+    (claim > 0: the larger model keeps at least that share of the growth). Both slopes, both models' word
+    perplexities and a paired per-document test of the larger minus the smaller model are details."""
+    name = (f"least-squares slope of the monthly relative increase, larger TIME-STRATIFIED model minus "
+            f"{SLOPE_KEPT:g} x the smaller's, t-test (non-inferiority)")
+    runs = results.get("runs") or {}
+    primary, baseline = results.get("primary", "time_stratified"), results.get("baseline", "control")
+    large = ((runs.get(LARGER_MODEL_RUN) or {}).get("static") or {}).get("by_month")
+    ctl = ((runs.get(baseline) or {}).get("static") or {}).get("by_month")
+    if not large or not ctl:
+        return _missing(name, "no larger TIME-STRATIFIED model in this run (templm.StreamStudy.larger_model)")
+    large_increase, large_slope, _ = relative_increase({m: v["word_ppl"] for m, v in large.items()},
+                                                       {m: v["word_ppl"] for m, v in ctl.items()})
+    small = _monthly_increase(results, "static")
+    months = sorted((m for m in set(small) & set(large_increase) if np.isfinite(large_increase[m])), key=month_number)
+    if len(months) < 3:
+        return _missing(name, "fewer than three test months with both models' relative increase")
+    x = np.array([month_number(m) - month_number(months[0]) for m in months], np.float64)
+    y = np.array([large_increase[m] - SLOPE_KEPT * small[m] for m in months], np.float64)
+    r = statistics.slope(x, y, direction=+1, alpha=alpha)
+    small_slope = statistics.slope(x, np.array([small[m] for m in months]), direction=+1, alpha=alpha)["effect"]
+    word_ppl = {k: (((runs.get(k) or {}).get("static") or {}).get("overall") or {}).get("word_ppl")
+                for k in (primary, LARGER_MODEL_RUN)}
+    out = {**r, "test": name, "slope_large": large_slope, "slope_small": small_slope, "margin": SLOPE_KEPT,
+           "word_ppl": {"small": word_ppl[primary], "large": word_ppl[LARGER_MODEL_RUN]},
+           "relative_large": {m: large_increase[m] for m in months}}
+    documents = results.get("documents") or {}
+    own, bigger = (_document_log_ppl(documents, f"{k}/static") for k in (primary, LARGER_MODEL_RUN))
+    if own is not None and bigger is not None and len(own) >= 2:
+        lower = statistics.paired_difference(bigger, own, direction=-1, alpha=alpha)
+        out["larger_is_lower"] = {k: lower[k] for k in ("effect", "interval", "p_value", "n", "verdict")}
+    out["evidence"] = (f"slope of the relative increase per month: larger model {large_slope:+.4f}, smaller "
+                       f"{small_slope:+.4f}; larger - {SLOPE_KEPT:g} x smaller "
+                       f"{statistics.describe(r, 'per month', 4)}")
+    if out.get("larger_is_lower"):
+        out["evidence"] += (f"; log word perplexity larger minus smaller "
+                            f"{statistics.describe(out['larger_is_lower'], 'nats/word', 3)}")
     return out

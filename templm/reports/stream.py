@@ -24,7 +24,7 @@ import numpy as np
 from templm import console
 from templm.data.token_stream import month_number
 from templm.io import atomic_write, jsonable
-from templm.metrics.stream import OCCURRENCE_CATEGORIES
+from templm.metrics.stream import LARGER_MODEL_RUN, OCCURRENCE_CATEGORIES, relative_increase
 from templm.reports.tables import finding_line, fmt_number, fmt_percent, markdown_table
 
 # The figures of one run: file name in a stream report, file name among the reproduction's figures, title.
@@ -171,9 +171,15 @@ def _png(fig: Any) -> bytes:
 
 def relative_perplexity_png(results: Mapping[str, Any]) -> Optional[bytes]:
     """The relative increase over CONTROL per test month, one line per mode with its least-squares fit."""
-    relative = results.get("relative") or {}
+    relative = dict(results.get("relative") or {})
     if not relative:
         return None
+    runs, baseline = results.get("runs") or {}, results.get("baseline", "control")
+    if LARGER_MODEL_RUN in runs and baseline in runs:  # the model-size comparison (Mind the Gap, Figure 5)
+        per_month, slope, intercept = relative_increase(
+            *({m: v["word_ppl"] for m, v in runs[k]["static"]["by_month"].items()} for k in (LARGER_MODEL_RUN,
+                                                                                              baseline)))
+        relative["larger model, static"] = {"per_month": per_month, "slope": slope, "intercept": intercept}
     # matplotlib: heavy, loaded only when a figure is drawn.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -265,7 +271,10 @@ def streaming_section(summary: Mapping[str, Any], figures_dir: str) -> str:
     figures = _draw_summary_figures(summary, figures_dir)
     lines = ["## Streaming perplexity and dynamic evaluation (Transformer-XL)", "",
              "Transformer-XL trained on TIME-STRATIFIED (up to the cut-off) and CONTROL (same size, overlapping the "
-             "test period) splits, evaluated on one stream of the test months in date order.", ""]
+             "test period) splits, evaluated on one stream of the test months in date order."
+             + (f" `{LARGER_MODEL_RUN}` is a larger TIME-STRATIFIED model (the preset's `larger_model`), scored "
+                "against the same CONTROL model for the model-size comparison (`streaming_size_slope`)."
+                if f"{LARGER_MODEL_RUN}/static" in summary["overall_word_ppl"] else ""), ""]
     lines += [markdown_table(["run / mode", "word ppl"],
                              [[k, _fmt(v)] for k, v in summary["overall_word_ppl"].items()])]
     lines += ["", markdown_table(

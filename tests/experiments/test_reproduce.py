@@ -84,13 +84,18 @@ def test_the_streaming_half_runs_inside_reproduce(run_dir, results):
     assert "figures/stream_relative_perplexity.png" in text and "## streaming" not in text
     assert "findings" not in stream  # the stage's findings are the study's, in one place
     assert {n for n, f in results["findings"].items() if f["half"] == STREAMING} == {
-        "streaming_gap", "streaming_growth", "streaming_dynamic", "streaming_dynamic_slope"}
+        "streaming_gap", "streaming_growth", "streaming_dynamic", "streaming_dynamic_slope", "streaming_size_slope"}
+    # The preset's larger TIME-STRATIFIED model (tiny_test: two layers against one), trained and scored on the same
+    # stream against the same CONTROL model: the size comparison is tested on the run's own months.
+    size = results["findings"]["streaming_size_slope"]
+    assert size["n"] == 12 and size["verdict"] == verdict(size["effect"], size["p_value"], +1)
+    assert size["word_ppl"]["large"] == pytest.approx(ppl["time_stratified_large/static"], rel=1e-9)
     dynamic = results["findings"]["streaming_dynamic"]
     assert dynamic["verdict"] == verdict(dynamic["effect"], dynamic["p_value"], -1)
     assert (dynamic["effect"] < 0) == (gain < 0)  # per document and overall, the same direction here
     assert (run_dir / "figures" / "stream_relative_perplexity.png").read_bytes()[:4] == b"\x89PNG"
     assert set(results["timing"]["extra"]["streaming"]) == {"data", "train_time_stratified", "train_control",
-                                                            "evaluate"}
+                                                            "train_time_stratified_large", "evaluate"}
     assert os.path.isdir(run_dir / "stream_experiment" / "time_stratified")
 
 

@@ -218,14 +218,15 @@ def test_a_corpus_without_templama_skips_the_time_aware_half_and_says_why(unsupp
 
 
 def test_a_corpus_that_cannot_be_split_skips_the_streaming_half_and_its_findings_say_why(unsupported):
-    """The cut-off leaves no test months: the streaming stage is skipped with the splitter's reason, and its three
+    """The cut-off leaves no test months: the streaming stage is skipped with the splitter's reason, and its
     findings (one registry with the time-aware half's) say they were not tested."""
     out, results, result = unsupported
     assert "reproduce [7/7] extra: streaming: skipped: the corpus cannot be split: no document dated" in result.stderr
     reason = results["skipped"]["extra: streaming"]
     assert reason.startswith("the corpus cannot be split: no document dated 2019-")
     streaming = {n: f for n, f in results["findings"].items() if f["half"] == "streaming"}
-    assert set(streaming) == {"streaming_gap", "streaming_growth", "streaming_dynamic", "streaming_dynamic_slope"}
+    assert set(streaming) == {"streaming_gap", "streaming_growth", "streaming_dynamic", "streaming_dynamic_slope",
+                              "streaming_size_slope"}
     for name, found in streaming.items():
         assert found["evidence"] == f"not tested: the streaming stage was skipped ({reason})", name
         assert found["verdict"] == "inconclusive" and found["n"] == 0

@@ -64,6 +64,17 @@ def test_a_study_file_with_an_unknown_or_missing_field_is_one_message(tmp_path):
         load_study("huge")
 
 
+def test_the_larger_model_changes_sizes_of_the_model_and_nothing_else(tmp_path):
+    # Mind the Gap's model-size comparison: the larger TIME-STRATIFIED model is `model` with some sizes changed.
+    smoke = load_study("smoke").stream
+    assert smoke.larger_model_config == {**smoke.model, "n_layer": 3} and smoke.model["n_layer"] == 2
+    bad = tmp_path / "bad.gin"
+    bad.write_text("include 'study/smoke.gin'\ntemplm.StreamStudy.larger_model = {'n_layers': 3}\n")
+    with pytest.raises(ConfigError, match=r"StreamStudy.larger_model: .*not keys of model: n_layers"):
+        load_study(str(bad))
+    assert load_study("tiny_test").stream.larger_model == {"n_layer": 2}
+
+
 def test_a_run_of_an_older_world_generator_starts_its_models_afresh(tmp_path):
     """A run folder of the embedded world records the generator's version: the same seed drew other text before,
     so `make demo` rerun after an upgrade must not resume (and report) models trained on the old world."""

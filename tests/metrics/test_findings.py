@@ -308,7 +308,8 @@ def stream_results(gap_nats, growth, dynamic_nats, n_docs=48, months=24):
 def test_stream_findings_three_ways():
     found = stream_findings(stream_results(0.5, 0.01, -0.3))
     assert {k: v["verdict"] for k, v in found.items()} == {"gap": "appears", "growth": "appears",
-                                                          "dynamic": "appears", "dynamic_slope": "appears"}
+                                                          "dynamic": "appears", "dynamic_slope": "appears",
+                                                          "size_slope": "inconclusive"}  # no larger model
     assert found["dynamic_slope"]["effect"] == pytest.approx(-0.005, abs=0.002)
     assert found["gap"]["effect"] == pytest.approx(0.5, abs=0.05) and found["gap"]["n"] == 48
     assert found["growth"]["n"] == 24 and found["growth"]["effect"] == pytest.approx(0.01, abs=0.003)
@@ -316,11 +317,13 @@ def test_stream_findings_three_ways():
     assert set(judge(stream_results(0.5, 0.01, -0.3), STREAMING)) == {f.name for f in of_half(STREAMING)}
     mirror = stream_findings(stream_results(-0.5, -0.01, +0.3))
     assert {k: v["verdict"] for k, v in mirror.items()} == {"gap": "opposite", "growth": "opposite",
-                                                           "dynamic": "opposite", "dynamic_slope": "opposite"}
+                                                           "dynamic": "opposite", "dynamic_slope": "opposite",
+                                                           "size_slope": "inconclusive"}
     # The smoke report's "+0.01% per month" growth: inside the noise of the monthly values.
     flat = stream_findings(stream_results(0.0, 0.0001, 0.0))
     assert {k: v["verdict"] for k, v in flat.items()} == {"gap": "inconclusive", "growth": "inconclusive",
-                                                         "dynamic": "inconclusive", "dynamic_slope": "inconclusive"}
+                                                         "dynamic": "inconclusive", "dynamic_slope": "inconclusive",
+                                                         "size_slope": "inconclusive"}
     no_dynamic = stream_results(0.5, 0.01, -0.3)
     del no_dynamic["documents"]["word_nll"]["time_stratified/dynamic"]
     assert stream_findings(no_dynamic)["dynamic"]["verdict"] == "inconclusive"

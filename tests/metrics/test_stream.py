@@ -9,8 +9,9 @@ import pytest
 
 from templm.data.token_stream import EOS_WORD, TokenStream
 from templm.metrics.findings import STREAMING, judge
-from templm.metrics.stream import (context_start, emerging_words, month_perplexities, occurrence_table,
-                                   relative_increase, summarize, topic_perplexity, word_log_probs)
+from templm.metrics.stream import (LARGER_MODEL_RUN, SLOPE_KEPT, context_start, emerging_words, judge_size_slope,
+                                   month_perplexities, occurrence_table, relative_increase, summarize,
+                                   topic_perplexity, word_log_probs)
 
 
 
@@ -165,7 +166,10 @@ def test_per_document_word_nll_adds_up_to_the_overall_perplexity(drifting_stream
         overall = results["runs"][name][mode]["overall"]["word_ppl"]
         assert math.isclose(math.exp(sum(nll) / sum(docs["words"])), overall, rel_tol=1e-9)
     found = judge(results, STREAMING)
-    assert set(found) == {"streaming_gap", "streaming_growth", "streaming_dynamic", "streaming_dynamic_slope"}
+    assert set(found) == {"streaming_gap", "streaming_growth", "streaming_dynamic", "streaming_dynamic_slope",
+                          "streaming_size_slope"}
+    assert found["streaming_size_slope"]["verdict"] == "inconclusive"  # no larger model in this run
+    assert "templm.StreamStudy.larger_model" in found["streaming_size_slope"]["reason"]
     assert found["streaming_gap"]["n"] == 9 and found["streaming_growth"]["n"] == 3
     # the drift, and half of it undone
     assert found["streaming_gap"]["effect"] > 0 and found["streaming_dynamic"]["effect"] < 0
@@ -194,3 +198,43 @@ def test_emerging_occurrences_and_relative_increase_per_topic(drifting_stream):
     static, dynamic = topics["relative"]["static"], topics["relative"]["dynamic"]
     assert any(v > 0 for v in static.values()) and all(dynamic[k] <= static[k] + 1e-12 for k in static)
     assert stream.n_words > 0
+
+
+def _size_results(large_growth, seed=0):
+    """Monthly word perplexities over 24 months: CONTROL flat at 20, TIME-STRATIFIED growing 1 % a month from 10 %
+    above it, and the larger TIME-STRATIFIED model 2 points lower growing `large_growth` a month; a little noise."""
+    rng = np.random.default_rng(seed)
+    months = [f"{2018 + k // 12}-{k % 12 + 1:02d}" for k in range(24)]
+
+    def run(values):
+        by_month = {m: {"word_ppl": float(v)} for m, v in zip(months, values)}
+        return {"static": {"by_month": by_month, "overall": {"word_ppl": float(np.mean(values))}}}
+
+    k = np.arange(24)
+    ctl = np.full(24, 20.0)
+    small = ctl * (1.10 + 0.01 * k + rng.normal(0, 0.002, 24))
+    large = ctl * (1.00 + large_growth * k + rng.normal(0, 0.002, 24))
+    runs = {"time_stratified": run(small), "control": run(ctl), LARGER_MODEL_RUN: run(large)}
+    per_month, slope, intercept = relative_increase({m: v["word_ppl"] for m, v in runs["time_stratified"]["static"]
+                                                     ["by_month"].items()}, {m: 20.0 for m in months})
+    return {"runs": runs, "relative": {"static": {"per_month": per_month, "slope": slope, "intercept": intercept}},
+            "months": months}
+
+
+def test_the_size_comparison_is_non_inferiority_of_the_larger_models_slope():
+    # Mind the Gap, section 4: the larger model is lower but its slope is the smaller's: the claim appears.
+    same = judge_size_slope(_size_results(0.01))
+    assert same["verdict"] == "appears" and same["n"] == 24
+    assert same["effect"] == pytest.approx(same["slope_large"] - SLOPE_KEPT * same["slope_small"], abs=1e-12)
+    assert same["slope_small"] == pytest.approx(0.01, abs=0.001) and same["slope_large"] == pytest.approx(0.01,
+                                                                                                      abs=0.001)
+    assert same["word_ppl"]["large"] < same["word_ppl"]["small"]
+    # A larger model whose gap stays flat: size would be a solution, the opposite of the paper's finding.
+    flat = judge_size_slope(_size_results(0.0))
+    assert flat["verdict"] == "opposite" and flat["effect"] == pytest.approx(-SLOPE_KEPT * 0.01, abs=0.001)
+    # Growth a little below the margin (40 % of the smaller's) is not the paper's claim either.
+    assert judge_size_slope(_size_results(0.004))["verdict"] == "opposite"
+    # Without the larger run there is nothing to test, and the reason says which binding adds it.
+    none = judge_size_slope({**_size_results(0.01), "runs": {k: v for k, v in _size_results(0.01)["runs"].items()
+                                                               if k != LARGER_MODEL_RUN}})
+    assert none["verdict"] == "inconclusive" and none["effect"] is None and "larger_model" in none["reason"]
