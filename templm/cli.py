@@ -282,7 +282,8 @@ def _main_data_stats():
                       "by_year": {str(y): {"documents": docs[y], "words": words[y]} for y in sorted(docs)}}))
 
 
-SPLITS_KIND, TEMPLAMA_KIND = "splits", "TempLAMA"  # the kinds of output folder of `data splits`, `data templama`
+# The kinds of output folder of `data splits`, `data templama` and `data cronquestions`.
+SPLITS_KIND, TEMPLAMA_KIND, CRONQUESTIONS_KIND = "splits", "TempLAMA", "CronQuestions"
 
 
 def _define_data_splits():
@@ -390,6 +391,26 @@ def _main_data_templama():
         FLAGS.dump, folder, start_year=FLAGS.start_year, end_year=FLAGS.end_year, max_subjects=FLAGS.max_subjects,
         require_enwiki=FLAGS.require_enwiki, seed=FLAGS.seed), FLAGS.overwrite)
     print(json.dumps({k: stats[k] for k in ("subjects", "queries", "splits")}))
+
+
+def _define_data_cronquestions():
+    flags.DEFINE_string("release", None, "CronQuestions release folder (its root, or data/wikidata_big/ with "
+                        "questions/{train,valid,test}.pickle and kg/wd_id2entity_text.txt).", required=True)
+    flags.DEFINE_string("out", None, "Output folder for {train,validation,test}.tfrecord and manifest.json (built "
+                        "whole beside it, then put in its place); point templm.tasks.configure.cronquestions_dir "
+                        "or TEMPLM_CRONQUESTIONS_DIR at it.", required=True)
+    _define_overwrite()
+    flags.DEFINE_integer("max_questions", None, "Keep the first N questions of each split (default: all).")
+    _bounds(max_questions=(1, None))
+
+
+def _main_data_cronquestions():
+    from templm.data.cronquestions import convert_release
+    from templm.outputs import build_output_folder
+
+    manifest = build_output_folder(FLAGS.out, CRONQUESTIONS_KIND, lambda folder: convert_release(
+        FLAGS.release, folder, max_questions=FLAGS.max_questions), FLAGS.overwrite)
+    print(json.dumps({"out": FLAGS.out, "splits": manifest["splits"]}))
 
 
 def _define_data_tasks():
@@ -915,6 +936,9 @@ VERBS: Dict[str, Verb] = {v.name: v for v in [
          _define_data_spm, _main_data_spm),
     Verb("data templama", "Build TempLAMA from a Wikidata JSON dump (nine relations, any years).",
          _define_data_templama, _main_data_templama),
+    Verb("data cronquestions", "Convert a CronQuestions release (its pickles read as plain data only) into the "
+         "record files of the `cronquestions` SeqIO task.", _define_data_cronquestions, _main_data_cronquestions,
+         tensorflow=True),
     Verb("train", "Train a T5 model from gin configs (T5X style), sharded over the device mesh, resumable.",
          _define_train, _main_train, takes_gin=True, tensorflow=True),
     Verb("plan", "Per-device memory of a T5 training config on a mesh (parameters, optimizer, compiled step) and "

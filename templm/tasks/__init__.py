@@ -12,7 +12,7 @@ import os
 
 import gin
 
-from templm.data import task_data, vocab
+from templm.data import cronquestions, task_data, vocab
 from templm.errors import DataError
 from templm.tasks import registry
 from templm.tasks.registry import adapt_mixture, adapt_mixture_name
@@ -23,7 +23,7 @@ __all__ = ["adapt_mixture", "adapt_mixture_name", "configure", "current", "padde
 _current = {}
 
 
-def configure(data_dir=None, vocabulary_path=None, extra_ids=None, train_years=None):
+def configure(data_dir=None, vocabulary_path=None, extra_ids=None, train_years=None, cronquestions_dir=None):
     """Registers the tasks over `data_dir` (default: $TEMPLM_DATA_DIR, else the embedded world's cache folder).
 
     `vocabulary_path` (default: $TEMPLM_VOCABULARY) replaces the folder's own SentencePiece model, e.g. T5's public
@@ -32,6 +32,8 @@ def configure(data_dir=None, vocabulary_path=None, extra_ids=None, train_years=N
     holds its own (as T5's public vocabulary), so that the vocabulary equals the one T5X's model configs build.
     `train_years` (default: $TEMPLM_TRAIN_YEARS, "2010-2018" or "2010,2011", else the manifest's seen years) are the
     years the training split of the every-year tasks and mixtures holds: the future years stay out of training.
+    `cronquestions_dir` (default: $TEMPLM_CRONQUESTIONS_DIR): a folder of `templm data cronquestions`, registered as
+    the task `cronquestions` with the same vocabulary, for fine-tuning the models on it (Dhingra et al., Table 4).
     Returns the manifest (for the default world before its first use: the years it will have).
     """
     data_dir = data_dir or os.environ.get("TEMPLM_DATA_DIR")
@@ -66,9 +68,16 @@ def configure(data_dir=None, vocabulary_path=None, extra_ids=None, train_years=N
     train_years = list(manifest["seen_years"] if train_years is None else train_years)
     registry.register(data_dir, manifest["years"], manifest["seen_years"], manifest["future_years"], vocabulary,
                       ensure, manifest.get("counts"), train_years=train_years)
+    cronquestions_dir = cronquestions_dir or os.environ.get("TEMPLM_CRONQUESTIONS_DIR")
+    if cronquestions_dir:
+        cron = cronquestions.read_manifest(cronquestions_dir)
+        if cron is None:
+            raise DataError("no CronQuestions records here (no manifest.json): build them with `templm data "
+                            "cronquestions --release DIR --out DIR`", cronquestions_dir)
+        registry.register_cronquestions(cronquestions_dir, vocabulary, cron.get("splits"))
     _current.clear()
     _current.update(data_dir=data_dir, manifest=manifest, vocabulary=vocabulary, ensure=ensure,
-                    train_years=sorted(int(y) for y in train_years))
+                    train_years=sorted(int(y) for y in train_years), cronquestions_dir=cronquestions_dir)
     return manifest
 
 

@@ -7,6 +7,7 @@ Task names (every one has the splits train, validation and test):
     customnews_ssm_yearly_YYYY     one year's documents, no prefix (one model per year)
     customnews_ssm_temporal_YYYY   one year's documents with the prefix (the slices adaptation mixes)
     templama_uniform, templama_temporal, templama_yearly_YYYY      TempLAMA cloze queries, same regimes
+    cronquestions                  closed-book CronQuestions, where configured (`register_cronquestions`)
 
 The training split of the every-year tasks (uniform, temporal, and so their mixtures) holds only the TRAINING years:
 the seen years of the task data's manifest unless configured otherwise (`templm.tasks.configure(train_years=...)`, gin
@@ -238,6 +239,47 @@ def register(data_dir: str, years: Sequence[int], seen_years: Sequence[int], fut
         for alpha in ADAPT_ALPHAS:
             for regime in REGIMES:
                 adapt_mixture(year, alpha, regime)
+
+
+CRONQUESTIONS = "cronquestions"
+_CRON_FEATURES = {
+    "inputs": tf.io.FixedLenFeature([], tf.string),
+    "targets": tf.io.FixedLenFeature([], tf.string),
+    "answers": tf.io.VarLenFeature(tf.string),
+    "id": tf.io.FixedLenFeature([], tf.string),
+    "answer_type": tf.io.FixedLenFeature([], tf.string),
+    "question_type": tf.io.FixedLenFeature([], tf.string),
+}
+
+
+def _dense_answers(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    def fix(ex):
+        return {**ex, "answers": tf.sparse.to_dense(ex["answers"])}
+
+    return dataset.map(fix, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def register_cronquestions(data_dir: str, vocabulary: seqio.Vocabulary, counts: Optional[dict] = None) -> str:
+    """(Re-)registers the closed-book CronQuestions task (Dhingra et al., Table 4) over the record files that
+    `templm data cronquestions` wrote into `data_dir` (templm.data.cronquestions): the question as inputs, no year
+    prefix (its questions carry their own times), trained on the first answer and scored by SQuAD EM and F1 against
+    the best of every answer. Returns the task's name."""
+    if CRONQUESTIONS in seqio.TaskRegistry.names():
+        seqio.TaskRegistry.remove(CRONQUESTIONS)
+    source = seqio.TFExampleDataSource(
+        split_to_filepattern={split: f"{data_dir.rstrip('/')}/{split}.tfrecord" for split in SPLITS},
+        feature_description=_CRON_FEATURES,
+        num_input_examples=None if counts is None else {k: v["questions"] for k, v in counts.items()})
+    seqio.TaskRegistry.add(
+        CRONQUESTIONS, source=source,
+        preprocessors=[_dense_answers, seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
+                       seqio.preprocessors.append_eos_after_trim],
+        output_features={"inputs": seqio.Feature(vocabulary, add_eos=True),
+                         "targets": seqio.Feature(vocabulary, add_eos=True)},
+        postprocess_fn=qa.qa_postprocessor, metric_fns=[qa.make_qa_metric_fn()], shuffle_buffer_size=10_000)
+    if CRONQUESTIONS not in _registered:
+        _registered.append(CRONQUESTIONS)
+    return CRONQUESTIONS
 
 
 def adapt_mixture_name(year: int, alpha: float, regime: str = "temporal") -> str:
