@@ -19,7 +19,7 @@ from templm.evaluation.inference import ModelFns, evaluate, infer_texts
 from templm.metrics.qa import strip_sentinels
 from templm.training import partitioning
 from templm.training.state import mesh_rules
-from templm.training.trainer import restore_params
+from templm.training.trainer import initial_params, place_params, restore_params
 
 
 def evaluate_params(model, params, mixture_or_task_name: str, task_feature_lengths: Mapping[str, int], split: str,
@@ -37,8 +37,14 @@ def evaluate_params(model, params, mixture_or_task_name: str, task_feature_lengt
 def evaluate_checkpoint(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRED,
                         task_feature_lengths: Mapping[str, int] = gin.REQUIRED, model: Any = gin.REQUIRED,
                         split: str = "test", step: Optional[int] = None, num_examples: Optional[int] = None,
-                        batch_size: int = 32, eval_mixture_or_task_name: Optional[str] = None) -> Dict[str, Any]:
-    """Every task's metrics for the checkpoint in `model_dir` (latest unless `step`) on `split`."""
+                        batch_size: int = 32, eval_mixture_or_task_name: Optional[str] = None,
+                        checkpoint_path: Optional[str] = None) -> Dict[str, Any]:
+    """Every task's metrics for the checkpoint in `model_dir` (latest unless `step`) on `split`.
+
+    `checkpoint_path`: evaluate this templm checkpoint folder or Hugging Face T5 folder (config.json +
+    model.safetensors) instead, as it is, e.g. Dhingra et al.'s T5-CBQA row (the public closed-book QA checkpoint
+    before any news; gin_configs/cbqa.gin); it must fit `model` and read the tasks' vocabulary, as an
+    INITIAL_CHECKPOINT_PATH must. `model_dir` then only receives the evaluation's files."""
     name = eval_mixture_or_task_name or mixture_or_task_name
     try:
         provider = seqio.get_mixture_or_task(name)
@@ -51,9 +57,16 @@ def evaluate_checkpoint(model_dir: str = gin.REQUIRED, mixture_or_task_name: str
     lengths = dict(task_feature_lengths)
     mesh = partitioning.make_mesh()
     with mesh_rules(mesh, partitioning.logical_axis_rules()):
-        params, meta = restore_params(model, os.path.join(model_dir, "checkpoints"), step, mesh)
+        if checkpoint_path:
+            params = place_params(model, initial_params(checkpoint_path, model, tasks.current()["vocabulary"]), mesh)
+            meta = {"step": 0}
+        else:
+            params, meta = restore_params(model, os.path.join(model_dir, "checkpoints"), step, mesh)
         results = evaluate_params(model, params, name, lengths, split, num_examples, batch_size, meta["step"])
-    return {"model_dir": model_dir, "step": meta["step"], "split": split, "metrics": results}
+    out = {"model_dir": model_dir, "step": meta["step"], "split": split, "metrics": results}
+    if checkpoint_path:
+        out["checkpoint"] = checkpoint_path
+    return out
 
 
 @gin.configurable(module="templm")

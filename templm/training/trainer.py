@@ -303,10 +303,15 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
     return result
 
 
+def place_params(model, params: Any, mesh=None):
+    """`params` (host arrays) laid out on `mesh` by the logical-axis rules of `model`."""
+    mesh = mesh or partitioning.make_mesh()
+    shardings = partitioning.logical_shardings(model.logical_partition_specs(), mesh,
+                                               partitioning.logical_axis_rules())
+    return jax.device_put(jax.tree.map(np.asarray, params), shardings)
+
+
 def restore_params(model, checkpoint_dir: str, step: Optional[int] = None, mesh=None):
     """(parameters, the checkpoint's record) of a templm checkpoint, laid out on `mesh` by the logical-axis rules."""
-    mesh = mesh or partitioning.make_mesh()
-    rules = partitioning.logical_axis_rules()
-    shardings = partitioning.logical_shardings(model.logical_partition_specs(), mesh, rules)
     params, meta = load_params(checkpoint_dir, step)
-    return jax.device_put(jax.tree.map(np.asarray, params), shardings), meta
+    return place_params(model, params, mesh), meta

@@ -23,7 +23,7 @@ from templm.cli import parse_gin
 from templm.data.task_data import TaskDataConfig, read_manifest
 from templm.data.world import WorldConfig
 from templm.errors import EXIT_PREEMPTED, ConfigError, DataError, TrainingError
-import templm.evaluation.checkpoint_eval  # noqa: F401  (registers the configurables base.gin binds)
+from templm.evaluation.checkpoint_eval import evaluate_checkpoint  # (and registers the configurables base.gin binds)
 from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, save_hf_checkpoint
 from templm.training import partitioning, trainer
 from templm.training.checkpoints import load_params
@@ -171,6 +171,39 @@ def test_training_starts_from_a_hugging_face_checkpoint_of_its_size_and_vocabula
         f.write(b"\n")  # another SentencePiece file than the tasks'
     with pytest.raises(ConfigError, match=f"set TEMPLM_VOCABULARY={hf / 'spiece.model'}"):
         trainer.initial_params(str(hf), _model(), vocabulary)
+
+
+def test_the_cbqa_row_evaluates_a_hugging_face_checkpoint_as_it_is(trained, data_dir, tmp_path):
+    """Dhingra et al.'s T5-CBQA row: a public checkpoint evaluated before any news training (gin_configs/cbqa.gin
+    binds `checkpoint_path`). The same weights as a Hugging Face folder give the metrics of the templm checkpoint
+    they came from; a folder of another size is refused with its sizes."""
+    model_dir, _ = trained
+    exported = load_params(os.path.join(model_dir, "checkpoints"))[0]
+    hf = tmp_path / "hf"
+    save_hf_checkpoint(exported, T5_1_1_CONFIGS["tiny"], str(hf))
+    shutil.copy(os.path.join(data_dir, "spm", "vocab.model"), hf / "spiece.model")
+    common = dict(mixture_or_task_name="templama_uniform", task_feature_lengths=LENGTHS, model=_model(),
+                  split="validation", num_examples=24)
+    from_hf = evaluate_checkpoint(model_dir=str(tmp_path / "cbqa"), checkpoint_path=str(hf), **common)
+    from_run = evaluate_checkpoint(model_dir=str(model_dir), **common)
+    assert from_hf["checkpoint"] == str(hf) and from_hf["step"] == 0 and from_run["step"] == 40
+    assert from_hf["metrics"] == from_run["metrics"] and from_hf["metrics"]["templama_uniform"]["count"] == 24
+    wider = dataclasses.replace(T5_1_1_CONFIGS["tiny"], emb_dim=96)
+    zeros = jax.tree.map(lambda x: np.zeros(x.shape, np.float32), EncoderDecoderModel(wider).abstract_init())
+    save_hf_checkpoint(zeros, wider, str(tmp_path / "wider"))
+    with pytest.raises(DataError, match=r"the checkpoint does not fit the model \(the checkpoint: emb_dim 96"):
+        evaluate_checkpoint(model_dir=str(tmp_path / "cbqa"), checkpoint_path=str(tmp_path / "wider"), **common)
+    try:  # the rows' configs: CBQA evaluates INITIAL_CHECKPOINT_PATH, CBQA-ft fine-tunes it 5K steps
+        parse_gin(["gin_configs/cbqa.gin"], ["MODEL_DIR = '/tmp/m'", f"INITIAL_CHECKPOINT_PATH = '{hf}'"])
+        assert gin.query_parameter("templm.evaluate_checkpoint.checkpoint_path").scoped_selector == \
+            "INITIAL_CHECKPOINT_PATH/gin.macro"
+        assert gin.query_parameter("%MIXTURE_OR_TASK_NAME") == "templama_uniform"
+        gin.clear_config()
+        parse_gin(["gin_configs/cbqa_ft.gin", "gin_configs/models/t5_1_1_large.gin"],
+                  ["MODEL_DIR = '/tmp/m'", f"INITIAL_CHECKPOINT_PATH = '{hf}'"])
+        assert gin.query_parameter("%TRAIN_STEPS") == 5000 and gin.query_parameter("templm.T5Config.emb_dim") == 1024
+    finally:
+        gin.clear_config()
 
 
 def test_microbatches_give_the_same_updates(data_dir, tmp_path):
