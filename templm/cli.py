@@ -19,6 +19,7 @@ TensorFlow and SeqIO, several seconds of start-up that `templm --help` and the l
 
 from __future__ import annotations
 
+import ast
 import collections
 import contextlib
 import dataclasses
@@ -103,6 +104,11 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
     try:
         gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=False)
     except (ValueError, KeyError, SyntaxError, TypeError) as e:  # gin names the file/binding and line
+        unquoted = _unquoted_string(bindings)
+        if unquoted is not None:
+            name, value = unquoted
+            raise ConfigError(f"gin binding {name}={value}: {value} is not a gin value; a string needs quotes "
+                              f"inside the flag: --gin.{name}=\"'{value}'\"") from None
         raise ConfigError(f"gin: {e}") from None
     except OSError as e:  # an `include` of a file that is not there (gin names the including file)
         raise ConfigError(f"gin: {e}") from None
@@ -113,6 +119,25 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
 
 
 _MACRO_BINDING = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=")
+_BINDING = re.compile(r"^\s*([A-Za-z_][\w./]*)\s*=\s*(.*?)\s*$", re.S)
+
+
+def _unquoted_string(bindings: Sequence[str]) -> Optional[Tuple[str, str]]:
+    """(name, value) of the first binding whose value reads as a string written without quotes (`MODEL_DIR=runs/y`:
+    gin takes runs/y for an expression), or None. Gin's own values pass: literals, references (@f(), %MACRO) and
+    containers."""
+    for binding in bindings:
+        m = _BINDING.match(binding)
+        if not m or not m.group(2):
+            continue
+        value = m.group(2)
+        if value[0] in "'\"@%([{" or value in ("True", "False", "None"):
+            continue
+        try:
+            ast.literal_eval(value)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return m.group(1), value
+    return None
 
 
 def _check_macros_are_used(bindings: Sequence[str]) -> None:

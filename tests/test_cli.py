@@ -9,7 +9,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-from templm.cli import rewrite_gin_args
+from templm.cli import parse_gin, rewrite_gin_args
 from templm.errors import ConfigError
 from templm_testing import run_templm as templm, wait_for_path
 
@@ -223,6 +223,31 @@ def test_queries_in_years_the_readers_refuse_are_refused_before_the_dump_is_read
     assert result.returncode == 1 and "years 1850-2020: templm's readers accept dates from 1900 to 2100" in \
         result.stderr
     assert not os.path.exists(tmp_path / "t") and not os.path.exists(tmp_path / "t.partial")
+
+
+@pytest.mark.parametrize("binding", ["OUT_DIR=runs/y", "OUT_DIR = runs/y", "WorldConfig.seed=/tmp/x"])
+def test_a_string_binding_without_quotes_says_how_to_quote_it(tmp_path, binding):
+    """`--gin.MODEL_DIR=runs/y` was gin's "malformed node or string ... <ast.Name object>", naming neither the binding
+    nor the quotes it needs."""
+    import gin
+
+    from templm.cli import _world_configurable
+
+    _world_configurable()  # WorldConfig, as `templm data world` registers it before parsing
+    config = tmp_path / "run.gin"
+    config.write_text("OUT_DIR = 'runs/x'\nWorldConfig.docs_per_month = 2\n")
+    name, value = (part.strip() for part in binding.split("=", 1))
+    try:
+        with pytest.raises(ConfigError) as e:
+            parse_gin([str(config)], [binding])
+        assert str(e.value) == (f"gin binding {name}={value}: {value} is not a gin value; a string needs quotes "
+                                f"inside the flag: --gin.{name}=\"'{value}'\"")
+        gin.clear_config()
+        quoted = [f"{name}='{value}'"] if "." in name else []  # (a macro the config does not use is refused)
+        parse_gin([str(config)], quoted + ["WorldConfig.docs_per_month = 3"])
+        assert gin.query_parameter("WorldConfig.docs_per_month") == 3
+    finally:
+        gin.clear_config()
 
 
 def test_a_gin_file_that_is_not_text_is_named(tmp_path):
