@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import os
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import gin
 import jax
@@ -36,7 +37,7 @@ from absl import logging
 from templm import console
 from templm.errors import ConfigError, DataError, require_folder, require_macros, require_numbers
 from templm.io import file_sha256
-from templm.models.t5 import EncoderDecoderModel, T5Config, load_hf_checkpoint
+from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, T5Config, load_hf_checkpoint
 import templm.tasks  # noqa: F401  (registers the SeqIO tasks the configs name)
 from templm.training import loop, partitioning, state as train_state
 from templm.training.checkpoints import Checkpointer, abstract_like, load_params
@@ -139,20 +140,42 @@ def initial_params(path: str, model: Any = None, vocabulary: Any = None):
     else:
         params = load_params(path)[0]
     if model is not None:
-        want = {jax.tree_util.keystr(k): tuple(v.shape)
-                for k, v in jax.tree_util.tree_leaves_with_path(model.abstract_init())}
-        got = {jax.tree_util.keystr(k): tuple(np.shape(v)) for k, v in jax.tree_util.tree_leaves_with_path(params)}
-        differ = [f"{name}: checkpoint {got.get(name, 'missing')}, model {want.get(name, 'missing')}"
-                  for name in sorted(set(want) | set(got)) if got.get(name) != want.get(name)]
-        if differ:
-            sizes = "" if hf_config is None else (
-                f" (the checkpoint: emb_dim {hf_config.emb_dim}, {hf_config.num_encoder_layers}+"
-                f"{hf_config.num_decoder_layers} layers, {hf_config.num_heads} heads, mlp_dim {hf_config.mlp_dim}, "
-                f"vocab_size {hf_config.vocab_size})")
-            raise DataError(f"the checkpoint does not fit the model{sizes}: {len(differ)} parameter(s) differ, e.g. "
-                            + "; ".join(differ[:3]) + ". Bind the model of the checkpoint's size "
-                            "(gin_configs/models/t5_1_1_*.gin)", path)
+        sizes = "" if hf_config is None else (
+            f" (the checkpoint: emb_dim {hf_config.emb_dim}, {hf_config.num_encoder_layers}+"
+            f"{hf_config.num_decoder_layers} layers, {hf_config.num_heads} heads, mlp_dim {hf_config.mlp_dim}, "
+            f"vocab_size {hf_config.vocab_size})")
+        check_fits(params, model, path, sizes)
     return params
+
+
+def _shapes(tree: Any) -> Dict[str, Tuple[int, ...]]:
+    return {jax.tree_util.keystr(k): tuple(np.shape(v)) for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _named_size(got: Mapping[str, Tuple[int, ...]]) -> Optional[str]:
+    """The T5_1_1_CONFIGS name whose parameters have the shapes `got` (at the checkpoint's vocabulary size), or None."""
+    embedding = next((shape for name, shape in got.items() if "token_embedder" in name), None)
+    if embedding is None:
+        return None
+    for name, config in T5_1_1_CONFIGS.items():
+        sized = dataclasses.replace(config, vocab_size=embedding[0])
+        if _shapes(EncoderDecoderModel(sized).abstract_init()) == dict(got):
+            return name
+    return None
+
+
+def check_fits(params: Any, model: Any, path: str, sizes: str = "") -> None:
+    """A DataError naming the checkpoint at `path`, the first parameters whose shapes differ from `model`'s and the
+    model gin of the checkpoint's size (when it is one of T5_1_1_CONFIGS'), unless every parameter fits."""
+    want, got = _shapes(model.abstract_init()), _shapes(params)
+    differ = [f"{name}: checkpoint {got.get(name, 'missing')}, model {want.get(name, 'missing')}"
+              for name in sorted(set(want) | set(got)) if got.get(name) != want.get(name)]
+    if differ:
+        named = _named_size(got)
+        hint = (f"the checkpoint is T5 v1.1 {named}: add --gin_file=gin_configs/models/t5_1_1_{named}.gin" if named
+                else "bind the model of the checkpoint's size (gin_configs/models/t5_1_1_*.gin)")
+        raise DataError(f"the checkpoint does not fit the model{sizes}: {len(differ)} parameter(s) differ, e.g. "
+                        + "; ".join(differ[:3]) + f"; {hint}", path)
 
 
 @gin.configurable(module="templm", denylist=["mesh", "evaluator", "progress"])
@@ -314,4 +337,5 @@ def place_params(model, params: Any, mesh=None):
 def restore_params(model, checkpoint_dir: str, step: Optional[int] = None, mesh=None):
     """(parameters, the checkpoint's record) of a templm checkpoint, laid out on `mesh` by the logical-axis rules."""
     params, meta = load_params(checkpoint_dir, step)
+    check_fits(params, model, checkpoint_dir)
     return place_params(model, params, mesh), meta

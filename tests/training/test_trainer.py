@@ -206,6 +206,20 @@ def test_the_cbqa_row_evaluates_a_hugging_face_checkpoint_as_it_is(trained, data
         gin.clear_config()
 
 
+def test_evaluating_with_a_model_of_another_size_names_the_size_of_the_checkpoint(trained):
+    """`templm eval` with a model gin that does not fit the checkpoint ended in a raw JAX pytree error; it is one
+    message naming the checkpoint, the parameters that differ and the model gin of the checkpoint's size."""
+    model_dir, _ = trained
+    small = EncoderDecoderModel(dataclasses.replace(T5_1_1_CONFIGS["small"], vocab_size=868))
+    with pytest.raises(DataError) as e:
+        evaluate_checkpoint(model_dir=str(model_dir), mixture_or_task_name="templama_uniform",
+                            task_feature_lengths=LENGTHS, model=small, split="validation", num_examples=4)
+    message = str(e.value)
+    assert message.startswith(f"{model_dir}/checkpoints: the checkpoint does not fit the model: ")
+    assert "['decoder']['decoder_norm']['scale']: checkpoint (64,), model (512,)" in message
+    assert "; the checkpoint is T5 v1.1 tiny: add --gin_file=gin_configs/models/t5_1_1_tiny.gin" in message
+
+
 def test_microbatches_give_the_same_updates(data_dir, tmp_path):
     _train(tmp_path / "whole", 4)
     _train(tmp_path / "micro", 4, microbatches=2)
