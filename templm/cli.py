@@ -660,7 +660,8 @@ def _define_eval():
     flags.DEFINE_string("split", "test", "Which split to evaluate.")
     flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
     flags.DEFINE_string("eval_task", None, "Evaluate this task or mixture instead of the config's.")
-    flags.DEFINE_integer("num_examples", None, "At most this many examples per task.")
+    flags.DEFINE_integer("num_examples", None, "At most this many examples per task: the first N of the split, which "
+                         "come in year order (the command names the years left out).")
     _bounds(step=(0, None), num_examples=(1, None))
     flags.DEFINE_string("out", None, "Write eval_<split>.json and .md here (default: MODEL_DIR).")
     import templm.evaluation.checkpoint_eval  # noqa: F401  (registers templm.evaluate_checkpoint for the configs)
@@ -669,7 +670,8 @@ def _define_eval():
 def _main_eval():
     from templm.evaluation.checkpoint_eval import evaluate_checkpoint
     from templm.io import write_json
-    from templm.reports.evaluation import metrics_table, write_eval_report
+    from templm import tasks
+    from templm.reports.evaluation import metrics_table, subset_notes, write_eval_report
 
     _configure_tasks()
     if FLAGS.out:
@@ -680,6 +682,9 @@ def _main_eval():
     os.makedirs(os.path.dirname(base), exist_ok=True)
     write_json(base + ".json", result)
     write_eval_report(result, base + ".md")
+    years = (tasks.current().get("manifest") or {}).get("years", ())
+    for note in subset_notes(result["metrics"], FLAGS.num_examples, years):
+        console.warn(note)
     print(metrics_table(result["metrics"]))
 
 

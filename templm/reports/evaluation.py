@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
-from typing import Any, Dict, Mapping
+import re
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from templm.io import atomic_write
 from templm.reports.tables import fmt_number, markdown_table
@@ -22,3 +24,27 @@ def write_eval_report(result: Mapping[str, Any], path: str) -> Dict[str, str]:
     text = f"# Evaluation of step {result['step']} on {result['split']}\n\n" + metrics_table(result["metrics"]) + "\n"
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     return {"md": atomic_write(path, text)}
+
+
+def subset_notes(results: Mapping[str, Mapping[str, float]], num_examples: Optional[int],
+                 years: Sequence[int] = ()) -> List[str]:
+    """What `templm eval --num_examples N` left out: it scores each task's first N examples, and a task's examples
+    come in year order, so the later years may have none. One line per task whose `count_YYYY` keys miss some of
+    `years` (the task data's) or whose future slice is empty; none without num_examples."""
+    if not num_examples:
+        return []
+    notes = []
+    for task, metrics in results.items():
+        have = sorted(int(k[len("count_"):]) for k in metrics if re.fullmatch(r"count_\d+", k))
+        if not have:
+            continue
+        missing = [y for y in years if y not in have]
+        future_empty = "future_count" in metrics and not (metrics["future_count"] or 0) > 0
+        if missing or future_empty:
+            what = f"years {have[0]}-{have[-1]} only" if have[0] != have[-1] else f"year {have[0]} only"
+            left = f", none of {', '.join(map(str, missing))}" if missing else ""
+            empty = "; its future slice is empty (future_f1 has no value)" if future_empty else ""
+            notes.append(f"{task}: --num_examples {num_examples} scored the split's first {num_examples} examples, "
+                         f"which come in year order: {what}{left}{empty}. Leave --num_examples unset to score "
+                         "every year")
+    return notes
