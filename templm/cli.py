@@ -529,9 +529,11 @@ def _main_train():
     from templm.io import jsonable
     from templm.training import trainer
 
+    import gin
+
     _join_processes()
     _configure_tasks()
-    result = trainer.train(evaluator=evaluate_params)
+    result = trainer.train(evaluator=evaluate_params, config_gin=gin.config_str())
     if jax.process_index() == 0:
         print(json.dumps(jsonable({k: v for k, v in result.items() if k != "params"})))
 

@@ -36,7 +36,7 @@ from absl import logging
 
 from templm import console
 from templm.errors import ConfigError, DataError, require_folder, require_macros, require_numbers
-from templm.io import file_sha256
+from templm.io import atomic_write, file_sha256
 from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, T5Config, load_hf_checkpoint
 import templm.tasks  # noqa: F401  (registers the SeqIO tasks the configs name)
 from templm.training import loop, partitioning, state as train_state
@@ -178,7 +178,10 @@ def check_fits(params: Any, model: Any, path: str, sizes: str = "") -> None:
                         + "; ".join(differ[:3]) + f"; {hint}", path)
 
 
-@gin.configurable(module="templm", denylist=["mesh", "evaluator", "progress"])
+CONFIG_GIN = "config.gin"  # the run's gin config in MODEL_DIR, as T5X names it
+
+
+@gin.configurable(module="templm", denylist=["mesh", "evaluator", "progress", "config_gin"])
 def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRED,
           task_feature_lengths: Mapping[str, int] = gin.REQUIRED, train_steps: int = gin.REQUIRED,
           batch_size: int = gin.REQUIRED, model: Any = gin.REQUIRED,
@@ -189,8 +192,12 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
           eval_mixture_or_task_name: Optional[str] = None, initial_checkpoint_path: Optional[str] = None,
           log_period: int = 10, data_shards: int = 0, async_checkpoints: bool = True,
           final_input_state: bool = True, mesh=None,
-          evaluator: Optional[Evaluator] = None, progress: bool = True) -> Dict[str, Any]:
+          evaluator: Optional[Evaluator] = None, progress: bool = True,
+          config_gin: Optional[str] = None) -> Dict[str, Any]:
     """Trains `model` on a SeqIO task or mixture; resumes from `model_dir` if it holds a run of the same seeds.
+
+    config_gin: the gin config that made the run (`gin.config_str()`, as `templm train` passes it), written to
+    MODEL_DIR/config.gin once the run holds the folder, as T5X writes its own; a resumed run writes its own config.
 
     data_shards: the number of input pipelines the global batch is drawn from (input_pipeline.py); 0: the
     checkpoint's when resuming, else the number of processes. async_checkpoints: save while training goes on.
@@ -231,6 +238,8 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
     os.makedirs(model_dir, exist_ok=True)
     held = contextlib.ExitStack()
     held.enter_context(loop.model_dir_lock(model_dir))
+    if config_gin and partitioning.is_lead():
+        atomic_write(os.path.join(model_dir, CONFIG_GIN), config_gin)
     checkpointer = Checkpointer(os.path.join(model_dir, "checkpoints"), save_period, keep_checkpoints,
                                 async_checkpoints)
     log = loop.MetricsLog(model_dir)

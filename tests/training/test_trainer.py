@@ -281,6 +281,15 @@ def test_sigterm_saves_exits_as_preempted_and_a_rerun_resumes(data_dir, tmp_path
     assert rerun.returncode == 0, err[-3000:]
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["start_step"] == stopped and summary["step"] == stopped + 2
+    # MODEL_DIR/config.gin, as T5X writes it: the gin config of the run (the rerun's), which parses back to it.
+    try:
+        parse_gin([str(tmp_path / "config.gin")], [])
+        assert gin.query_parameter("%TRAIN_STEPS") == stopped + 2 and gin.query_parameter("%MODEL_DIR") == str(
+            tmp_path)
+        assert gin.query_parameter("%MIXTURE_OR_TASK_NAME") == "temporal_mixture"
+        assert gin.query_parameter("templm.T5Config.emb_dim") == 64  # cpu_demo.gin's tiny model
+    finally:
+        gin.clear_config()
 
 
 @pytest.mark.e2e
