@@ -164,9 +164,10 @@ def _named_size(got: Mapping[str, Tuple[int, ...]]) -> Optional[str]:
     return None
 
 
-def check_fits(params: Any, model: Any, path: str, sizes: str = "") -> None:
+def check_fits(params: Any, model: Any, path: str, sizes: str = "", run_config: Optional[str] = None) -> None:
     """A DataError naming the checkpoint at `path`, the first parameters whose shapes differ from `model`'s and the
-    model gin of the checkpoint's size (when it is one of T5_1_1_CONFIGS'), unless every parameter fits."""
+    model gin of the checkpoint's size (when it is one of T5_1_1_CONFIGS') or the run's own `run_config` (its
+    config.gin), unless every parameter fits."""
     want, got = _shapes(model.abstract_init()), _shapes(params)
     differ = [f"{name}: checkpoint {got.get(name, 'missing')}, model {want.get(name, 'missing')}"
               for name in sorted(set(want) | set(got)) if got.get(name) != want.get(name)]
@@ -174,6 +175,8 @@ def check_fits(params: Any, model: Any, path: str, sizes: str = "") -> None:
         named = _named_size(got)
         hint = (f"the checkpoint is T5 v1.1 {named}: add --gin_file=gin_configs/models/t5_1_1_{named}.gin" if named
                 else "bind the model of the checkpoint's size (gin_configs/models/t5_1_1_*.gin)")
+        if run_config:
+            hint += f" (the run's own config: --gin_file={run_config})"
         raise DataError(f"the checkpoint does not fit the model{sizes}: {len(differ)} parameter(s) differ, e.g. "
                         + "; ".join(differ[:3]) + f"; {hint}", path)
 
@@ -346,5 +349,6 @@ def place_params(model, params: Any, mesh=None):
 def restore_params(model, checkpoint_dir: str, step: Optional[int] = None, mesh=None):
     """(parameters, the checkpoint's record) of a templm checkpoint, laid out on `mesh` by the logical-axis rules."""
     params, meta = load_params(checkpoint_dir, step)
-    check_fits(params, model, checkpoint_dir)
+    run_config = os.path.join(os.path.dirname(os.path.normpath(checkpoint_dir)), CONFIG_GIN)
+    check_fits(params, model, checkpoint_dir, run_config=run_config if os.path.exists(run_config) else None)
     return place_params(model, params, mesh), meta

@@ -218,6 +218,14 @@ def test_evaluating_with_a_model_of_another_size_names_the_size_of_the_checkpoin
     assert message.startswith(f"{model_dir}/checkpoints: the checkpoint does not fit the model: ")
     assert "['decoder']['decoder_norm']['scale']: checkpoint (64,), model (512,)" in message
     assert "; the checkpoint is T5 v1.1 tiny: add --gin_file=gin_configs/models/t5_1_1_tiny.gin" in message
+    assert "the run's own config" not in message  # trained in process: no config.gin
+    (model_dir / "config.gin").write_text("# the run's config\n")
+    try:
+        with pytest.raises(DataError, match=f"\\(the run's own config: --gin_file={model_dir}/config.gin\\)"):
+            evaluate_checkpoint(model_dir=str(model_dir), mixture_or_task_name="templama_uniform",
+                                task_feature_lengths=LENGTHS, model=small, split="validation", num_examples=4)
+    finally:
+        (model_dir / "config.gin").unlink()
 
 
 def test_microbatches_give_the_same_updates(data_dir, tmp_path):
