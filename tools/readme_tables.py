@@ -86,6 +86,8 @@ PAPER_STREAMING = {
     "dynamic_gain": "-1.2 % (WMT 22.45 to 22.17)",
     "gap_closed": "21 % (WMT: 0.28 of the 1.34 between the models)",
     "detectable_slope": "the paper's slopes were detected over 24 months of WMT's test stream",
+    "larger_ppl": "lower (448M against 287M parameters, Figure 5)",
+    "size_slope": "no significant effect (t-test, p > 0.05; section 4)",
 }
 STREAMING_ROWS = (
     ("relative_increase", "streaming: relative increase of TIME-STRATIFIED over CONTROL, overall word perplexity"),
@@ -95,6 +97,10 @@ STREAMING_ROWS = (
                    "their gains over their gaps, summed)"),
     ("detectable_slope", "streaming: the smallest slope the monthly t-test detects, 80 % power (2.8 standard errors "
                          "of the fitted slope), percentage points per month"),
+    ("larger_ppl", "streaming: a larger TIME-STRATIFIED model (StreamStudy.larger_model), its word perplexity change "
+                   "against the smaller's"),
+    ("size_slope", "streaming: the larger model's slope of the monthly relative increase minus the smaller's, "
+                   "percentage points per month"),
 )
 
 
@@ -143,6 +149,12 @@ def streaming_numbers(results: Mapping[str, Any], source: str = "") -> dict:
         ts, ctl, dyn = (ppl.get(k) for k in ("time_stratified/static", "control/static", "time_stratified/dynamic"))
         if ts is None or ctl is None:
             continue
+        large = ppl.get("time_stratified_large/static")
+        if large is not None:
+            out["larger_ppl"].append(large / ts - 1)
+        size = (seed.get("findings") or {}).get("streaming_size_slope") or {}
+        if size.get("slope_large") is not None and size.get("slope_small") is not None:
+            out["size_slope"].append(size["slope_large"] - size["slope_small"])
         out["relative_increase"].append(ts / ctl - 1)
         slope = ((stream.get("relative") or {}).get("static") or {}).get("slope_per_month")
         if slope is not None:
@@ -188,7 +200,7 @@ def table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
                  + " | Mind the Gap |")
     lines.append("|---|" + "---|" * (len(runs) + 1))
     for name, label in STREAMING_ROWS:
-        digits = 2 if name in ("slope", "detectable_slope") else 1
+        digits = 2 if name in ("slope", "detectable_slope", "size_slope") else 1
         cells = [_percent(n[name], digits, _pooled(n) if name == "gap_closed" else None) for n in numbers]
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {PAPER_STREAMING[name]} |")
     lines.append("")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import jax
@@ -33,25 +34,59 @@ from templm.outputs import lock_inside
 from templm.training.checkpoints import Checkpointer
 
 
+# TensorBoard tags of the progress timings, as T5X names them; the ETA goes to metrics.jsonl only.
+_TIMING_TAGS = {"steps_per_sec": "timing/steps_per_second", "tokens_per_sec": "timing/tokens_per_second"}
+_BY_YEAR = re.compile(r"^(.*)_(\d{4})$")
+
+
+def summary_tags(split: str, scalars: Mapping[str, float]) -> Tuple[str, Dict[str, float]]:
+    """(summary folder, {tag: value}) of a `MetricsLog.write`, laid out as T5X lays out its run folders: "train"
+    goes to MODEL_DIR/train with T5X's tag names (`loss`, `cross_ent_loss`, `z_loss`, `accuracy`, `learning_rate`,
+    `timing/steps_per_second`, ...); an evaluation "SPLIT/TASK" to MODEL_DIR/SPLIT_eval as "TASK/METRIC", its per-year
+    metrics (`f1_2014`, `count_2014`, ...) apart as "TASK_by_year/METRIC", so that TensorBoard's groups stay short."""
+    if split == "train" or "/" not in split:
+        tags = {}
+        for name, value in scalars.items():
+            if name == "eta_sec":
+                continue
+            tags[_TIMING_TAGS.get(name, name)] = value
+        return split, tags
+    head, task = split.split("/", 1)
+    tags = {}
+    for name, value in scalars.items():
+        group = f"{task}_by_year" if _BY_YEAR.match(name) else task
+        tags[f"{group}/{name}"] = value
+    return f"{head}_eval", tags
+
+
 class MetricsLog:
-    """TensorBoard summaries through clu's writers plus `metrics.jsonl`, written by process 0 only."""
+    """TensorBoard summaries through clu's writers, one folder per split (`summary_tags`), plus `metrics.jsonl` (one
+    row per write, the scalars as given), written by process 0 only."""
 
     def __init__(self, model_dir: str):
         self.enabled = jax.process_index() == 0
+        self.model_dir = model_dir
         self.path = os.path.join(model_dir, "metrics.jsonl")
-        self.writer = metric_writers.create_default_writer(model_dir, just_logging=not self.enabled,
-                                                           asynchronous=False)
+        self.writers: Dict[str, Any] = {}
+
+    def _writer(self, folder: str):
+        if folder not in self.writers:
+            self.writers[folder] = metric_writers.create_default_writer(
+                os.path.join(self.model_dir, folder), just_logging=not self.enabled, asynchronous=False)
+        return self.writers[folder]
 
     def write(self, step: int, split: str, scalars: Mapping[str, float]) -> None:
         scalars = {k: float(v) for k, v in scalars.items()}
-        self.writer.write_scalars(step, {f"{split}/{k}": v for k, v in scalars.items()})
+        folder, tags = summary_tags(split, scalars)
+        self._writer(folder).write_scalars(step, tags)
         if self.enabled:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(json.dumps({"step": step, "split": split, **scalars}) + "\n")
 
     def close(self) -> None:
-        self.writer.flush()
-        self.writer.close()
+        for writer in self.writers.values():
+            writer.flush()
+            writer.close()
 
 
 def model_dir_lock(model_dir: str) -> contextlib.AbstractContextManager:

@@ -10,7 +10,7 @@ linear warm-up from 0 over `warmup_steps` when it is positive.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import gin
 import jax.numpy as jnp
@@ -63,3 +63,16 @@ def make_optimizer(name: str = "adafactor", learning_rate=None, decay_rate: floa
     if max_grad_norm > 0:
         tx = optax.chain(optax.clip_by_global_norm(max_grad_norm), tx)
     return tx
+
+
+def logged_learning_rate() -> Optional[Callable[[int], float]]:
+    """The learning rate `make_optimizer()` uses, by step, for the logs: the gin-bound `learning_rate_schedule()`,
+    or a number bound to `make_optimizer.learning_rate`; None where gin binds something else there."""
+    try:
+        bound = gin.query_parameter("templm.make_optimizer.learning_rate")
+    except ValueError:  # not bound: make_optimizer takes learning_rate_schedule()
+        schedule = learning_rate_schedule()
+        return lambda step: float(schedule(step))
+    if isinstance(bound, (int, float)) and not isinstance(bound, bool):
+        return lambda step: float(bound)
+    return None

@@ -42,7 +42,7 @@ import templm.tasks  # noqa: F401  (registers the SeqIO tasks the configs name)
 from templm.training import loop, partitioning, state as train_state
 from templm.training.checkpoints import Checkpointer, abstract_like, load_params
 from templm.training.input_pipeline import TrainingInput
-from templm.training.optimizers import make_optimizer
+from templm.training.optimizers import logged_learning_rate, make_optimizer
 
 # The model and its sizes are bound in gin (gin_configs/models/*.gin): `MODEL = @templm.EncoderDecoderModel()`.
 gin.external_configurable(T5Config, module="templm")
@@ -97,7 +97,8 @@ def make_train_step(model, tx, microbatches: int = 1):
         new_state = {"step": state["step"] + 1, "params": optax.apply_updates(params, updates),
                      "opt_state": opt_state}
         new_params_norm = optax.tree.norm(new_state["params"])
-        metrics = {"loss": loss_sum / denom, "z_loss": z_loss / denom, "accuracy": correct / denom,
+        metrics = {"loss": loss_sum / denom, "cross_ent_loss": (loss_sum - z_loss) / denom, "z_loss": z_loss / denom,
+                   "accuracy": correct / denom,
                    "target_tokens": weight_sum, "grad_norm": optax.tree.norm(grads),
                    "param_norm": new_params_norm}
         return new_state, metrics
@@ -233,6 +234,7 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
     mesh = mesh or partitioning.make_mesh()
     rules = partitioning.logical_axis_rules()
     tx = optimizer or make_optimizer()
+    learning_rate = None if optimizer is not None else logged_learning_rate()
     n_data = mesh.shape["data"]
     if batch_size % (n_data * microbatches) or batch_size % jax.process_count():
         raise ValueError(f"batch_size {batch_size} must divide by the data axis ({n_data}) x microbatches "
@@ -323,7 +325,10 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
                     checkpointer=checkpointer, log=log, meta=meta, log_period=log_period,
                     tokens_per_step=batch_size * (lengths["inputs"] + lengths["targets"]),
                     name=os.path.basename(os.path.normpath(model_dir)), evaluate=evaluate, eval_period=eval_period,
-                    progress=progress, input_state=inputs.state, final_input_state=final_input_state)
+                    progress=progress, input_state=inputs.state, final_input_state=final_input_state,
+                    # the rate of the update that made `step` (optax counts updates from 0)
+                    extra_scalars=None if learning_rate is None else (
+                        lambda step: {"learning_rate": learning_rate(step - 1)}))
     finally:
         if inputs is not None:
             inputs.close()  # an iterator left alive at exit can hang the process (tf.data)

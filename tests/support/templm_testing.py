@@ -113,3 +113,17 @@ def wait_for_path(path, proc, timeout=240, poll=0.01):
             proc.kill()
             raise AssertionError(f"{path} did not appear in {timeout} s")
         time.sleep(poll)
+
+
+def event_tags(folder):
+    """{tag: [(step, value), ...]} of the TensorBoard event files in `folder`."""
+    import tensorflow as tf
+
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(folder, name)):
+            for value in event.summary.value:
+                number = value.simple_value if value.HasField("simple_value") else float(
+                    tf.make_ndarray(value.tensor))
+                out.setdefault(value.tag, []).append((event.step, number))
+    return out

@@ -94,6 +94,11 @@ def test_the_streaming_numbers_beside_the_papers_come_from_each_seeds_stream_run
     assert readme_tables._pooled(numbers) == pytest.approx((ts - dyn + second_gain) / (ts - ctl + second_gap))
     assert readme_tables._percent([0.1, 9.0], mean=0.25) == "+25.0 % (seeds +10.0, +900.0)"
     assert numbers["slope"] == [first["extra"]["streaming"]["relative"]["static"]["slope_per_month"]] * 2
+    # The model-size rows: the larger model's perplexity against the smaller's, and its slope minus the smaller's.
+    large = own["time_stratified_large/static"]
+    assert numbers["larger_ppl"] == pytest.approx([large / ts - 1, large / (ctl * 1.2) - 1])
+    size = first["findings"]["streaming_size_slope"]
+    assert numbers["size_slope"] == pytest.approx([size["slope_large"] - size["slope_small"]] * 2)
     assert readme_tables._percent([0.1, 0.2]) == "+15.0 % (seeds +10.0, +20.0)"
     assert readme_tables._percent([]) == "not run"
 

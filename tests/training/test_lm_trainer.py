@@ -66,7 +66,7 @@ def test_loss_falls_on_a_world_split(data, tmp_path):
     assert np.mean(losses[-5:]) < unigram_entropy - 0.5
     assert result["data"]["documents"] == len(read_split_file(os.path.join(data["split_dir"],
                                                                            "time_stratified_train.gz")))
-    assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path))
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "train"))
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["120", "integrity"]  # the end is always saved
 
     model, params, meta = lm_trainer.load_lm(str(tmp_path))

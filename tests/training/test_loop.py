@@ -12,7 +12,7 @@ import pytest
 
 from templm.errors import Preempted, TrainingError, sigterm_received, watch_sigterm
 from templm.training.checkpoints import Checkpointer, abstract_like
-from templm_testing import toy_run as run, toy_state as zero_state
+from templm_testing import event_tags, toy_run as run, toy_state as zero_state
 
 
 def steps(checkpoints):
@@ -108,3 +108,25 @@ def test_input_states_go_with_each_save_and_with_the_last_only_when_asked(tmp_pa
             assert checkpointer.restore_inputs(5, names) == last
         finally:
             checkpointer.close()
+
+
+def test_summaries_are_laid_out_as_t5x_lays_out_a_run_folder(tmp_path):
+    """T5X users look for MODEL_DIR/train (with `learning_rate` and `timing/steps_per_second`) and one folder per
+    evaluation; every scalar shared one event file of 141 tags, the ETA and per-year counts among them."""
+    from templm.training import loop
+
+    run(tmp_path, zero_state(), 4, extra_scalars=lambda step: {"learning_rate": 0.01 * step})
+    log = loop.MetricsLog(str(tmp_path))
+    log.write(4, "validation/templama_temporal", {"f1": 40.0, "f1_2014": 50.0, "count_2014": 3.0, "seen_f1": 45.0})
+    log.close()
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("events.out")]  # nothing at the top
+    train = event_tags(tmp_path / "train")
+    assert train["loss"] == [(2, 3.0), (4, 10.0)]
+    assert train["learning_rate"] == [(2, pytest.approx(0.02)), (4, pytest.approx(0.04))]  # float32 summaries
+    assert {"timing/steps_per_second", "timing/tokens_per_second"} <= set(train) and "eta_sec" not in train
+    evaluation = event_tags(tmp_path / "validation_eval")
+    assert evaluation == {"templama_temporal/f1": [(4, 40.0)], "templama_temporal/seen_f1": [(4, 45.0)],
+                          "templama_temporal_by_year/f1_2014": [(4, 50.0)],
+                          "templama_temporal_by_year/count_2014": [(4, 3.0)]}
+    # metrics.jsonl keeps every scalar as written, the ETA included.
+    assert "eta_sec" in rows(tmp_path / "metrics.jsonl")[0] and rows(tmp_path / "metrics.jsonl")[-1]["f1_2014"] == 50

@@ -28,7 +28,7 @@ from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, save_hf_checkp
 from templm.training import partitioning, trainer
 from templm.training.checkpoints import load_params
 from templm.training.input_pipeline import TrainingInput
-from templm_testing import lock_holder, wait_for_path
+from templm_testing import event_tags, lock_holder, wait_for_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LENGTHS = {"inputs": 32, "targets": 8}
@@ -81,7 +81,7 @@ def test_loss_falls_and_metrics_are_written(trained):
     assert len(losses) == 40
     assert np.mean(losses[-5:]) < 0.6 * losses[0]
     assert result["step"] == 40 and result["train"]["loss"] == pytest.approx(losses[-1])
-    assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path))  # TensorBoard
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "train"))  # TensorBoard
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["20", "40", "integrity"]
 
 
@@ -289,6 +289,12 @@ def test_sigterm_saves_exits_as_preempted_and_a_rerun_resumes(data_dir, tmp_path
     assert rerun.returncode == 0, err[-3000:]
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["start_step"] == stopped and summary["step"] == stopped + 2
+    # TensorBoard as T5X's: MODEL_DIR/train with the rate the gin config sets (cpu_demo.gin: 0.01) and T5X's tags.
+    train = event_tags(tmp_path / "train")
+    assert train["learning_rate"] and all(value == pytest.approx(0.01) for _, value in train["learning_rate"])
+    assert {"loss", "cross_ent_loss", "z_loss", "accuracy", "timing/steps_per_second"} <= set(train)
+    loss, cross_ent, z = (dict(train[k])[stopped + 2] for k in ("loss", "cross_ent_loss", "z_loss"))
+    assert loss == pytest.approx(cross_ent + z, rel=1e-5)
     # MODEL_DIR/config.gin, as T5X writes it: the gin config of the run (the rerun's), which parses back to it.
     try:
         parse_gin([str(tmp_path / "config.gin")], [])
