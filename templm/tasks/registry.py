@@ -242,14 +242,10 @@ def register(data_dir: str, years: Sequence[int], seen_years: Sequence[int], fut
 
 
 CRONQUESTIONS = "cronquestions"
-_CRON_FEATURES = {
-    "inputs": tf.io.FixedLenFeature([], tf.string),
-    "targets": tf.io.FixedLenFeature([], tf.string),
-    "answers": tf.io.VarLenFeature(tf.string),
-    "id": tf.io.FixedLenFeature([], tf.string),
-    "answer_type": tf.io.FixedLenFeature([], tf.string),
-    "question_type": tf.io.FixedLenFeature([], tf.string),
-}
+# The TempLAMA features less the year (its questions carry their own times), plus the question's kind.
+_CRON_FEATURES = {**{k: v for k, v in _FEATURES.items() if k != "year"},
+                  "answer_type": tf.io.FixedLenFeature([], tf.string),
+                  "question_type": tf.io.FixedLenFeature([], tf.string)}
 
 
 def _dense_answers(dataset: tf.data.Dataset) -> tf.data.Dataset:
