@@ -46,6 +46,12 @@ LENGTH_CAP_FACTOR = 10  # segment lengths are capped at ceil(LENGTH_CAP_FACTOR *
 SEGMENT_LAWS = ("original", "exact_mean")  # the segment length laws (module docstring)
 
 
+def check_segment_law(law: str) -> None:
+    """A ValueError naming the choices unless `law` is one of SEGMENT_LAWS."""
+    if law not in SEGMENT_LAWS:
+        raise ValueError(f"segment_lengths must be one of {SEGMENT_LAWS}, got {law!r}")
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Random segmentation.
 
@@ -73,8 +79,7 @@ def segment_length_rate(mean: float) -> Tuple[float, int]:
 def draw_segment_lengths(rng: np.random.Generator, mean: float, n: int, law: str = "exact_mean") -> np.ndarray:
     """`n` segment lengths (int64, in batches) for a configured mean of `mean` batches, by `law` (module docstring):
     "exact_mean" (see `segment_length_rate`; all 1 when mean <= 1) or "original" (the original CALM's law)."""
-    if law not in SEGMENT_LAWS:
-        raise ValueError(f"segment_lengths must be one of {SEGMENT_LAWS}, got {law!r}")
+    check_segment_law(law)
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     if not mean > 0 or not math.isfinite(mean):
@@ -167,8 +172,7 @@ class CALM:
     def __init__(self, corpus_path: str, model_level: str, switch_frequency: float, nswitches: int,
                  window_size: int, batch_size: int, seed: int, cache: bool = True,
                  segment_lengths: str = "original"):
-        if segment_lengths not in SEGMENT_LAWS:
-            raise ValueError(f"segment_lengths must be one of {SEGMENT_LAWS}, got {segment_lengths!r}")
+        check_segment_law(segment_lengths)
         if model_level not in LEVELS:
             raise ValueError(f"model_level must be one of {LEVELS}, got {model_level!r}")
         for name, value in (("nswitches", nswitches), ("window_size", window_size), ("batch_size", batch_size)):

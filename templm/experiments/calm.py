@@ -53,7 +53,7 @@ import jax.numpy as jnp
 from templm import console
 from templm.data.calm_corpus import build_world_corpus, check_corpus
 from templm.data.calm_log import LossLogger, read_loss_log
-from templm.data.calm_stream import CALM, SEGMENT_LAWS, class_wraps, switch_points
+from templm.data.calm_stream import CALM, check_segment_law, class_wraps, switch_points
 from templm.evaluation.calm_online import RULES, init_params, make_learner, pretrain, run_online, txl_config_for
 from templm.evaluation.dynamic_eval import adapt_mask, collect_ms
 from templm.io import format_duration, write_json
@@ -90,8 +90,7 @@ def run_calm(out_dir: Optional[str] = None, corpus_dir: Optional[str] = None, wo
         raise ValueError("run_calm needs out_dir: bind templm.run_calm.out_dir (or the OUT_DIR macro of the config)")
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-    if segment_lengths not in SEGMENT_LAWS:
-        raise ValueError(f"segment_lengths must be one of {SEGMENT_LAWS}, got {segment_lengths!r}")
+    check_segment_law(segment_lengths)
     if baseline not in BASELINES:
         raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
     if rule == "rms" and baseline != "pretrained":
@@ -172,7 +171,8 @@ def run_calm(out_dir: Optional[str] = None, corpus_dir: Optional[str] = None, wo
     results = {
         "config": {"out_dir": out_dir, "model_level": model_level, "switch_frequency": switch_frequency,
                    "nswitches": nswitches, "window_size": window_size, "batch_size": batch_size, "seed": seed,
-                   "segment_lengths": segment_lengths, "rule": rule, "lr": lr, "which": which if isinstance(which, str) else "custom",
+                   "segment_lengths": segment_lengths, "rule": rule, "lr": lr,
+                   "which": which if isinstance(which, str) else "custom",
                    "rms_decay": rms_decay, "rms_eps": rms_eps, "baseline": baseline,
                    "pretrain_batches": pretrain_batches,
                    "pretrain_passes": pretrain_passes if baseline == "pretrained" else 0,

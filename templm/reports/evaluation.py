@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence

@@ -36,7 +36,7 @@ from templm.training.checkpoints import Checkpointer
 
 # TensorBoard tags of the progress timings, as T5X names them; the ETA goes to metrics.jsonl only.
 _TIMING_TAGS = {"steps_per_sec": "timing/steps_per_second", "tokens_per_sec": "timing/tokens_per_second"}
-_BY_YEAR = re.compile(r"^(.*)_(\d{4})$")
+_BY_YEAR = re.compile(r"_\d{4}$")  # a per-year metric: f1_2014, count_2014
 
 
 def summary_tags(split: str, scalars: Mapping[str, float]) -> Tuple[str, Dict[str, float]]:
@@ -44,7 +44,7 @@ def summary_tags(split: str, scalars: Mapping[str, float]) -> Tuple[str, Dict[st
     goes to MODEL_DIR/train with T5X's tag names (`loss`, `cross_ent_loss`, `z_loss`, `accuracy`, `learning_rate`,
     `timing/steps_per_second`, ...); an evaluation "SPLIT/TASK" to MODEL_DIR/SPLIT_eval as "TASK/METRIC", its per-year
     metrics (`f1_2014`, `count_2014`, ...) apart as "TASK_by_year/METRIC", so that TensorBoard's groups stay short."""
-    if split == "train" or "/" not in split:
+    if "/" not in split:  # "train"
         tags = {}
         for name, value in scalars.items():
             if name == "eta_sec":
@@ -54,7 +54,7 @@ def summary_tags(split: str, scalars: Mapping[str, float]) -> Tuple[str, Dict[st
     head, task = split.split("/", 1)
     tags = {}
     for name, value in scalars.items():
-        group = f"{task}_by_year" if _BY_YEAR.match(name) else task
+        group = f"{task}_by_year" if _BY_YEAR.search(name) else task
         tags[f"{group}/{name}"] = value
     return f"{head}_eval", tags
 
