@@ -29,7 +29,6 @@ Multi-host: every process tokenises the same documents and puts its own rows of 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
@@ -50,7 +49,7 @@ from templm.errors import DataError, require_folder, require_macros, require_num
 from templm.io import file_sha256
 from templm.models.transformer_xl import TXL_CONFIGS, TransformerXL, TransformerXLConfig, lm_loss, next_mem_valid
 from templm.training import loop, partitioning, state as train_state
-from templm.training.checkpoints import Checkpointer, abstract_like, load_params
+from templm.training.checkpoints import load_params
 from templm.training.optimizers import learning_rate_schedule, make_optimizer
 
 gin.external_configurable(TransformerXLConfig, module="templm")
@@ -280,55 +279,38 @@ def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_fi
             "spm_model": _portable(spm_model, model_dir), "spm_sha256": file_sha256(spm_model),
             "seed": seed, "data_seed": data_seed, "data_order": data_order, "batch_size": batch_size,
             "tgt_len": config.tgt_len, "mem_len": mem_len, "data_fingerprint": data.fingerprint(), "data": data_stats}
-    os.makedirs(model_dir, exist_ok=True)
-    held = contextlib.ExitStack()
-    held.enter_context(loop.model_dir_lock(model_dir))
-    checkpointer = Checkpointer(os.path.join(model_dir, "checkpoints"), save_period, keep_checkpoints)
-    log = loop.MetricsLog(model_dir)
-    try:
-        with train_state.mesh_rules(mesh, rules):
-            # --- Model and sharded init: parameters, optimizer state and memories laid out on the mesh. ---------
-            state, state_shardings = init_state(model, tx, batch_size, mem_len, seed, mesh, rules)
+    with loop.RunFolder(model_dir, save_period, keep_checkpoints) as folder, train_state.mesh_rules(mesh, rules):
+        # --- Model and sharded init: parameters, optimizer state and memories laid out on the mesh. -------------
+        state, state_shardings = init_state(model, tx, batch_size, mem_len, seed, mesh, rules)
 
-            # --- Resume: the state (memories included) and the data position. ---------------------------------
-            start_step, last = 0, None
-            if checkpointer.latest_step() is not None:
-                state, saved = checkpointer.restore(abstract_like(state))
-                for key in _RESUME_KEYS:
-                    if saved.get(key) != meta[key]:
-                        raise DataError(f"the checkpoint was written with {key}={saved.get(key)!r}, this run has "
-                                        f"{meta[key]!r}: use another model_dir or the same settings and data",
-                                        checkpointer.directory)
-                start_step, last = int(saved["data_position"]), saved.get("train")
-                logging.info("resumed from step %d", start_step)
+        # --- Resume: the state (memories included) and the data position. -------------------------------------
+        state, start_step, last, _ = folder.resume(state, meta, _RESUME_KEYS)
+        if start_step:
+            logging.info("resumed from step %d", start_step)
 
-            # --- The update step: one pure function, jitted once, the state donated. ----------------------------
-            batch_shardings = {key: partitioning.data_sharding(mesh) for key in ("inputs", "targets", "reset")}
-            step_key = None if optimizer is not None else (
-                model, mem_len, mesh, tuple(rules), learning_rate, train_steps if schedule == "cosine" else None,
-                warmup_steps, schedule, max_grad_norm)
-            step_fn = _STEP_CACHE.get(step_key) if step_key is not None else None
-            if step_fn is None:
-                step_fn = train_state.compile_step(make_lm_train_step(model, tx, mem_len), state_shardings,
-                                                   batch_shardings, mesh)
-                if step_key is not None:
-                    _STEP_CACHE.clear()  # keep one: a compiled step holds on to its executable
-                    _STEP_CACHE[step_key] = step_fn
+        # --- The update step: one pure function, jitted once, the state donated. --------------------------------
+        batch_shardings = {key: partitioning.data_sharding(mesh) for key in ("inputs", "targets", "reset")}
+        step_key = None if optimizer is not None else (
+            model, mem_len, mesh, tuple(rules), learning_rate, train_steps if schedule == "cosine" else None,
+            warmup_steps, schedule, max_grad_norm)
+        step_fn = _STEP_CACHE.get(step_key) if step_key is not None else None
+        if step_fn is None:
+            step_fn = train_state.compile_step(make_lm_train_step(model, tx, mem_len), state_shardings,
+                                               batch_shardings, mesh)
+            if step_key is not None:
+                _STEP_CACHE.clear()  # keep one: a compiled step holds on to its executable
+                _STEP_CACHE[step_key] = step_fn
 
-            # --- The loop: this process's rows of the segment at each data position. --------------------------
-            local = batch_size // jax.process_count()
-            rows = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
-            state, logged = loop.run(
-                step_fn, state, lambda position: train_state.global_batch(data.batch(position, rows), batch_shardings),
-                rng=jax.random.key(seed + 1), start_step=start_step, train_steps=train_steps,
-                checkpointer=checkpointer, log=log, meta=meta, log_period=log_period,
-                tokens_per_step=batch_size * config.tgt_len, name=os.path.basename(model_dir),
-                extra_scalars=lambda step: {"epoch": step / data.segments_per_epoch},
-                shown=("epoch", "loss", "ppl"), progress=progress)
-    finally:
-        log.close()
-        checkpointer.close()
-        held.close()
+        # --- The loop: this process's rows of the segment at each data position. ------------------------------
+        local = batch_size // jax.process_count()
+        rows = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
+        state, logged = loop.run(
+            step_fn, state, lambda position: train_state.global_batch(data.batch(position, rows), batch_shardings),
+            rng=jax.random.key(seed + 1), start_step=start_step, train_steps=train_steps,
+            checkpointer=folder.checkpointer, log=folder.log, meta=meta, log_period=log_period,
+            tokens_per_step=batch_size * config.tgt_len, name=os.path.basename(model_dir),
+            extra_scalars=lambda step: {"epoch": step / data.segments_per_epoch},
+            shown=("epoch", "loss", "ppl"), progress=progress)
     result: Dict[str, Any] = {"start_step": start_step, "data": data_stats}
     train = logged if logged is not None else last  # a resumed run with nothing left reports its checkpoint's
     if train is not None:

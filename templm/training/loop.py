@@ -29,9 +29,12 @@ import numpy as np
 from clu import metric_writers
 
 from templm import console
-from templm.errors import Preempted, TrainingError, sigterm_received, watch_sigterm
+from templm.errors import DataError, Preempted, TrainingError, sigterm_received, watch_sigterm
+from templm.io import atomic_write
 from templm.outputs import lock_inside
-from templm.training.checkpoints import Checkpointer
+from templm.training.checkpoints import Checkpointer, abstract_like
+
+CONFIG_GIN = "config.gin"  # the run's operative gin config in MODEL_DIR, as T5X names it
 
 
 # TensorBoard tags of the progress timings, as T5X names them; the ETA goes to metrics.jsonl only.
@@ -95,6 +98,54 @@ def model_dir_lock(model_dir: str) -> contextlib.AbstractContextManager:
     if jax.process_index() != 0:
         return contextlib.nullcontext()
     return lock_inside(model_dir, f"MODEL_DIR {model_dir}")
+
+
+class RunFolder:
+    """What every trainer sets up around `run`, as one object: MODEL_DIR made and held (one run at a time,
+    `model_dir_lock`), the operative gin config written to MODEL_DIR/config.gin (by process 0, where given), the
+    checkpointer (MODEL_DIR/checkpoints) and the metrics log opened; all closed again, in reverse, on leaving the
+    `with` block, however it is left. `resume` restores the latest checkpoint and checks that it was written by the
+    same run."""
+
+    def __init__(self, model_dir: str, save_period: int, keep_checkpoints: Optional[int],
+                 async_checkpoints: bool = True, config_gin: Optional[str] = None):
+        self.model_dir = model_dir
+        self._args = (save_period, keep_checkpoints, async_checkpoints)
+        self._config_gin = config_gin
+        self._held = contextlib.ExitStack()
+        self.checkpointer: Optional[Checkpointer] = None
+        self.log: Optional[MetricsLog] = None
+
+    def __enter__(self) -> "RunFolder":
+        os.makedirs(self.model_dir, exist_ok=True)
+        with contextlib.ExitStack() as held:
+            held.enter_context(model_dir_lock(self.model_dir))
+            if self._config_gin and jax.process_index() == 0:
+                atomic_write(os.path.join(self.model_dir, CONFIG_GIN), self._config_gin)
+            self.checkpointer = Checkpointer(os.path.join(self.model_dir, "checkpoints"), *self._args)
+            held.callback(self.checkpointer.close)
+            self.log = MetricsLog(self.model_dir)
+            held.callback(self.log.close)
+            self._held = held.pop_all()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._held.close()
+
+    def resume(self, state: Any, meta: Mapping[str, Any], keys: Tuple[str, ...] = ()
+               ) -> Tuple[Any, int, Optional[Dict[str, float]], Dict[str, Any]]:
+        """(state, start step, the last logged train metrics, the checkpoint's record) from the latest checkpoint,
+        or (state, 0, None, {}) when there is none. Each of `keys` must be the same in the checkpoint's record as in
+        `meta`, else a DataError names the first that differs and the checkpoint folder."""
+        if self.checkpointer.latest_step() is None:
+            return state, 0, None, {}
+        state, saved = self.checkpointer.restore(abstract_like(state))
+        for key in keys:
+            if saved.get(key) != meta.get(key):
+                raise DataError(f"the checkpoint was written with {key}={saved.get(key)!r}, this run has "
+                                f"{meta.get(key)!r}: use another model_dir or the same settings and data",
+                                self.checkpointer.directory)
+        return state, int(saved["data_position"]), saved.get("train"), saved
 
 
 def check_finite(metrics: Mapping[str, Any], step: int, checkpointer: Checkpointer) -> None:

@@ -24,7 +24,7 @@ import contextlib
 import copy
 import dataclasses
 import os
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 import gin
 import jax
@@ -36,11 +36,11 @@ from absl import logging
 
 from templm import console
 from templm.errors import ConfigError, DataError, require_folder, require_macros, require_numbers
-from templm.io import atomic_write, file_sha256
+from templm.io import file_sha256
 from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, T5Config, load_hf_checkpoint
 import templm.tasks  # noqa: F401  (registers the SeqIO tasks the configs name)
 from templm.training import loop, partitioning, state as train_state
-from templm.training.checkpoints import Checkpointer, abstract_like, load_params
+from templm.training.checkpoints import load_params
 from templm.training.input_pipeline import TrainingInput
 from templm.training.optimizers import logged_learning_rate, make_optimizer
 
@@ -182,7 +182,7 @@ def check_fits(params: Any, model: Any, path: str, sizes: str = "", run_config: 
                         + "; ".join(differ[:3]) + f"; {hint}", path)
 
 
-CONFIG_GIN = "config.gin"  # the run's gin config in MODEL_DIR, as T5X names it
+CONFIG_GIN = loop.CONFIG_GIN
 
 
 @gin.configurable(module="templm", denylist=["mesh", "evaluator", "progress", "config_gin"])
@@ -240,107 +240,102 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
         raise ValueError(f"batch_size {batch_size} must divide by the data axis ({n_data}) x microbatches "
                          f"({microbatches}) and by the number of processes ({jax.process_count()})")
     lengths = dict(task_feature_lengths)
-    os.makedirs(model_dir, exist_ok=True)
-    held = contextlib.ExitStack()
-    held.enter_context(loop.model_dir_lock(model_dir))
-    if config_gin and partitioning.is_lead():
-        atomic_write(os.path.join(model_dir, CONFIG_GIN), config_gin)
-    checkpointer = Checkpointer(os.path.join(model_dir, "checkpoints"), save_period, keep_checkpoints,
-                                async_checkpoints)
-    log = loop.MetricsLog(model_dir)
     inputs = None
-    try:
-        with train_state.mesh_rules(mesh, rules):
-            # --- Model and sharded init: parameters are created already laid out on the mesh. -------------------
-            loaded = None
-            if initial_checkpoint_path and checkpointer.latest_step() is None:
-                vocabulary = seqio.get_mixture_or_task(mixture_or_task_name).output_features["inputs"].vocabulary
-                loaded = initial_params(initial_checkpoint_path, model, vocabulary)
-                logging.info("initialised from %s", initial_checkpoint_path)
-            state, state_shardings = init_state(model, tx, lengths, seed, mesh, rules, loaded)
+    with loop.RunFolder(model_dir, save_period, keep_checkpoints, async_checkpoints,
+                        config_gin if partitioning.is_lead() else None) as folder, \
+            train_state.mesh_rules(mesh, rules), _closing(lambda: inputs):
+        checkpointer, log = folder.checkpointer, folder.log
+        # --- Model and sharded init: parameters are created already laid out on the mesh. -------------------
+        loaded = None
+        if initial_checkpoint_path and checkpointer.latest_step() is None:
+            vocabulary = seqio.get_mixture_or_task(mixture_or_task_name).output_features["inputs"].vocabulary
+            loaded = initial_params(initial_checkpoint_path, model, vocabulary)
+            logging.info("initialised from %s", initial_checkpoint_path)
+        state, state_shardings = init_state(model, tx, lengths, seed, mesh, rules, loaded)
 
-            # --- Resume. --------------------------------------------------------------------------------------------
-            start_step, last, saved = 0, None, {}
-            if checkpointer.latest_step() is not None:
-                state, saved = checkpointer.restore(abstract_like(state))
-                start_step, last = int(saved["data_position"]), saved.get("train")
-                if saved.get("seed") != seed or saved.get("data_seed") != data_seed:
-                    raise DataError(f"checkpoint was written with seed {saved.get('seed')}/data_seed "
-                                    f"{saved.get('data_seed')}, this run has {seed}/{data_seed}",
-                                    checkpointer.directory)
-                if data_shards and saved.get("data_shards", data_shards) != data_shards:
-                    raise DataError(f"checkpoint {saved['step']} drew its batches from {saved['data_shards']} data "
-                                    f"shards, this run asks for {data_shards}: set templm.train.data_shards="
-                                    f"{saved['data_shards']} (or 0) to resume it", checkpointer.directory)
-                logging.info("resumed from step %d", start_step)
+        # --- Resume. --------------------------------------------------------------------------------------------
+        state, start_step, last, saved = folder.resume(state, {"seed": seed, "data_seed": data_seed},
+                                                       ("seed", "data_seed"))
+        if start_step:
+            if data_shards and saved.get("data_shards", data_shards) != data_shards:
+                raise DataError(f"checkpoint {saved['step']} drew its batches from {saved['data_shards']} data "
+                                f"shards, this run asks for {data_shards}: set templm.train.data_shards="
+                                f"{saved['data_shards']} (or 0) to resume it", checkpointer.directory)
+            logging.info("resumed from step %d", start_step)
 
-            # --- The loop. ----------------------------------------------------------------------------------------
-            result: Dict[str, Any] = {"start_step": start_step}
+        # --- The loop. ----------------------------------------------------------------------------------------
+        result: Dict[str, Any] = {"start_step": start_step}
 
-            def evaluate(step, current):
-                result["eval"] = evaluator(model, current["params"], eval_mixture_or_task_name or mixture_or_task_name,
-                                           lengths, eval_split, eval_num_examples, eval_batch_size, step)
-                for task, metrics in result["eval"].items():
-                    log.write(step, f"{eval_split}/{task}", metrics)
+        def evaluate(step, current):
+            result["eval"] = evaluator(model, current["params"], eval_mixture_or_task_name or mixture_or_task_name,
+                                       lengths, eval_split, eval_num_examples, eval_batch_size, step)
+            for task, metrics in result["eval"].items():
+                log.write(step, f"{eval_split}/{task}", metrics)
 
-            logged = None
-            if start_step < train_steps:  # a finished run is kept as it is: nothing to train, its input untouched
-                # --- The update step: one pure function, jitted once, the state donated. ------------------------
-                batch_sharding = partitioning.data_sharding(mesh)
-                key = None if optimizer is None else (id(model), id(tx), microbatches, mesh, tuple(rules))
-                if key is not None and key in _STEP_CACHE:
-                    step_fn = _STEP_CACHE[key][2]
-                else:
-                    step_fn = train_state.compile_step(make_train_step(model, tx, microbatches), state_shardings,
-                                                       batch_sharding, mesh)
-                    if key is not None:
-                        _STEP_CACHE.clear()  # keep one: a compiled step holds on to its executable
-                        _STEP_CACHE[key] = (model, tx, step_fn)
+        logged = None
+        if start_step < train_steps:  # a finished run is kept as it is: nothing to train, its input untouched
+            # --- The update step: one pure function, jitted once, the state donated. ------------------------
+            batch_sharding = partitioning.data_sharding(mesh)
+            key = None if optimizer is None else (id(model), id(tx), microbatches, mesh, tuple(rules))
+            if key is not None and key in _STEP_CACHE:
+                step_fn = _STEP_CACHE[key][2]
+            else:
+                step_fn = train_state.compile_step(make_train_step(model, tx, microbatches), state_shardings,
+                                                   batch_sharding, mesh)
+                if key is not None:
+                    _STEP_CACHE.clear()  # keep one: a compiled step holds on to its executable
+                    _STEP_CACHE[key] = (model, tx, step_fn)
 
-                # --- Data: this process's shards' rows of each global batch, where the checkpoint left them. -----
-                inputs = TrainingInput(mixture_or_task_name, lengths, batch_size,
-                                       data_seed if data_seed is not None else seed, pack,
-                                       data_shards or saved.get("data_shards", 0))
-                if start_step:
-                    names = tuple(inputs.shard_name(s) for s in inputs.shards)
-                    states = checkpointer.restore_inputs(saved["step"], names)
-                    why = ("holds no input state (written before templm saved it, as the end of a run of fixed "
-                           "length, or by a pipeline tf.data cannot save)")
-                    if states:
-                        try:
-                            inputs.restore(states, checkpointer.directory)
-                            why = None
-                        except DataError as e:  # e.g. written by another TensorFlow: the data position still holds
-                            why = f"has an input state this TensorFlow cannot read ({e.reason})"
-                    if why is not None:
-                        console.warn(f"checkpoint {saved['step']} in {checkpointer.directory} {why}: reading the "
-                                     f"{start_step} batches it had consumed again to get back to its data position")
-                        inputs.replay(start_step)
+            # --- Data: this process's shards' rows of each global batch, where the checkpoint left them. -----
+            inputs = TrainingInput(mixture_or_task_name, lengths, batch_size,
+                                   data_seed if data_seed is not None else seed, pack,
+                                   data_shards or saved.get("data_shards", 0))
+            if start_step:
+                names = tuple(inputs.shard_name(s) for s in inputs.shards)
+                states = checkpointer.restore_inputs(saved["step"], names)
+                why = ("holds no input state (written before templm saved it, as the end of a run of fixed "
+                       "length, or by a pipeline tf.data cannot save)")
+                if states:
+                    try:
+                        inputs.restore(states, checkpointer.directory)
+                        why = None
+                    except DataError as e:  # e.g. written by another TensorFlow: the data position still holds
+                        why = f"has an input state this TensorFlow cannot read ({e.reason})"
+                if why is not None:
+                    console.warn(f"checkpoint {saved['step']} in {checkpointer.directory} {why}: reading the "
+                                 f"{start_step} batches it had consumed again to get back to its data position")
+                    inputs.replay(start_step)
 
-                meta = {"seed": seed, "data_seed": data_seed, "mixture_or_task_name": mixture_or_task_name,
-                        "batch_size": batch_size, "task_feature_lengths": lengths, "data_shards": inputs.data_shards}
-                state, logged = loop.run(
-                    step_fn, state, lambda position: train_state.global_batch(inputs.next(), batch_sharding),
-                    rng=jax.random.key(seed + 1), start_step=start_step, train_steps=train_steps,
-                    checkpointer=checkpointer, log=log, meta=meta, log_period=log_period,
-                    tokens_per_step=batch_size * (lengths["inputs"] + lengths["targets"]),
-                    name=os.path.basename(os.path.normpath(model_dir)), evaluate=evaluate, eval_period=eval_period,
-                    progress=progress, input_state=inputs.state, final_input_state=final_input_state,
-                    # the rate of the update that made `step` (optax counts updates from 0)
-                    extra_scalars=None if learning_rate is None else (
-                        lambda step: {"learning_rate": learning_rate(step - 1)}))
-    finally:
-        if inputs is not None:
-            inputs.close()  # an iterator left alive at exit can hang the process (tf.data)
-        log.close()
-        checkpointer.close()
-        held.close()
+            meta = {"seed": seed, "data_seed": data_seed, "mixture_or_task_name": mixture_or_task_name,
+                    "batch_size": batch_size, "task_feature_lengths": lengths, "data_shards": inputs.data_shards}
+            state, logged = loop.run(
+                step_fn, state, lambda position: train_state.global_batch(inputs.next(), batch_sharding),
+                rng=jax.random.key(seed + 1), start_step=start_step, train_steps=train_steps,
+                checkpointer=checkpointer, log=log, meta=meta, log_period=log_period,
+                tokens_per_step=batch_size * (lengths["inputs"] + lengths["targets"]),
+                name=os.path.basename(os.path.normpath(model_dir)), evaluate=evaluate, eval_period=eval_period,
+                progress=progress, input_state=inputs.state, final_input_state=final_input_state,
+                # the rate of the update that made `step` (optax counts updates from 0)
+                extra_scalars=None if learning_rate is None else (
+                    lambda step: {"learning_rate": learning_rate(step - 1)}))
     train = logged if logged is not None else last  # a resumed run with nothing left reports its checkpoint's
     if train is not None:
         result["train"] = train
     result["step"] = max(train_steps, start_step)
     result["params"] = state["params"]
     return result
+
+
+@contextlib.contextmanager
+def _closing(get: Callable[[], Any]) -> Iterator[None]:
+    """Closes what get() returns (when not None) on leaving: an input iterator left alive at exit can hang the
+    process (tf.data)."""
+    try:
+        yield
+    finally:
+        held = get()
+        if held is not None:
+            held.close()
 
 
 def place_params(model, params: Any, mesh=None):
