@@ -793,21 +793,38 @@ def _main_calm():
 
 def _define_is_eval():
     flags.DEFINE_string("out", None, "Output folder for is_eval.json, is_eval.md and is_eval.png.", required=True)
-    flags.DEFINE_integer("seed", 0, "Seed of the HMM, its corpus and the proposal samples.")
-    flags.DEFINE_list("ks", ["1", "2", "4", "8", "16", "32", "64", "128", "256"], "Sample counts K.")
-    flags.DEFINE_list("temperatures", ["0.5", "2.0"], "Temperatures of the tempered-posterior proposals.")
-    flags.DEFINE_integer("repeats", 8, "Independent runs at the largest K (more at smaller K).")
-    flags.DEFINE_integer("num_states", 6, "Hidden states of the HMM.")
-    flags.DEFINE_integer("vocab_size", 12, "Vocabulary of the HMM.")
-    flags.DEFINE_integer("num_docs", 12, "Documents drawn from the HMM.")
-    flags.DEFINE_integer("doc_length", 24, "Longest document, in tokens.")
-    flags.DEFINE_float("mean_sentence_length", 6.0, "Mean sentence length, in tokens.")
-    flags.DEFINE_float("peakedness", 1.5, "How peaked the HMM's random distributions are.")
+    flags.DEFINE_enum("model", "hmm", ["hmm", "kglm"], "hmm: a hidden Markov LM whose exact perplexity the forward "
+                      "algorithm gives (the estimator's check); kglm: the knowledge-graph LM with latent entity "
+                      "mentions, trained on the world's annotated news with its proposal (Logan et al.'s "
+                      "experiments).")
+    flags.DEFINE_integer("seed", 0, "Seed of the model, its data and the proposal samples.")
+    flags.DEFINE_list("ks", None, "Sample counts K (default 1, 2, 4, ..., 256 for hmm; up to 128 for kglm).")
+    flags.DEFINE_list("temperatures", ["0.5", "2.0"], "Temperatures of the tempered proposals.")
+    flags.DEFINE_integer("repeats", None, "Independent runs at the largest K, more at smaller K (default 8 for hmm, "
+                         "4 for kglm).")
+    flags.DEFINE_integer("num_states", 6, "hmm: hidden states.")
+    flags.DEFINE_integer("vocab_size", 12, "hmm: vocabulary.")
+    flags.DEFINE_integer("num_docs", 12, "hmm: documents drawn from the HMM.")
+    flags.DEFINE_integer("doc_length", 24, "hmm: longest document, in tokens.")
+    flags.DEFINE_float("mean_sentence_length", 6.0, "hmm: mean sentence length, in tokens.")
+    flags.DEFINE_float("peakedness", 1.5, "hmm: how peaked the HMM's random distributions are.")
+    flags.DEFINE_string("world_dir", None, "kglm: a world folder (templm data world); default: the embedded world "
+                        "drawn from --seed at the smoke study's size, into OUT/world.")
+    flags.DEFINE_integer("test_docs", 40, "kglm: the world's latest documents evaluated; the model and its proposal "
+                         "train on the others.")
+    flags.DEFINE_integer("train_steps", 400, "kglm: training steps of the model and of the proposal.")
+    flags.DEFINE_float("gold_weight", 0.9, "kglm: the share of each decision's probability the proposal that sees "
+                       "the gold annotations gives the annotated option (0: no such proposal).")
+    flags.DEFINE_integer("exact_sentences", 2, "kglm: the exact check sums every reading of the test documents' "
+                         "first N sentences (0: no check).")
     _bounds(seed=(0, None), repeats=(1, None), num_states=(1, 4096), vocab_size=(1, 1 << 20), num_docs=(1, None),
-            doc_length=(2, None), mean_sentence_length=(1, None), peakedness=(0, None))
+            doc_length=(2, None), mean_sentence_length=(1, None), peakedness=(0, None), test_docs=(2, None),
+            train_steps=(1, None), gold_weight=(0, 0.999), exact_sentences=(0, None))
 
     def numbers_above_0(kind):
         def ok(values):
+            if values is None:
+                return True
             try:
                 return all(kind(v) > 0 and math.isfinite(kind(v)) for v in values)
             except ValueError:
@@ -821,14 +838,22 @@ def _define_is_eval():
 
 
 def _main_is_eval():
-    from templm.experiments.importance_sampling import run_is_eval
+    from templm.experiments.importance_sampling import run_is_eval, run_latent_is_eval
     from templm.reports.importance_sampling import write_is_report
 
-    result = run_is_eval(FLAGS.out, FLAGS.seed, ks=[int(k) for k in FLAGS.ks],
-                         temperatures=[float(t) for t in FLAGS.temperatures],
-                         repeats=FLAGS.repeats, num_states=FLAGS.num_states, vocab_size=FLAGS.vocab_size,
-                         num_docs=FLAGS.num_docs, doc_length=FLAGS.doc_length,
-                         mean_sentence_length=FLAGS.mean_sentence_length, peakedness=FLAGS.peakedness)
+    ks = None if FLAGS.ks is None else [int(k) for k in FLAGS.ks]
+    temperatures = [float(t) for t in FLAGS.temperatures]
+    if FLAGS.model == "kglm":
+        result = run_latent_is_eval(FLAGS.out, FLAGS.seed, world_dir=FLAGS.world_dir,
+                                    ks=ks or [2 ** i for i in range(8)], repeats=FLAGS.repeats or 4,
+                                    temperatures=temperatures, gold_weight=FLAGS.gold_weight,
+                                    test_docs=FLAGS.test_docs, train_steps=FLAGS.train_steps,
+                                    exact_sentences=FLAGS.exact_sentences)
+    else:
+        result = run_is_eval(FLAGS.out, FLAGS.seed, ks=ks or [2 ** i for i in range(9)],
+                             temperatures=temperatures, repeats=FLAGS.repeats or 8, num_states=FLAGS.num_states,
+                             vocab_size=FLAGS.vocab_size, num_docs=FLAGS.num_docs, doc_length=FLAGS.doc_length,
+                             mean_sentence_length=FLAGS.mean_sentence_length, peakedness=FLAGS.peakedness)
     paths = write_is_report(result, FLAGS.out)
     with open(paths["md"], encoding="utf-8") as f:
         print(f.read())
@@ -989,7 +1014,8 @@ VERBS: Dict[str, Verb] = {v.name: v for v in [
          _define_data_calm, _main_data_calm, takes_gin=True),
     Verb("calm", "CALM: a Transformer-XL online learner (dynamic evaluation) vs a static baseline, switching stream.",
          _define_calm, _main_calm, takes_gin=True),
-    Verb("is-eval", "Importance-sampled perplexity of an HMM LM against K per proposal and level, and the exact one.",
+    Verb("is-eval", "Importance-sampled perplexity against K per proposal and level: an HMM LM with its exact value, "
+         "or the knowledge-graph LM (--model=kglm) with Logan et al.'s effects.",
          _define_is_eval, _main_is_eval),
     Verb("train-lm", "Train a Transformer-XL LM on a TIME-STRATIFIED or CONTROL split (gin: txl/*.gin), resumable.",
          _define_train_lm, _main_train_lm, takes_gin=True, tensorflow=True),

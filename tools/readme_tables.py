@@ -23,7 +23,7 @@ from typing import Any, List, Mapping, Sequence
 
 from templm.io import atomic_write, format_duration
 from templm.metrics import statistics
-from templm.metrics.findings import BY_NAME, REGISTRY
+from templm.metrics.findings import BY_NAME, STUDY
 
 BEGIN = "<!-- readme_tables: begin (written by tools/readme_tables.py from the runs' results.json) -->"
 END = "<!-- readme_tables: end -->"
@@ -187,7 +187,7 @@ def _percent(values: Sequence[float], digits: int = 1, mean: Any = None) -> str:
 def table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
     """The Markdown between README's markers: the table, then the streaming numbers beside the paper's, then how
     each column was made."""
-    names = [f.name for f in REGISTRY if all(f.name in (r.get("findings") or {}) for r in runs)]
+    names = [f.name for f in STUDY if all(f.name in (r.get("findings") or {}) for r in runs)]
     lines = ["| finding | " + " | ".join(_column(r) for r in runs) + " |",
              "|---|" + "---|" * len(runs)]
     for name in names:

@@ -41,6 +41,15 @@ The streaming half (Lazaridou et al.), on one stream run's results (templm.metri
     streaming_size_slope       the t-test on the least-squares slope of the monthly relative increase of a larger
                                TIME-STRATIFIED model minus SLOPE_KEPT x the smaller's (claim > 0: size does not
                                flatten the slope; non-inferiority)
+
+Not part of the study, the effects Logan, Gardner and Singh measure, on one `templm is-eval` run of a latent LM
+(templm.metrics.importance_sampling.judge_*; `STUDY` is the study's findings alone): each a paired test over the
+evaluated documents of their estimated log-likelihoods.
+
+    is_tightens_with_k         the trained proposal, document level, the largest K minus the smallest (claim > 0)
+    is_token_level_optimistic  token-level aggregation minus document level, the largest K (claim > 0)
+    is_flatter_proposal_tighter  the proposal at the largest temperature minus the trained one (claim > 0)
+    is_gold_proposal_tighter   the proposal that sees the gold annotations minus the text-only one (claim > 0)
 """
 
 from __future__ import annotations
@@ -52,7 +61,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from templm.io import jsonable, lookup
-from templm.metrics import statistics, stream
+from templm.metrics import importance_sampling, statistics, stream
 
 CHANGE_CLASSES = ("frequent", "rare", "never")
 OLD_F1_KEPT = 0.8  # "keeps most of its old-year F1": at least this share of the un-adapted model's
@@ -65,11 +74,6 @@ def _fmt(x: Optional[float], digits: int = 2, sign: bool = True) -> str:
     if x is None:
         return "n/a"
     return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
-
-
-def _missing(test: str, reason: str) -> Dict[str, Any]:
-    return {"test": test, "effect": None, "interval": [None, None], "p_value": None, "n": 0,
-            "verdict": "inconclusive", "reason": reason, "evidence": reason}
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -87,12 +91,12 @@ def _paired_regimes(results, better: str, worse: str, slice_: str, alpha, datase
     label = {"templama": "TempLAMA F1", "customnews": "CustomNews span F1"}[dataset]
     f1 = pq.get("f1") or {}
     if better not in f1 or worse not in f1:
-        return _missing(name, f"no per-query F1 of both {better.title()} and {worse.title()}")
+        return statistics.untested(name, f"no per-query F1 of both {better.title()} and {worse.title()}")
     years = set(lookup(results, "world", f"{slice_}_years", default=[]) or [])
     keep = np.array([y in years for y in pq["year"]], bool)
     x, y = np.asarray(f1[better], float)[keep], np.asarray(f1[worse], float)[keep]
     if len(x) < 2:
-        return _missing(name, f"fewer than two {slice_}-year test examples")
+        return statistics.untested(name, f"fewer than two {slice_}-year test examples")
     out = statistics.paired_difference(x, y, direction=+1, alpha=alpha)
     out["evidence"] = (f"{slice_}-year {label} {better.title()} {x.mean():.2f} vs {worse.title()} "
                        f"{y.mean():.2f}: difference {statistics.describe(out, 'F1')}")
@@ -125,7 +129,7 @@ def _duration_tradeoff(results, alpha) -> Dict[str, Any]:
     pq = results.get("per_query") or {}
     f1 = pq.get("f1") or {}
     if "uniform" not in f1 or "yearly" not in f1 or not pq.get("duration"):
-        return _missing(name, "no per-query F1 of Uniform and the Yearly experts with answer durations")
+        return statistics.untested(name, "no per-query F1 of Uniform and the Yearly experts with answer durations")
     seen = set(lookup(results, "world", "seen_years", default=[]) or [])
     duration = np.array([np.nan if d is None else float(d) for d in pq["duration"]], float)
     keep = np.array([y in seen for y in pq["year"]], bool) & np.isfinite(duration)
@@ -164,7 +168,7 @@ def _falloff(pq, alpha) -> Dict[str, Any]:
     """The slope of the yearly experts' per-query F1 on |test year - expert year|, and its past and future sides."""
     name = "least-squares slope of per-query F1 on |year gap|, cluster bootstrap over queries"
     if not pq or len(pq.get("f1") or {}) < 1:
-        return _missing(name, "no per-query F1 of the yearly experts")
+        return statistics.untested(name, "no per-query F1 of the yearly experts")
     years = np.asarray(pq["year"], float)
     x, y, clusters, signed = [], [], [], []
     for expert, scores in pq["f1"].items():
@@ -175,7 +179,7 @@ def _falloff(pq, alpha) -> Dict[str, Any]:
         clusters.append(np.arange(len(years)))
     x, y, clusters, signed = (np.concatenate(v) for v in (x, y, clusters, signed))
     if len(np.unique(x)) < 2:
-        return _missing(name, "a single year gap: at least two experts or two test years are needed")
+        return statistics.untested(name, "a single year gap: at least two experts or two test years are needed")
     out = statistics.clustered_slope(x, y, clusters, direction=-1, alpha=alpha)
     out["test"] = name
     sides = {}
@@ -194,7 +198,7 @@ def _multi_answer_falls_faster(results, alpha) -> Dict[str, Any]:
     items = lookup(results, "degradation", "temporal", "items", default=None)
     name = "Welch's t-test of the mean log-likelihood change, multi- minus single-answer queries"
     if not items:
-        return _missing(name, "no per-query log-likelihood changes of the Temporal model")
+        return statistics.untested(name, "no per-query log-likelihood changes of the Temporal model")
     groups = np.asarray(items["group"], object)
     change = np.asarray(items["mean_change"], float)
     multi, single = change[groups == "multiple"], change[groups == "single"]
@@ -211,7 +215,7 @@ def _entropy_order(results, alpha) -> Dict[str, Any]:
     items = lookup(results, "calibration", "temporal", "items", default=None)
     name = "Spearman rank correlation of normalized entropy with the rate of change (never < rare < frequent)"
     if not items:
-        return _missing(name, "no per-query entropies of the Temporal model")
+        return statistics.untested(name, "no per-query entropies of the Temporal model")
     classes = np.asarray(items["class"], object)
     values = np.asarray(items["normalized_entropy"], float)
     years = np.asarray(items["year"], float)
@@ -239,13 +243,13 @@ def _adaptation(results, alpha) -> Dict[str, Any]:
     new_year = lookup(results, "adaptation", "new_year")
     old_years = set(lookup(results, "adaptation", "old_years", default=[]) or [])
     if not pq or "base" not in pq["f1"] or new_year is None:
-        return _missing(name, "no adaptation runs with per-query F1")
+        return statistics.untested(name, "no adaptation runs with per-query F1")
     years = np.asarray(pq["year"], object)
     new, old = years == new_year, np.array([y in old_years for y in years], bool)
     base = np.asarray(pq["f1"]["base"], float)
     alphas = sorted((a for a in pq["f1"] if a not in ("base", "retrained")), key=float)
     if not alphas or new.sum() < 2 or old.sum() < 2:
-        return _missing(name, "no alpha runs, or fewer than two new-year or old-year queries")
+        return statistics.untested(name, "no alpha runs, or fewer than two new-year or old-year queries")
     parts: Dict[str, Any] = {}
     for a in alphas:
         adapted = np.asarray(pq["f1"][a], float)
@@ -290,17 +294,18 @@ def _adapted_matches_retrained(results, alpha) -> Dict[str, Any]:
     new_year = lookup(results, "adaptation", "new_year")
     old_years = set(lookup(results, "adaptation", "old_years", default=[]) or [])
     if not pq or "retrained" not in pq["f1"] or new_year is None:
-        return _missing(name, "no retrained Temporal model with per-query F1")
+        return statistics.untested(name, "no retrained Temporal model with per-query F1")
     key = next((a for a in pq["f1"] if a not in ("base", "retrained") and float(a) == MATCH_ALPHA), None)
     if key is None:
         have = ", ".join(sorted((a for a in pq["f1"] if a not in ("base", "retrained")), key=float)) or "none"
-        return _missing(name, f"no fine-tune at alpha {MATCH_ALPHA:g}, the paper's (the run's alphas: {have})")
+        return statistics.untested(name, f"no fine-tune at alpha {MATCH_ALPHA:g}, the paper's (the run's alphas: "
+                                         f"{have})")
     years = np.asarray(pq["year"], object)
     adapted, retrained = np.asarray(pq["f1"][key], float), np.asarray(pq["f1"]["retrained"], float)
     parts = {}
     for part, mask in (("new_year", years == new_year), ("old_years", np.array([y in old_years for y in years]))):
         if mask.sum() < 2:
-            return _missing(name, f"fewer than two {part.replace('_', ' ')} test queries")
+            return statistics.untested(name, f"fewer than two {part.replace('_', ' ')} test queries")
         test = statistics.paired_difference(adapted[mask], RETRAINED_F1_MATCHED * retrained[mask], direction=+1,
                                             alpha=alpha)
         test["adapted_f1"], test["retrained_f1"] = float(adapted[mask].mean()), float(retrained[mask].mean())
@@ -348,7 +353,7 @@ def _temporal_forgets_less(results, alpha) -> Dict[str, Any]:
             forget_u = _aligned(u, ids, "base") - _aligned(u, ids, a)
             parts[folder][a] = statistics.paired_difference(forget_t, forget_u, direction=-1, alpha=alpha)
     if "templama" not in parts:
-        return _missing(name, "no adapted Uniform and Temporal models with per-query F1 on the old years")
+        return statistics.untested(name, "no adapted Uniform and Temporal models with per-query F1 on the old years")
     main = parts["templama"]
     verdicts = [r["verdict"] for r in main.values()]
     verdict = ("appears" if all(v == "appears" for v in verdicts) else
@@ -383,7 +388,10 @@ class Finding:
 
 
 TIME_AWARE, STREAMING = "time-aware", "streaming"
-HALVES = (TIME_AWARE, STREAMING)
+# Not a half of the study: the effects of Logan, Gardner and Singh on one `templm is-eval` run of a latent LM.
+IMPORTANCE_SAMPLING = "importance-sampling"
+STUDY_HALVES = (TIME_AWARE, STREAMING)
+HALVES = STUDY_HALVES + (IMPORTANCE_SAMPLING,)
 
 # Every finding of the study, in the order the report and the command line list them.
 REGISTRY: Tuple[Finding, ...] = (
@@ -423,8 +431,22 @@ REGISTRY: Tuple[Finding, ...] = (
     Finding("streaming_size_slope", f"a larger TIME-STRATIFIED model keeps the upward slope of the gap (Mind the Gap, "
             f"section 4: model size has no significant effect on it): its slope at least {stream.SLOPE_KEPT:.0%} of "
             "the smaller model's", +1, STREAMING, ("streaming",), stream.judge_size_slope),
+    Finding("is_tightens_with_k", "More samples tighten the importance-sampled estimate: the document-level "
+            "estimated likelihood rises from the smallest to the largest K (Logan et al., Figure 1)", +1,
+            IMPORTANCE_SAMPLING, (), importance_sampling.judge_tightens_with_k),
+    Finding("is_token_level_optimistic", "Aggregating samples per token, finer than the model's latent unit, "
+            "reports a higher likelihood (lower perplexity) than the document-level estimate (Logan et al., "
+            "section 4)", +1, IMPORTANCE_SAMPLING, (), importance_sampling.judge_token_level_optimistic),
+    Finding("is_flatter_proposal_tighter", "A flatter proposal (the largest temperature) gives a tighter estimate "
+            "than the trained proposal at the largest K (the proposal's temperature, Logan et al., section 4)", +1,
+            IMPORTANCE_SAMPLING, (), importance_sampling.judge_flatter_proposal_tighter),
+    Finding("is_gold_proposal_tighter", "A proposal that sees the gold annotations gives a tighter estimate than "
+            "one that sees the text only (Logan et al., section 4)", +1, IMPORTANCE_SAMPLING, (),
+            importance_sampling.judge_gold_proposal_tighter),
 )
 BY_NAME: Mapping[str, Finding] = {f.name: f for f in REGISTRY}
+# The study's findings (both halves), what `templm reproduce` tests and reports.
+STUDY: Tuple[Finding, ...] = tuple(f for f in REGISTRY if f.half in STUDY_HALVES)
 
 
 def of_half(half: str) -> Tuple[Finding, ...]:
@@ -451,7 +473,7 @@ def judge(results: Mapping[str, Any], half: str = TIME_AWARE, alpha: float = sta
             found = jsonable(finding.judge(results, alpha))
         else:
             test = finding.judge({}, alpha).get("test", "")
-            found = {**_missing(test, f"not tested: the {stage} stage was skipped ({skipped[stage]})"),
+            found = {**statistics.untested(test, f"not tested: the {stage} stage was skipped ({skipped[stage]})"),
                      "skipped": stage}
         out[finding.name] = {"claim": finding.claim, "half": finding.half, **found}
     return out

@@ -76,13 +76,15 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Dict, Iterable, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.scipy.special import logsumexp
+
+from templm.metrics import statistics
 
 LEVELS = ("token", "sentence", "document")
 
@@ -376,3 +378,95 @@ def bootstrap_standard_error(key: Array, unit_log_weights: Any, unit_token_count
             "se_perplexity": jnp.std(jnp.exp(-totals / n_tokens), ddof=1)}
 
 
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The effects Logan, Gardner and Singh measure, as findings on one is-eval run of a latent LM
+# (templm.experiments.importance_sampling.run_latent_is_eval). Each is a paired test over the evaluated documents of
+# their estimated log-likelihood (the mean over the run's independent estimates), in nats per document; they are
+# registered, with their claims and directions, in templm.metrics.findings.REGISTRY.
+
+
+def _estimates(results: Mapping[str, Any], proposal: str, level: str, k: Any) -> Optional[np.ndarray]:
+    per_doc = (((results.get("per_document") or {}).get("estimates") or {}).get(proposal) or {}).get(level) or {}
+    values = per_doc.get(str(k))
+    return None if values is None else np.asarray(values, np.float64)
+
+
+def _ppl(results: Mapping[str, Any], log_likelihoods: np.ndarray) -> float:
+    tokens = float(np.sum((results.get("per_document") or {}).get("tokens") or [1]))
+    return math.exp(-float(np.sum(log_likelihoods)) / tokens)
+
+
+def _paired_estimates(results, name: str, a: Tuple[str, str, Any], b: Tuple[str, str, Any], what: str, alpha: float
+                      ) -> Dict[str, Any]:
+    x, y = _estimates(results, *a), _estimates(results, *b)
+    if x is None or y is None:
+        return statistics.untested(name, f"no per-document estimates of {what} in this run")
+    if len(x) < 2:
+        return statistics.untested(name, "fewer than two documents")
+    out = statistics.paired_difference(x, y, direction=+1, alpha=alpha)
+    out["test"] = name
+    out["evidence"] = (f"{what}: perplexity {_ppl(results, x):.3f} vs {_ppl(results, y):.3f}; log-likelihood "
+                       f"difference {statistics.describe(out, 'nats/document', 3)}")
+    out["ppl_a"], out["ppl_b"] = _ppl(results, x), _ppl(results, y)
+    return out
+
+
+def _largest_k(results: Mapping[str, Any]) -> Optional[int]:
+    ks = (results.get("config") or {}).get("ks") or []
+    return max(ks) if ks else None
+
+
+PAIRED_DOCUMENTS = "paired bootstrap of the per-document estimated log-likelihood difference"
+
+
+def judge_tightens_with_k(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -> Dict[str, Any]:
+    """The trained proposal's document-level estimate with the largest K minus with K = 1 (claim > 0: more samples
+    give a higher estimated likelihood, a tighter bound; Burda et al.'s monotonicity, the paper's Figure 1)."""
+    k = _largest_k(results)
+    ks = (results.get("config") or {}).get("ks") or []
+    return _paired_estimates(results, PAIRED_DOCUMENTS, ("text", "document", k), ("text", "document", min(ks or [1])),
+                             f"document level, the trained proposal, K={k} vs K={min(ks or [1])}", alpha)
+
+
+def judge_token_level_optimistic(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -> Dict[str, Any]:
+    """Token-level aggregation minus the document-level estimate, both at the largest K with the trained proposal
+    (claim > 0: aggregating per token, finer than the model's latent unit, reports a higher likelihood, a lower
+    perplexity, than the valid estimate); the sentence level as a detail."""
+    k = _largest_k(results)
+    out = _paired_estimates(results, PAIRED_DOCUMENTS, ("text", "token", k), ("text", "document", k),
+                            f"K={k}, the trained proposal, token level vs document level", alpha)
+    sentence = _estimates(results, "text", "sentence", k)
+    if sentence is not None:
+        out["ppl_sentence"] = _ppl(results, sentence)
+    return out
+
+
+def judge_flatter_proposal_tighter(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -> Dict[str, Any]:
+    """The proposal at the largest temperature minus the trained one (temperature 1), document level at the largest
+    K (claim > 0: a flatter proposal, with heavier tails than the posterior, gives the tighter estimate); every
+    temperature's perplexity at the smallest and largest K as details."""
+    k = _largest_k(results)
+    proposals = (results.get("per_document") or {}).get("proposals") or []
+    tempered = [p for p in proposals if p.get("gold_weight", 0) == 0 and p.get("temperature", 1.0) > 1.0]
+    if not tempered:
+        return statistics.untested(PAIRED_DOCUMENTS, "no proposal at a temperature above 1 in this run")
+    flattest = max(tempered, key=lambda p: p["temperature"])
+    out = _paired_estimates(results, PAIRED_DOCUMENTS, (flattest["label"], "document", k), ("text", "document", k),
+                            f"document level, K={k}, temperature {flattest['temperature']:g} vs 1", alpha)
+    ks = (results.get("config") or {}).get("ks") or []
+    out["by_temperature"] = {
+        p["label"]: {str(kk): _ppl(results, _estimates(results, p["label"], "document", kk))
+                     for kk in (min(ks), k) if _estimates(results, p["label"], "document", kk) is not None}
+        for p in proposals if p.get("gold_weight", 0) == 0}
+    return out
+
+
+def judge_gold_proposal_tighter(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -> Dict[str, Any]:
+    """The proposal that sees the gold annotations minus the text-only one, document level at the largest K (claim
+    > 0: seeing the annotations tightens the estimate, the promise of the practice the paper measures)."""
+    k = _largest_k(results)
+    return _paired_estimates(results, PAIRED_DOCUMENTS, ("gold", "document", k), ("text", "document", k),
+                             f"document level, K={k}, the proposal seeing the gold annotations vs the text only",
+                             alpha)

@@ -84,6 +84,12 @@ def verdict(effect: Optional[float], p_value: Optional[float], direction: int, a
     return "appears" if (effect > 0) == (direction > 0) else "opposite"
 
 
+def untested(test: str, reason: str) -> Dict[str, Any]:
+    """The result of a test that could not be run, in the shape of the others: inconclusive, with the reason."""
+    return {"test": test, "effect": None, "interval": [None, None], "p_value": None, "n": 0,
+            "verdict": "inconclusive", "reason": reason, "evidence": reason}
+
+
 def _result(test: str, effect: Any, interval: Sequence[Any], p_value: Any, n: int, confidence: float, direction: int,
             alpha: float, reason: Optional[str] = None, **extra: Any) -> Dict[str, Any]:
     """A test result with its verdict; every number JSON-safe (NaN and infinity become None)."""

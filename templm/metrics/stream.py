@@ -424,11 +424,6 @@ def _document_log_ppl(documents: Mapping[str, Any], key: str) -> Optional[np.nda
     return np.asarray(nll, np.float64) / np.maximum(np.asarray(documents["words"], np.float64), 1.0)
 
 
-def _missing(test: str, reason: str) -> Dict[str, Any]:
-    return {"test": test, "effect": None, "interval": [None, None], "p_value": None, "n": 0,
-            "verdict": "inconclusive", "reason": reason, "evidence": reason}
-
-
 # The streaming half's findings ("Mind the Gap"), each a statistical test on one stream run's results; they are
 # registered, with their claims and directions, in templm.metrics.findings.REGISTRY.
 
@@ -441,7 +436,7 @@ def judge_gap(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -> Di
     ts, ctl = _document_log_ppl(documents, f"{primary}/static"), _document_log_ppl(documents, f"{baseline}/static")
     name = "paired bootstrap of the per-document log word perplexity difference"
     if ts is None or ctl is None or len(ts) < 2:
-        return _missing(name, "no per-document perplexities of both models")
+        return statistics.untested(name, "no per-document perplexities of both models")
     r = statistics.paired_difference(ts, ctl, direction=+1, alpha=alpha)
     return {**r, "test": name, "evidence": "log word perplexity TIME-STRATIFIED minus CONTROL "
                                            f"{statistics.describe(r, 'nats/word', 3)} (x{np.exp(r['effect']):.2f} "
@@ -460,7 +455,7 @@ def judge_growth(results: Mapping[str, Any], alpha: float = statistics.ALPHA) ->
     months = sorted(per_month, key=month_number)
     name = "least-squares slope of the monthly relative increase, t-test"
     if len(months) < 3:
-        return _missing(name, "fewer than three test months with a relative increase")
+        return statistics.untested(name, "fewer than three test months with a relative increase")
     x = np.array([month_number(m) - month_number(months[0]) for m in months], np.float64)
     r = statistics.slope(x, np.array([per_month[m] for m in months], np.float64), direction=+1, alpha=alpha)
     return {**r, "test": name, "evidence": f"slope {statistics.describe(r, 'per month', 4)} of the relative increase"}
@@ -474,7 +469,8 @@ def judge_dynamic_slope(results: Mapping[str, Any], alpha: float = statistics.AL
     months = sorted(set(static) & set(dynamic), key=month_number)
     name = "least-squares slope of the monthly relative increase, dynamic minus static, t-test"
     if len(months) < 3:
-        return _missing(name, "fewer than three test months with both a static and a dynamic relative increase")
+        return statistics.untested(name, "fewer than three test months with both a static and a dynamic relative "
+                                         "increase")
     x = np.array([month_number(m) - month_number(months[0]) for m in months], np.float64)
     r = statistics.slope(x, np.array([dynamic[m] - static[m] for m in months], np.float64), direction=-1,
                          alpha=alpha)
@@ -490,7 +486,7 @@ def judge_dynamic(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -
     ts, dyn = (_document_log_ppl(documents, f"{primary}/{mode}") for mode in ("static", "dynamic"))
     name = "paired bootstrap of the per-document log word perplexity difference, dynamic minus static"
     if dyn is None or ts is None or len(ts) < 2:
-        return _missing(name, "no SGD dynamic evaluation in this run")
+        return statistics.untested(name, "no SGD dynamic evaluation in this run")
     r = statistics.paired_difference(dyn, ts, direction=-1, alpha=alpha)
     out = {**r, "test": name, "evidence": f"log word perplexity dynamic minus static "
                                           f"{statistics.describe(r, 'nats/word', 3)} (x{np.exp(r['effect']):.2f} "
@@ -519,13 +515,14 @@ def judge_size_slope(results: Mapping[str, Any], alpha: float = statistics.ALPHA
     large = ((runs.get(LARGER_MODEL_RUN) or {}).get("static") or {}).get("by_month")
     ctl = ((runs.get(baseline) or {}).get("static") or {}).get("by_month")
     if not large or not ctl:
-        return _missing(name, "no larger TIME-STRATIFIED model in this run (templm.StreamStudy.larger_model)")
+        return statistics.untested(name, "no larger TIME-STRATIFIED model in this run "
+                                         "(templm.StreamStudy.larger_model)")
     large_increase, large_slope, _ = relative_increase({m: v["word_ppl"] for m, v in large.items()},
                                                        {m: v["word_ppl"] for m, v in ctl.items()})
     small = _monthly_increase(results, "static")
     months = sorted((m for m in set(small) & set(large_increase) if np.isfinite(large_increase[m])), key=month_number)
     if len(months) < 3:
-        return _missing(name, "fewer than three test months with both models' relative increase")
+        return statistics.untested(name, "fewer than three test months with both models' relative increase")
     x = np.array([month_number(m) - month_number(months[0]) for m in months], np.float64)
     y = np.array([large_increase[m] - SLOPE_KEPT * small[m] for m in months], np.float64)
     r = statistics.slope(x, y, direction=+1, alpha=alpha)

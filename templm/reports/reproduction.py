@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from templm.data.regimes import ORDER as REGIME_TABLE_ORDER, label as regime_label
 from templm.io import atomic_write, jsonable, lookup
-from templm.metrics.findings import CHANGE_CLASSES, HALVES, REGISTRY, TIME_AWARE, judge
+from templm.metrics.findings import CHANGE_CLASSES, STUDY, STUDY_HALVES, TIME_AWARE, judge
 from templm.metrics.statistics import ALPHA, mean_interval
 from templm.metrics.time_analysis import DURATION_BUCKETS
 from templm.reports import stream
@@ -323,7 +323,7 @@ def _section_findings(found: Mapping[str, Mapping[str, Any]], alpha: float) -> s
              f"Each finding is a statistical test at the level {alpha:g} (two-sided; effect, 95 % interval, p and n "
              "below): **appears** where the test supports the claim, **opposite** where it supports the reverse, "
              "**inconclusive** where it supports neither.", ""]
-    halves = [h for h in HALVES if any(f.get("half", TIME_AWARE) == h for f in found.values())]
+    halves = [h for h in STUDY_HALVES if any(f.get("half", TIME_AWARE) == h for f in found.values())]
     for half in halves:
         if len(halves) > 1:
             lines += [f"{HALF_TITLES[half]}:", ""]
@@ -334,12 +334,12 @@ def _section_findings(found: Mapping[str, Mapping[str, Any]], alpha: float) -> s
 
 
 def reproduction_findings(results: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
-    """The findings results.json holds ({name: finding}, both halves), in REGISTRY order; the time-aware half's tested
-    afresh from the numbers when it holds none."""
+    """The findings results.json holds ({name: finding}, both halves), in the registry's order; the time-aware
+    half's tested afresh from the numbers when it holds none."""
     stored = results.get("findings")
     if not isinstance(stored, Mapping) or not stored:
         return judge(results, TIME_AWARE)
-    return {f.name: {"claim": f.claim, "half": f.half, **stored[f.name]} for f in REGISTRY if f.name in stored}
+    return {f.name: {"claim": f.claim, "half": f.half, **stored[f.name]} for f in STUDY if f.name in stored}
 
 
 def _section_extra(results, fig_dir: Optional[str]) -> str:

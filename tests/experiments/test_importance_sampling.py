@@ -1,6 +1,7 @@
 """Tests of templm.experiments.importance_sampling: run_is_eval's rows against the exact values and the claims they
 show (the prior is poor, a finer valid level is tighter), its JSON; and `templm is-eval` end to end (the experiment,
-then the report), with bad input answered by a message and a non-zero exit.
+then the report), with bad input answered by a message and a non-zero exit; `templm is-eval --model=kglm` on a world
+folder of the knowledge-graph LM.
 """
 
 import json
@@ -12,6 +13,7 @@ import pytest
 from templm.experiments.importance_sampling import run_is_eval
 from templm.metrics.importance_sampling import LEVELS, unit_starts
 from templm.models.hmm import forward_log_likelihood
+from templm_testing import MINI_DOCS, write_mini_world
 from templm_testing import run_templm as templm
 
 S, V, B, T = 4, 6, 4, 8  # the shape of the is_problem fixture (tests/conftest.py)
@@ -98,3 +100,43 @@ def test_is_eval_bad_input_is_a_message_and_a_non_zero_exit(tmp_path):
         assert result.returncode == 2 and message in result.stderr, (flag, result.stderr[-1000:])
         assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "z").exists()
+
+
+@pytest.mark.e2e
+def test_is_eval_of_the_knowledge_graph_lm_end_to_end(tmp_path):
+    """`templm is-eval --model=kglm` on a world folder: both networks trained, every proposal, level and K estimated,
+    the per-document estimates adding up to each row's estimate, the exact check on the prefixes, the four effects
+    as findings, the report printed."""
+    docs = [(f"{doc_id}-{i}", *rest) for i in range(8) for doc_id, *rest in MINI_DOCS]
+    world = write_mini_world(tmp_path / "world", docs=docs)
+    out = tmp_path / "is"
+    result = templm("is-eval", "--model=kglm", f"--out={out}", f"--world_dir={world}", "--ks=1,2", "--repeats=2",
+                    "--test_docs=4", "--train_steps=8", "--exact_sentences=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads((out / "is_eval.json").read_text())
+    assert data["config"]["model"] == "kglm" and data["config"]["train_docs"] == 20
+    assert data["per_document"]["ids"] == ["d3-6", "d1-7", "d2-7", "d3-7"]
+    labels = ["text", "text, tau=0.5", "text, tau=2", "gold"]
+    assert [p["label"] for p in data["per_document"]["proposals"]] == labels
+    assert len(data["rows"]) == len(labels) * len(LEVELS) * 2
+    for row in data["rows"]:
+        per_doc = data["per_document"]["estimates"][row["proposal"]][row["level"]][str(row["K"])]
+        assert sum(per_doc) == pytest.approx(row["log_likelihood"], rel=1e-9)
+        assert row["runs"] == 4 // row["K"]
+    check = data["exact_check"]
+    assert check["documents"] == 4 and [r["K"] for r in check["rows"]] == [1, 2]
+    assert check["exact_ppl"] > 1 and all(r["ppl"] > 1 for r in check["rows"])
+    assert list(data["findings"]) == ["is_tightens_with_k", "is_token_level_optimistic",
+                                      "is_flatter_proposal_tighter", "is_gold_proposal_tighter"]
+    for finding in data["findings"].values():
+        assert finding["n"] == 4 and finding["verdict"] in ("appears", "opposite", "inconclusive")
+    assert sorted(p.name for p in out.iterdir()) == ["is_eval.json", "is_eval.md", "is_eval.png", "model",
+                                                     "proposal"]
+    assert result.stdout == (out / "is_eval.md").read_text() + "\n"
+    assert "## The effects" in result.stdout and "| gold | document | 2 |" in result.stdout
+    assert "is-eval: [5/5] exact check on 4 of 4 prefixes of 1 sentence(s)" in result.stderr
+    missing = templm("is-eval", "--model=kglm", f"--out={tmp_path / 'z'}", f"--world_dir={tmp_path / 'nowhere'}")
+    assert missing.returncode == 1 and "no world.json" in missing.stderr and "nowhere" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    weight = templm("is-eval", "--model=kglm", f"--out={tmp_path / 'z'}", "--gold_weight=1")
+    assert weight.returncode == 2 and "--gold_weight must be a finite number from 0 to 0.999" in weight.stderr

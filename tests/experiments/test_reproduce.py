@@ -16,7 +16,7 @@ import pytest
 
 from templm.errors import EXIT_PREEMPTED
 from templm.experiments.reproduce import PRESETS, ExtraStage, Reproduction, run_extra_stage
-from templm.metrics.findings import REGISTRY, STREAMING
+from templm.metrics.findings import STREAMING, STUDY
 from templm.metrics.statistics import verdict
 from templm.reports import reproduction as report
 from templm_testing import run_templm as templm
@@ -35,7 +35,7 @@ def run_dir(tmp_path_factory):
     result = templm("reproduce", "--preset=tiny_test", f"--out={out}", "--seed=0")
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"templm reproduce: tiny_test preset, seed 0: {out}/report.md" in result.stdout
-    for finding in REGISTRY:  # both halves, streaming_gap etc. included
+    for finding in STUDY:  # both halves, streaming_gap etc. included
         assert f"  {finding.name}: " in result.stdout
     assert "reproduce [1/7] data: starting" in result.stderr and "ETA" in result.stderr  # progress
     assert "  trained uniform: 6 steps" in result.stderr
@@ -163,7 +163,7 @@ def test_results_json_holds_every_stage(results):
     assert results["adaptation"]["retrained"] == results["adaptation"]["regimes"]["temporal"]["retrained"]
     assert results["models"]["retrain_uniform"]["regime"] == "uniform"
     assert [name for name, _ in results["timing"]["stages"]] == STAGES  # in run order
-    assert set(results["findings"]) == {f.name for f in REGISTRY}
+    assert set(results["findings"]) == {f.name for f in STUDY}
     assert all(f["verdict"] in ("appears", "opposite", "inconclusive") for f in results["findings"].values())
     ids = results["per_query"]["id"]
     assert ids and set(results["per_query"]["f1"]) == {"uniform", "temporal", "yearly"}

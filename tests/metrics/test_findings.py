@@ -3,12 +3,13 @@ effect gives "appears", its mirror "opposite", and a difference inside the noise
 the verdict comes from the per-seed effects."""
 
 import json
+import math
 
 import numpy as np
 import pytest
 
-from templm.metrics.findings import (BY_NAME, HALVES, REGISTRY, STREAMING, TIME_AWARE, combine, combine_findings,
-                                     judge, of_half)
+from templm.metrics.findings import (BY_NAME, HALVES, IMPORTANCE_SAMPLING, STREAMING, STUDY, TIME_AWARE, combine,
+                                     combine_findings, judge, of_half)
 
 SEEN, NEW = [2014, 2015, 2016], 2017
 
@@ -356,7 +357,7 @@ def test_each_finding_is_json_with_the_evidence_fields():
             assert found["verdict"] == "inconclusive" and found["reason"] and found["half"] == half
     both = {**judge({**per_query([50.0, 60.0, 70.0], [55.0, 66.0, 71.0], SEEN), **degradation(-1.0, -0.1)}),
             **judge(stream_results(0.5, 0.01, -0.3), STREAMING)}
-    assert list(both) == [f.name for f in REGISTRY]  # one shape, one order, both halves
+    assert list(both) == [f.name for f in STUDY]  # one shape, one order, both halves
     for name, found in both.items():
         text = json.dumps(found, allow_nan=False)
         assert {"claim", "half", "verdict", "test", "effect", "interval", "p_value", "n", "evidence"} <= set(found)
@@ -381,9 +382,53 @@ def test_both_halves_combine_over_seeds_in_the_same_shape():
               **judge(stream_results(0.5 + 0.1 * s, 0.01 + 0.004 * s, -0.3 - 0.1 * s), STREAMING)}
              for s, u in enumerate(np.clip(50 + noise(100, 20, 5), 0, 100).reshape(2, 50))]
     combined = combine_findings(seeds)
-    assert list(combined) == [f.name for f in REGISTRY]
+    assert list(combined) == [f.name for f in STUDY]
     gap = combined["streaming_gap"]
     assert gap["half"] == STREAMING and len(gap["per_seed"]) == 2 and gap["n"] == 2
     assert gap["effect"] == pytest.approx(np.mean([s["streaming_gap"]["effect"] for s in seeds]))
     del seeds[1]["streaming_growth"]  # a finding one seed lacks is left out, not combined from the other
     assert "streaming_growth" not in combine_findings(seeds)
+
+
+def is_results(k_gain, token_gain, flat_gain, gold_gain, n=30, temperatures=(0.5, 2.0)):
+    """An is-eval run's per-document estimates (nats a document): the trained proposal at K=1 and K=8, each level,
+    each temperature and the gold proposal, shifted by the given gains over the text proposal's document level at
+    K=8 (K=1 below it by k_gain), with noise."""
+    base = -100.0 + noise(n, 5.0, 11)
+    est = {"text": {"document": {"1": base - k_gain + noise(n, 0.3, 1), "8": base},
+                    "sentence": {"1": base - k_gain, "8": base + token_gain / 2},
+                    "token": {"1": base - k_gain, "8": base + token_gain + noise(n, 0.3, 2)}}}
+    proposals = [{"label": "text", "temperature": 1.0, "gold_weight": 0.0}]
+    for t in temperatures:
+        label = f"text, tau={t:g}"
+        proposals.append({"label": label, "temperature": t, "gold_weight": 0.0})
+        gain = flat_gain if t == max(temperatures) else -abs(flat_gain)
+        est[label] = {"document": {"1": base - 2 * k_gain, "8": base + gain + noise(n, 0.3, 3)}}
+    proposals.append({"label": "gold", "temperature": 1.0, "gold_weight": 0.9})
+    est["gold"] = {"document": {"1": base, "8": base + gold_gain + noise(n, 0.3, 4)}}
+    est = {p: {level: {k: list(map(float, v)) for k, v in ks.items()} for level, ks in levels.items()}
+           for p, levels in est.items()}
+    return {"config": {"ks": [1, 8]}, "per_document": {"ids": [str(i) for i in range(n)], "tokens": [50] * n,
+                                                       "proposals": proposals, "estimates": est}}
+
+
+def test_the_importance_sampling_effects_are_paired_tests_over_the_documents():
+    found = judge(is_results(2.0, 0.5, 1.0, -1.0), IMPORTANCE_SAMPLING)
+    assert list(found) == [f.name for f in of_half(IMPORTANCE_SAMPLING)]
+    assert found["is_tightens_with_k"]["verdict"] == "appears"
+    assert found["is_tightens_with_k"]["effect"] == pytest.approx(2.0, abs=0.2)
+    assert found["is_tightens_with_k"]["n"] == 30
+    assert found["is_token_level_optimistic"]["verdict"] == "appears"
+    assert found["is_flatter_proposal_tighter"]["verdict"] == "appears"
+    assert "temperature 2 vs 1" in found["is_flatter_proposal_tighter"]["evidence"]
+    assert set(found["is_flatter_proposal_tighter"]["by_temperature"]) == {"text", "text, tau=0.5", "text, tau=2"}
+    gold = found["is_gold_proposal_tighter"]
+    assert gold["verdict"] == "opposite" and gold["effect"] == pytest.approx(-1.0, abs=0.2)
+    # perplexities of both sides: exp(-sum / tokens)
+    assert gold["ppl_a"] == pytest.approx(math.exp(-sum(is_results(2, .5, 1, -1)["per_document"]["estimates"]["gold"]
+                                                        ["document"]["8"]) / 1500))
+    quiet = judge(is_results(0.0, 0.0, 0.0, 0.0), IMPORTANCE_SAMPLING)
+    assert quiet["is_gold_proposal_tighter"]["verdict"] == "inconclusive"
+    cold = judge(is_results(2.0, 0.5, 1.0, 0.0, temperatures=(0.5,)), IMPORTANCE_SAMPLING)
+    assert cold["is_flatter_proposal_tighter"]["reason"] == "no proposal at a temperature above 1 in this run"
+    assert judge({}, IMPORTANCE_SAMPLING)["is_tightens_with_k"]["n"] == 0

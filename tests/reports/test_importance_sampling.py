@@ -1,8 +1,9 @@
 """Tests of templm.reports.importance_sampling: is_eval.md and is_eval.png from a results dict of the shape
-`run_is_eval` returns (built here by hand, so the expected table lines are known), written atomically."""
+`run_is_eval` or `run_latent_is_eval` returns (built here by hand, so the expected table lines are known), written
+atomically."""
 
 from templm.metrics.importance_sampling import LEVELS
-from templm.reports.importance_sampling import is_markdown, proposal_labels, write_is_report
+from templm.reports.importance_sampling import is_markdown, latent_markdown, proposal_labels, write_is_report
 
 PROPOSALS = {"prior": 1.5, "tempered(tau=2)": 1.2, "posterior": 1.0}  # ppl at K = 1 as a multiple of the exact one
 KS = (1, 16, 256)
@@ -65,3 +66,35 @@ def test_markdown_lines():
 
 def test_proposal_labels_in_order_of_appearance():
     assert proposal_labels(_results()["rows"]) == ["prior", "tempered(tau=2)", "posterior"]
+
+
+def _latent_results():
+    rows = [{"level": level, "proposal": p, "temperature": 1.0, "gold_weight": 0.0, "K": k, "ppl": 10.0 + 1.0 / k,
+             "ppl_se": 0.05, "ppl_mc_se": None if k == 1 else 0.02, "ppl_unit_se": 0.3, "log_likelihood": -100.0,
+             "mean_ess_fraction": 0.25, "runs": 8 // k}
+            for p in ("text", "gold") for level in LEVELS for k in (1, 8)]
+    finding = {"claim": "more samples tighten the estimate", "verdict": "appears", "test": "paired bootstrap",
+               "evidence": "perplexity 10.125 vs 11.000"}
+    check = {"sentences": 2, "limit": 4096, "documents": 3, "tokens": 40, "exact_ppl": 9.5,
+             "rows": [{"K": 1, "ppl": 9.975, "ppl_se": 0.01, "runs": 8}, {"K": 8, "ppl": 9.5, "ppl_se": None,
+                                                                         "runs": 1}]}
+    config = {"model": "kglm", "seed": 3, "test_docs": 5, "train_docs": 20, "train_steps": 40, "num_tokens": 300,
+              "samples_per_proposal": 8, "parameters": {"model": 1000, "proposal": 900},
+              "train": {"model": {"loss": 2.5}, "proposal": {"loss": 0.01}}, "ks": [1, 8]}
+    return {"config": config, "rows": rows, "exact_check": check, "findings": {"is_tightens_with_k": finding}}
+
+
+def test_the_knowledge_graph_lm_report(tmp_path):
+    results = _latent_results()
+    paths = write_is_report(results, str(tmp_path))
+    md = (tmp_path / "is_eval.md").read_text()
+    assert md == latent_markdown(results) and (tmp_path / "is_eval.png").read_bytes()[:4] == b"\x89PNG"
+    lines = md.splitlines()
+    assert lines[0] == "# Importance-sampled perplexity of a knowledge-graph LM"
+    assert "with 1000 parameters and its proposal (900, a bidirectional tagger), both trained 40 steps" in lines[2]
+    assert "- More samples tighten the estimate: **appears** (paired bootstrap). perplexity 10.125 vs 11.000." \
+        in lines
+    assert "| proposal | level | K | ppl | se | mc se | ESS % | runs |" in lines
+    assert "| gold | sentence | 8 | 10.125 | 0.050 | 0.020 | 25.0 | 1 |" in lines
+    assert "| 1 | 9.9750 | 0.0100 | 5.00 | 8 |" in lines and "| 8 | 9.5000 |  | 0.00 | 1 |" in lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["is_eval.md", "is_eval.png"] and paths["md"].endswith(".md")

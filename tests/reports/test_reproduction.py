@@ -10,7 +10,7 @@ import os
 import pytest
 
 from templm.experiments.reproduce import combine_seeds
-from templm.metrics.findings import BY_NAME, REGISTRY, STREAMING, TIME_AWARE, judge, of_half
+from templm.metrics.findings import BY_NAME, STREAMING, STUDY, TIME_AWARE, judge, of_half
 from templm.reports import reproduction as report
 from templm.reports.tables import Estimate, finding_line
 
@@ -86,7 +86,7 @@ def test_findings_from_the_stored_numbers(results, written):
     """results.json holds each finding's test, both halves' in one place; the report lists them under their half,
     and testing the stored per-item numbers of the time-aware half again gives the same verdicts."""
     stored = results["findings"]
-    assert set(stored) == {f.name for f in REGISTRY}
+    assert set(stored) == {f.name for f in STUDY}
     assert {name: f["verdict"] for name, f in stored.items() if f["half"] == TIME_AWARE} == verdicts(results)
     text = (written[0] / "report.md").read_text()
     for name, found in stored.items():

@@ -2,6 +2,7 @@
 folder on the import path)."""
 
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -127,3 +128,42 @@ def event_tags(folder):
                     tf.make_ndarray(value.tensor))
                 out.setdefault(value.tag, []).append((event.step, number))
     return out
+
+
+# A knowledge graph and three documents that name its entities (templm.data.linked_mentions, templm.models.kglm).
+ENTITIES = [{"id": "E0", "name": "Ada Lovel", "type": "politician", "first_date": "2010-01-01"},
+            {"id": "E1", "name": "Bree", "type": "party", "first_date": "2010-01-01"},
+            {"id": "E2", "name": "Corvo", "type": "city", "first_date": "2010-01-01"},
+            {"id": "E3", "name": "Dane", "type": "club", "first_date": "2010-01-01"},
+            {"id": "E4", "name": "Fenn", "type": "party", "first_date": "2012-01-01"}]
+FACTS = [{"id": 0, "subject": "E0", "relation": "member_of", "object": "E1", "start": "2010-01-01", "end": None},
+         {"id": 1, "subject": "E3", "relation": "located_in", "object": "E2", "start": "2012-01-01",
+          "end": "2013-12-31"},
+         {"id": 2, "subject": "E0", "relation": "member_of", "object": "E4", "start": "2013-06-01", "end": None}]
+# (id, date, text, the names it mentions in order); sentences end at each "."
+MINI_DOCS = [("d1", "2014-05-01", "Ada Lovel joined Bree in Corvo. Dane won.", ["Ada Lovel", "Bree", "Corvo", "Dane"]),
+        ("d2", "2013-02-01", "Dane plays in Corvo.", ["Dane", "Corvo"]),
+        ("d3", "2014-07-01", "Fenn and Bree met Ada Lovel.", ["Fenn", "Bree", "Ada Lovel"])]
+NAMES = {e["name"]: e["id"] for e in ENTITIES}
+
+
+def write_mini_world(folder, docs=MINI_DOCS, entities=ENTITIES, facts=FACTS):
+    """A world folder of five entities and three documents in the generator's layout (world.json, news.jsonl,
+    mentions.jsonl: the mention and sentence spans in characters), for the knowledge-graph LM's tests."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "world.json").write_text(json.dumps({"config": {}, "entities": entities, "facts": facts,
+                                                   "words": []}))
+    with open(folder / "news.jsonl", "w") as news, open(folder / "mentions.jsonl", "w") as mentions:
+        for doc_id, date, text, names in docs:
+            news.write(json.dumps({"id": doc_id, "date": date, "text": text}) + "\n")
+            spans, at = [], 0
+            for name in names:
+                start = text.index(name, at)
+                spans.append([start, start + len(name), NAMES[name]])
+                at = start + len(name)
+            sentences, begin = [], 0
+            for end in [i + 1 for i, ch in enumerate(text) if ch == "."]:
+                sentences.append([begin, end, "test"])
+                begin = end + 1
+            mentions.write(json.dumps({"id": doc_id, "facts": [], "entities": spans, "sentences": sentences}) + "\n")
+    return str(folder)
