@@ -34,7 +34,7 @@ import sys
 import tempfile
 import tokenize
 import warnings
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import app, flags, logging
 
@@ -844,6 +844,7 @@ def _main_is_eval():
     ks = None if FLAGS.ks is None else [int(k) for k in FLAGS.ks]
     temperatures = [float(t) for t in FLAGS.temperatures]
     if FLAGS.model == "kglm":
+        _load_tensorflow(quiet=_STATE["verbosity"] < 1)  # the trainer's summary writers load it
         result = run_latent_is_eval(FLAGS.out, FLAGS.seed, world_dir=FLAGS.world_dir,
                                     ks=ks or [2 ** i for i in range(8)], repeats=FLAGS.repeats or 4,
                                     temperatures=temperatures, gold_weight=FLAGS.gold_weight,
@@ -1074,6 +1075,9 @@ def _quiet_libraries() -> None:
     warnings.filterwarnings("default", module="templm")
 
 
+_STATE: Dict[str, Any] = {"verbosity": 0}  # the run's --verbosity, for a verb that loads TensorFlow only sometimes
+
+
 def _load_tensorflow(quiet: bool) -> None:
     """Loads TensorFlow for a verb that uses it (for tf.data and record files only) and hides the GPUs from it, as
     T5X does, so that it never takes accelerator memory from JAX. TensorFlow's native libraries write start-up and
@@ -1115,6 +1119,7 @@ def run(argv: Optional[Sequence[str]] = None) -> None:
         print(_usage(prefix + " " if words else ""))
         sys.exit(0 if any(a in ("-h", "--help", "--helpfull") for a in argv[1:]) or not words else 2)
     verbosity, rest = _verbosity(rest)
+    _STATE["verbosity"] = verbosity
     v = VERBS[name]
     if verbosity < 1:
         _quiet_libraries()

@@ -6,11 +6,13 @@ typed by hand and none can drift from what the code does.
     python tools/readme_tables.py --block NAME ...   # README's table between the marker lines named NAME
 
 Each file is the results.json of `templm reproduce --preset P --seeds S,S,... --out DIR` (a run over several
-seeds; one seed's results.json works too). The table goes between README's two marker lines, one column per file:
-for each finding of the registry (templm.metrics.findings) the verdict over the seeds, the mean effect with its
-95 % interval and p, and each seed's verdict; then the wall time and, under the table, the command and machine of
-each column. Below it, the streaming half's relative increase, its monthly slope and the gain from dynamic
-evaluation, each seed's and their mean, beside "Mind the Gap"'s values.
+seeds; one seed's results.json works too), or the is_eval.json of `templm is-eval --model=kglm --seed S --out
+DIR` (one column per seed: Logan et al.'s effects on the knowledge-graph LM, then the estimates behind them). The
+table goes between README's two marker lines, one column per file: for each finding of the registry
+(templm.metrics.findings) the verdict over the seeds, the mean effect with its 95 % interval and p, and each seed's
+verdict; then the wall time and, under the table, the command and machine of each column. Below it, the streaming
+half's relative increase, its monthly slope and the gain from dynamic evaluation, each seed's and their mean,
+beside "Mind the Gap"'s values.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any, List, Mapping, Sequence
 
 from templm.io import atomic_write, format_duration
 from templm.metrics import statistics
-from templm.metrics.findings import BY_NAME, STUDY
+from templm.metrics.findings import BY_NAME, IMPORTANCE_SAMPLING, STUDY, of_half
 
 BEGIN = "<!-- readme_tables: begin (written by tools/readme_tables.py from the runs' results.json) -->"
 END = "<!-- readme_tables: end -->"
@@ -213,6 +215,49 @@ def table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def _is_estimate(run: Mapping[str, Any], proposal: str, level: str, k: int) -> str:
+    row = next((r for r in run["rows"] if r["proposal"] == proposal and r["level"] == level and r["K"] == k), None)
+    if row is None:
+        return "n/a"
+    se = row.get("ppl_se")
+    return f"{row['ppl']:.3f}" + ("" if se is None else f" +- {se:.3f}")
+
+
+def is_table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
+    """The Markdown between README's markers for `templm is-eval --model=kglm` runs, one column per run: each
+    effect's verdict, then the estimated perplexities behind them and the exact check, then how each was made."""
+    columns = [f"seed {r['config']['seed']}" for r in runs]
+    lines = ["| effect | " + " | ".join(columns) + " |", "|---|" + "---|" * len(runs)]
+    for finding in of_half(IMPORTANCE_SAMPLING):
+        lines.append(f"| `{finding.name}`: {finding.claim} | "
+                     + " | ".join(cell(r["findings"][finding.name]) for r in runs) + " |")
+    lines += ["", "| perplexity (+- standard error over the runs) | " + " | ".join(columns) + " |",
+              "|---|" + "---|" * len(runs)]
+    ks = [(min(r["config"]["ks"]), max(r["config"]["ks"])) for r in runs]
+    labels = [p["label"] for p in runs[0]["per_document"]["proposals"]]
+    for label in labels:
+        for level, which in (("document", 0), ("document", 1), ("token", 1)):
+            lines.append(f"| proposal {label}, aggregated per {level}, K = "
+                         f"{'/'.join(sorted({str(k[which]) for k in ks}))} | "
+                         + " | ".join(_is_estimate(r, label, level, k[which]) for r, k in zip(runs, ks)) + " |")
+    cells = []
+    for r, (_, k_max) in zip(runs, ks):
+        check = r.get("exact_check") or {}
+        row = next((x for x in check.get("rows") or [] if x["K"] == k_max), None)
+        cells.append("n/a" if row is None else f"{row['ppl']:.3f} vs exact {check['exact_ppl']:.3f} "
+                                               f"({check['documents']} prefixes)")
+    lines.append("| exact check: the trained proposal at the largest K on prefixes of the test documents | "
+                 + " | ".join(cells) + " |")
+    lines.append("| wall time | " + " | ".join(format_duration(r["config"].get("seconds", 0.0)) for r in runs)
+                 + " |")
+    lines.append("")
+    for r, source in zip(runs, sources):
+        lines.append(f"- seed {r['config']['seed']}: `templm is-eval --model=kglm --seed {r['config']['seed']} "
+                     f"--out {os.path.dirname(source) or '.'}` ({r['config']['test_docs']} test documents, "
+                     f"{r['config']['samples_per_proposal']} samples a document and proposal).")
+    return "\n".join(lines)
+
+
 def replace(readme: str, body: str, block: str = "") -> str:
     """README's text with `body` between the markers of `block` (a ValueError when they are not there once each, in
     order)."""
@@ -238,7 +283,13 @@ def main(argv: List[str]) -> int:
             runs.append(json.load(f))
     with open(args.readme, encoding="utf-8") as f:
         readme = f.read()
-    new = replace(readme, table(runs, args.results), args.block)
+    kglm = [(r.get("config") or {}).get("model") == "kglm" for r in runs]
+    if any(kglm) and not all(kglm):
+        print("the results are not all of one kind: reproduce results.json or is-eval --model=kglm is_eval.json",
+              file=sys.stderr)
+        return 2
+    make = is_table if all(kglm) else table
+    new = replace(readme, make(runs, args.results), args.block)
     if args.check:
         if new != readme:
             print(f"{args.readme}: the table differs from what {', '.join(args.results)} give", file=sys.stderr)

@@ -114,3 +114,41 @@ def test_the_detectable_slope_is_the_monthly_noise_over_the_months_spread():
     # 2.8 standard errors of the slope: sd / sqrt(sum (x - mean)^2) with 24 months is sd / 33.9.
     assert readme_tables._detectable_slope(noisy) == pytest.approx(2.8 * 0.0511 / 33.91, rel=0.02)
     assert readme_tables._detectable_slope(dict(list(line.items())[:3])) is None
+
+
+def _is_eval(seed, verdict):
+    finding = {"verdict": verdict, "effect": 0.52, "interval": [0.1, 0.9], "p_value": 0.012}
+    proposals = [{"label": "text"}, {"label": "gold"}]
+    rows = [{"proposal": p["label"], "level": level, "K": k, "ppl": 10.0 + seed + 1.0 / k, "ppl_se": 0.01 * k}
+            for p in proposals for level in ("token", "sentence", "document") for k in (1, 64)]
+    names = ("is_tightens_with_k", "is_token_level_optimistic", "is_flatter_proposal_tighter",
+             "is_gold_proposal_tighter")
+    return {"config": {"model": "kglm", "seed": seed, "ks": [1, 64], "test_docs": 40, "samples_per_proposal": 256,
+                       "seconds": 125.0},
+            "rows": rows, "per_document": {"proposals": proposals}, "findings": {n: finding for n in names},
+            "exact_check": {"documents": 38, "exact_ppl": 9.5, "rows": [{"K": 64, "ppl": 9.75}]}}
+
+
+def test_the_importance_sampling_table_has_each_effect_and_the_estimates_behind_it(tmp_path):
+    readme = tmp_path / "README.md"
+    begin, end = readme_tables.markers("is")
+    readme.write_text(f"intro\n{begin}\nold\n{end}\noutro\n")
+    sources = []
+    for seed, verdict in ((11, "appears"), (12, "opposite")):
+        path = tmp_path / f"seed_{seed}" / "is_eval.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps(_is_eval(seed, verdict)))
+        sources.append(str(path))
+    assert readme_tables.main([*sources, "--readme", str(readme), "--block", "is"]) == 0
+    lines = readme.read_text().splitlines()
+    assert lines[2] == "| effect | seed 11 | seed 12 |"
+    assert any(line.startswith("| `is_tightens_with_k`: More samples tighten") and line.endswith(
+        "| **appears**: +0.52 [+0.10, +0.90], p=0.012 | opposite: +0.52 [+0.10, +0.90], p=0.012 |") for line in lines)
+    assert "| proposal gold, aggregated per document, K = 64 | 21.016 +- 0.640 | 22.016 +- 0.640 |" in lines
+    assert "| proposal text, aggregated per token, K = 64 | 21.016 +- 0.640 | 22.016 +- 0.640 |" in lines
+    assert ("| exact check: the trained proposal at the largest K on prefixes of the test documents | 9.750 vs exact "
+            "9.500 (38 prefixes) | 9.750 vs exact 9.500 (38 prefixes) |") in lines
+    assert f"- seed 12: `templm is-eval --model=kglm --seed 12 --out {tmp_path / 'seed_12'}` (40 test documents, " \
+           "256 samples a document and proposal)." in lines
+    assert lines[0] == "intro" and lines[-1] == "outro"
+    assert readme_tables.main([*sources, "--readme", str(readme), "--block", "is", "--check"]) == 0
