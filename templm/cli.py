@@ -983,6 +983,47 @@ def _main_stream():
     return 0
 
 
+def _define_appendices():
+    from templm.experiments.studies import study_names
+
+    flags.DEFINE_string("out", None, "Output folder: shifted/ and distance/ (the runs), results.json, report.md, "
+                        "figures/.", required=True)
+    flags.DEFINE_enum("preset", "smoke", study_names(), "The study whose streaming sizes (templm.StreamStudy) the "
+                      "models, the world and the test period take.")
+    flags.DEFINE_integer("seed", 0, "Seed of the world, the splits, the tokenizers and the models.")
+    flags.DEFINE_list("which", ["shifted", "distance"], "The appendices: shifted (B, other test periods), distance "
+                      "(C, training sets further and further before the test period).")
+    flags.DEFINE_list("shifts", ["0", "1", "2"], "Appendix B: years the cut-off moves back, one test period each.")
+    flags.DEFINE_list("gaps", ["0", "6", "12", "18", "24"], "Appendix C: months between the end of each training set "
+                      "and the cut-off.")
+    flags.DEFINE_multi_string("corpus", None, "A dated corpus (any format templm reads; a file or a quoted glob) "
+                              "instead of the embedded world.")
+    _bounds(seed=(0, None))
+
+    def whole_numbers(values):
+        try:
+            return all(int(v) >= 0 for v in values) and len(values) > 0
+        except ValueError:
+            return False
+
+    flags.register_validator("which", lambda v: bool(v) and set(v) <= {"shifted", "distance"},
+                             message="--which must be shifted, distance or both, comma-separated")
+    flags.register_validator("shifts", whole_numbers, message="--shifts must be whole numbers of years (0 or more)")
+    flags.register_validator("gaps", whole_numbers, message="--gaps must be whole numbers of months (0 or more)")
+
+
+def _main_appendices():
+    from templm.experiments.appendices import run_appendices
+    from templm.reports.appendices import write_appendices_report
+
+    results = run_appendices(FLAGS.out, FLAGS.which, FLAGS.preset, FLAGS.seed, [int(s) for s in FLAGS.shifts],
+                             [int(g) for g in FLAGS.gaps], _corpus_flag())
+    paths = write_appendices_report(results, os.path.abspath(FLAGS.out))
+    with open(paths["report.md"], encoding="utf-8") as f:
+        print(f.read())
+    return 0
+
+
 VERBS: Dict[str, Verb] = {v.name: v for v in [
     Verb("data world", "Generate the embedded temporal world: news, TempLAMA queries, calibration queries, facts.",
          _define_data_world, _main_data_world, takes_gin=True),
@@ -1022,6 +1063,9 @@ VERBS: Dict[str, Verb] = {v.name: v for v in [
          _define_train_lm, _main_train_lm, takes_gin=True, tensorflow=True),
     Verb("stream", "Perplexity per test month, TIME-STRATIFIED vs CONTROL, static and dynamic (txl/dynamic_eval.gin).",
          _define_stream, _main_stream, takes_gin=True, tensorflow=True),
+    Verb("appendices", "Mind the Gap's appendices: the gap in shifted test periods (B) and against the distance "
+         "between training and test (C), with their figures.", _define_appendices, _main_appendices,
+         tensorflow=True),
 ]}
 
 

@@ -480,6 +480,63 @@ def make_splits(corpus_path: Corpus, out_dir: str, cutoff: Optional[datetime.dat
     return section
 
 
+# ------------------------------------------------------------------------------------------ increasing distance
+
+DISTANCE_FOLDER = "increasing_distance"  # the published layout: SPLIT_DIR/increasing_distance/split_<date>/train.gz
+
+
+def distance_split_dir(split_dir: str, end: datetime.date) -> str:
+    return os.path.join(split_dir, DISTANCE_FOLDER, f"split_{end.isoformat()}")
+
+
+def distance_splits(corpus_path: Corpus, split_dir: str, gaps_months: Sequence[int], size: Optional[int] = None,
+                    format: str = "auto", on_error: str = "raise",
+                    clean: Optional[FilterConfig] = FilterConfig()) -> dict:
+    """"Mind the Gap", Appendix C: training sets of one size whose periods end further and further before the
+    cut-off of the splits in `split_dir` (made by `make_splits`; its test set stays the test set of them all).
+
+    For each gap g (months), the set ends on the last day of the month g months before the cut-off's month and holds
+    the `size` most recent documents dated up to then (default: as many as the largest gap leaves, so that every set
+    has the same size). Each is written as split_dir/increasing_distance/split_<end>/train.gz, the paper's
+    published layout, and described in stats.json's "increasing_distance" section, which is returned: {"size",
+    "gaps": {g: {"end", "split_dir", "documents", "first_date", "last_date"}}}. Raises UnsplittableCorpus (naming
+    the corpus) where a gap leaves fewer than `size` documents, or none."""
+    gaps = sorted({int(g) for g in gaps_months})
+    if not gaps or gaps[0] < 0:
+        raise ValueError(f"gaps_months must be months of at least 0, got {list(gaps_months)}")
+    stats = _load_stats(split_dir)
+    if "cutoff" not in stats:
+        raise DataError("stats.json names no cut-off: not a folder of `templm data splits`", split_dir)
+    cutoff = datetime.date.fromisoformat(stats["cutoff"])
+    corpus_path = resolve_corpus(corpus_path)
+    where = describe_corpus(corpus_path)
+    index = _index_corpus(corpus_path, format, on_error, _document_filter(clean))
+    month_end = add_months(datetime.date(cutoff.year, cutoff.month, 1), 1) - datetime.timedelta(days=1)
+    ends = {g: add_months(month_end + datetime.timedelta(days=1), -g) - datetime.timedelta(days=1) for g in gaps}
+    available = {g: index.span(datetime.date.min, min(ends[g], cutoff))[1] for g in gaps}
+    if size is None:
+        size = available[gaps[-1]]
+    _check_positive("size", size)
+    short = [g for g in gaps if available[g] < size]
+    if short or available[gaps[-1]] == 0:
+        raise UnsplittableCorpus(f"a training set {short[0] if short else gaps[-1]} months before the cut-off "
+                                 f"{cutoff.isoformat()} would hold {available[short[0] if short else gaps[-1]]} "
+                                 f"documents, fewer than {size}; the corpus starts {_iso(index.dates[0])}", where)
+    section = {"size": int(size), "cutoff": cutoff.isoformat(), "gaps": {}}
+    with _AtomicOutputs() as outputs:
+        for g in gaps:
+            hi = available[g]
+            positions = np.arange(hi - size, hi, dtype=np.int64)
+            folder = distance_split_dir(split_dir, ends[g])
+            _write_positions(outputs, os.path.join(folder, "train.gz"), index, positions)
+            section["gaps"][str(g)] = {"end": ends[g].isoformat(), "split_dir": folder,
+                                       **_range_stats(index, positions)}
+        stats[DISTANCE_FOLDER] = section
+        _write_stats(outputs, split_dir, stats)
+        outputs.commit()
+    return section
+
+
 # ------------------------------------------------------------------------------------------------ yearly buckets
 
 

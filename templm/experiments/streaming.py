@@ -435,7 +435,7 @@ def prepare_preset_data(out_dir: str, preset: Union[str, StreamPreset] = "tiny_t
                         cutoff: Union[datetime.date, None, str] = "preset") -> Dict[str, Any]:
     """`prepare_stream_data` with a preset's world, cut-off ("preset", or a date, or None: from the corpus), test
     period and vocabulary size (at most: the world of any seed must fit it); tests share it."""
-    p = _stream_preset(preset)
+    p = stream_preset(preset)
     world = WorldConfig(seed=seed, start_year=p.start_year, end_year=p.end_year,
                         subjects_per_relation=p.subjects_per_relation, docs_per_month=p.docs_per_month)
     return prepare_stream_data(out_dir, corpus=corpus, world=world,
@@ -444,7 +444,7 @@ def prepare_preset_data(out_dir: str, preset: Union[str, StreamPreset] = "tiny_t
                                exact_vocab_size=False, shared_tokenizer=shared_tokenizer, split_dir=split_dir)
 
 
-def _stream_preset(preset: Union[str, StreamPreset]) -> StreamPreset:
+def stream_preset(preset: Union[str, StreamPreset]) -> StreamPreset:
     if isinstance(preset, StreamPreset):
         return preset
     if preset not in PRESETS:
@@ -496,7 +496,7 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
     TIME-STRATIFIED vs its static evaluation}, "months"}) plus "out_dir", "results" (the path of stream/results.json),
     "preset" and "timings_sec".
     """
-    p = _stream_preset(preset)
+    p = stream_preset(preset)
     out_dir = os.path.abspath(os.fspath(out_dir))
     timings: Dict[str, float] = {}
     t0 = time.time()

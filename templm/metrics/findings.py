@@ -50,6 +50,13 @@ evaluated documents of their estimated log-likelihoods.
     is_token_level_optimistic  token-level aggregation minus document level, the largest K (claim > 0)
     is_flatter_proposal_tighter  the proposal at the largest temperature minus the trained one (claim > 0)
     is_gold_proposal_tighter   the proposal that sees the gold annotations minus the text-only one (claim > 0)
+
+And Mind the Gap's appendices on one `templm appendices` run (templm.metrics.stream.judge_every_period_gap,
+judge_distance_growth):
+
+    appendix_every_period_gap  each shifted test period's streaming_gap test, intersection-union (claim > 0)
+    appendix_distance_growth   the slope of the per-document log word perplexity on the months between the end of
+                               the training set and the cut-off, cluster bootstrap over documents (claim > 0)
 """
 
 from __future__ import annotations
@@ -388,10 +395,12 @@ class Finding:
 
 
 TIME_AWARE, STREAMING = "time-aware", "streaming"
-# Not a half of the study: the effects of Logan, Gardner and Singh on one `templm is-eval` run of a latent LM.
+# Not halves of the study: the effects of Logan, Gardner and Singh on one `templm is-eval` run of a latent LM, and
+# Mind the Gap's appendices B and C on one `templm appendices` run.
 IMPORTANCE_SAMPLING = "importance-sampling"
+APPENDICES = "streaming-appendices"
 STUDY_HALVES = (TIME_AWARE, STREAMING)
-HALVES = STUDY_HALVES + (IMPORTANCE_SAMPLING,)
+HALVES = STUDY_HALVES + (IMPORTANCE_SAMPLING, APPENDICES)
 
 # Every finding of the study, in the order the report and the command line list them.
 REGISTRY: Tuple[Finding, ...] = (
@@ -443,6 +452,11 @@ REGISTRY: Tuple[Finding, ...] = (
     Finding("is_gold_proposal_tighter", "A proposal that sees the gold annotations gives a tighter estimate than "
             "one that sees the text only (Logan et al., section 4)", +1, IMPORTANCE_SAMPLING, (),
             importance_sampling.judge_gold_proposal_tighter),
+    Finding("appendix_every_period_gap", "TIME-STRATIFIED perplexity is above CONTROL's in every shifted "
+            "test period (Mind the Gap, Appendix B, Figure 8)", +1, APPENDICES, (), stream.judge_every_period_gap),
+    Finding("appendix_distance_growth", "the further the training period ends before the test period, the higher "
+            "the perplexity (Mind the Gap, Appendix C, Figure 9)", +1, APPENDICES, (),
+            stream.judge_distance_growth),
 )
 BY_NAME: Mapping[str, Finding] = {f.name: f for f in REGISTRY}
 # The study's findings (both halves), what `templm reproduce` tests and reports.

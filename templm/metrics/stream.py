@@ -397,7 +397,7 @@ def tokenizer_comparison(results: Mapping[str, Any], other: str = CONTROL_TOKENI
     CONTROL that this difference is. None when the run lacks `other`."""
     documents = results.get("documents") or {}
     primary, baseline = results.get("primary", "time_stratified"), results.get("baseline", "control")
-    own, up_to_date = (_document_log_ppl(documents, f"{name}/static") for name in (primary, other))
+    own, up_to_date = (document_log_ppl(documents, f"{name}/static") for name in (primary, other))
     if own is None or up_to_date is None or len(own) < 2:
         return None
     r = statistics.paired_difference(own, up_to_date, direction=+1, alpha=alpha)
@@ -406,7 +406,7 @@ def tokenizer_comparison(results: Mapping[str, Any], other: str = CONTROL_TOKENI
                    "CONTROL's", **r, "run": other,
            "evidence": f"log word perplexity, own tokenizer minus CONTROL's {statistics.describe(r, 'nats/word', 3)}"
                        f" (x{np.exp(r['effect']):.2f} perplexity)"}
-    ctl = _document_log_ppl(documents, f"{baseline}/static")
+    ctl = document_log_ppl(documents, f"{baseline}/static")
     if ctl is not None:
         gap = float(np.mean(own - ctl))
         out["gap_to_control"] = gap
@@ -416,7 +416,7 @@ def tokenizer_comparison(results: Mapping[str, Any], other: str = CONTROL_TOKENI
     return jsonable(out)
 
 
-def _document_log_ppl(documents: Mapping[str, Any], key: str) -> Optional[np.ndarray]:
+def document_log_ppl(documents: Mapping[str, Any], key: str) -> Optional[np.ndarray]:
     """Each test document's log word perplexity (nats per word) under run/mode `key`, or None."""
     nll = (documents.get("word_nll") or {}).get(key)
     if nll is None:
@@ -433,7 +433,7 @@ def judge_gap(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -> Di
     CONTROL (static; claim > 0)."""
     documents = results.get("documents") or {}
     primary, baseline = results.get("primary", "time_stratified"), results.get("baseline", "control")
-    ts, ctl = _document_log_ppl(documents, f"{primary}/static"), _document_log_ppl(documents, f"{baseline}/static")
+    ts, ctl = document_log_ppl(documents, f"{primary}/static"), document_log_ppl(documents, f"{baseline}/static")
     name = "paired bootstrap of the per-document log word perplexity difference"
     if ts is None or ctl is None or len(ts) < 2:
         return statistics.untested(name, "no per-document perplexities of both models")
@@ -483,7 +483,7 @@ def judge_dynamic(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -
     minus static (claim < 0); whether it also narrows the monthly gap, paired over months, as a detail."""
     documents = results.get("documents") or {}
     primary = results.get("primary", "time_stratified")
-    ts, dyn = (_document_log_ppl(documents, f"{primary}/{mode}") for mode in ("static", "dynamic"))
+    ts, dyn = (document_log_ppl(documents, f"{primary}/{mode}") for mode in ("static", "dynamic"))
     name = "paired bootstrap of the per-document log word perplexity difference, dynamic minus static"
     if dyn is None or ts is None or len(ts) < 2:
         return statistics.untested(name, "no SGD dynamic evaluation in this run")
@@ -533,7 +533,7 @@ def judge_size_slope(results: Mapping[str, Any], alpha: float = statistics.ALPHA
            "word_ppl": {"small": word_ppl[primary], "large": word_ppl[LARGER_MODEL_RUN]},
            "relative_large": {m: large_increase[m] for m in months}}
     documents = results.get("documents") or {}
-    own, bigger = (_document_log_ppl(documents, f"{k}/static") for k in (primary, LARGER_MODEL_RUN))
+    own, bigger = (document_log_ppl(documents, f"{k}/static") for k in (primary, LARGER_MODEL_RUN))
     if own is not None and bigger is not None and len(own) >= 2:
         lower = statistics.paired_difference(bigger, own, direction=-1, alpha=alpha)
         out["larger_is_lower"] = {k: lower[k] for k in ("effect", "interval", "p_value", "n", "verdict")}
@@ -544,3 +544,59 @@ def judge_size_slope(results: Mapping[str, Any], alpha: float = statistics.ALPHA
         out["evidence"] += (f"; log word perplexity larger minus smaller "
                             f"{statistics.describe(out['larger_is_lower'], 'nats/word', 3)}")
     return out
+
+
+# "Mind the Gap"'s appendices B and C, on the results of templm.experiments.appendices (registered, with their
+# claims, in templm.metrics.findings.REGISTRY, apart from the study's).
+
+
+def judge_every_period_gap(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -> Dict[str, Any]:
+    """Appendix B: the gap holds whichever two years are the test period. Each shifted test period's own
+    `streaming_gap` test (TIME-STRATIFIED minus CONTROL, paired over its test documents) joined as an
+    intersection-union test: it appears when every period's does, is the opposite when any period's is; the effect
+    is the smallest period's, the p-value the largest."""
+    name = "every shifted test period's paired test of the log word perplexity, intersection-union"
+    periods = [p for p in results.get("periods") or [] if (p.get("findings") or {}).get("streaming_gap")]
+    if not periods:
+        return statistics.untested(name, "no shifted test period in this run")
+    gaps = [p["findings"]["streaming_gap"] for p in periods]
+    if any(g.get("effect") is None for g in gaps):
+        return statistics.untested(name, "a shifted test period has no per-document gap")
+    verdicts = [g["verdict"] for g in gaps]
+    verdict = "appears" if all(v == "appears" for v in verdicts) else (
+        "opposite" if "opposite" in verdicts else "inconclusive")
+    weakest = min(range(len(gaps)), key=lambda i: gaps[i]["effect"])
+    p_value = max(float(g["p_value"]) for g in gaps)
+    per_period = [{"shift_years": p["shift_years"], "test": f"{p['months'][0]}..{p['months'][-1]}",
+                   "effect": g["effect"], "p_value": g["p_value"], "verdict": g["verdict"],
+                   "relative_increase": p.get("relative_increase")} for p, g in zip(periods, gaps)]
+    evidence = "; ".join(f"test {r['test']}: {r['effect']:+.3f} nats/word, p={r['p_value']:.2g} ({r['verdict']})"
+                         for r in per_period)
+    return {"test": name, "effect": float(gaps[weakest]["effect"]), "interval": list(gaps[weakest]["interval"]),
+            "p_value": p_value, "n": len(periods), "verdict": verdict, "per_period": per_period,
+            "evidence": f"the smallest period's gap {gaps[weakest]['effect']:+.3f} nats/word, largest p "
+                        f"{p_value:.2g}, over {len(periods)} test periods: {evidence}"}
+
+
+def judge_distance_growth(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -> Dict[str, Any]:
+    """Appendix C: the further a model's training period ends before the test period, the higher its perplexity.
+    The least-squares slope of each test document's log word perplexity on the distance (months between the end of
+    the training set and the cut-off) over every model, with a cluster bootstrap over the documents (claim > 0)."""
+    name = "least-squares slope of the per-document log word perplexity on the distance, cluster bootstrap"
+    distance = results.get("distance") or {}
+    per_gap = distance.get("documents") or {}
+    if len(per_gap) < 2:
+        return statistics.untested(name, "fewer than two training distances in this run")
+    x, y, clusters = [], [], []
+    for gap, values in per_gap.items():
+        values = np.asarray(values, np.float64)
+        x.append(np.full(len(values), float(gap)))
+        y.append(values)
+        clusters.append(np.arange(len(values)))
+    r = statistics.clustered_slope(np.concatenate(x), np.concatenate(y), np.concatenate(clusters), direction=+1,
+                                   alpha=alpha)
+    ppl = {str(g): v for g, v in (distance.get("word_ppl") or {}).items()}
+    shown = ", ".join(f"{g} months {v:.2f}" for g, v in ppl.items())
+    return {**r, "test": name, "word_ppl": ppl,
+            "evidence": f"log word perplexity per month of distance {statistics.describe(r, 'nats/word', 4)}; "
+                        f"word perplexity by distance: {shown}"}

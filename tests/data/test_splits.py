@@ -9,7 +9,8 @@ import os
 
 import pytest
 
-from templm.data.splits import SPLIT_NAMES, apply_split, make_splits, read_split_file, yearly_buckets
+from templm.data.splits import (SPLIT_NAMES, apply_split, distance_splits, make_splits, read_split_file,
+                                 yearly_buckets)
 from templm.errors import DataError
 
 D = datetime.date
@@ -302,3 +303,27 @@ def test_a_cutoff_from_the_corpus_ends_the_test_period_with_its_last_month(tmp_p
     assert given["cutoff_from_corpus"] is False
     for name in SPLIT_NAMES:
         assert read_split_file(tmp_path / "derived" / f"{name}.gz") == read_split_file(tmp_path / "given" / f"{name}.gz")
+
+
+def test_training_sets_at_increasing_distance_have_one_size_and_the_published_layout(corpus, tmp_path):
+    """Appendix C: sets ending 0, 6 and 12 months before the cut-off (2017-09-30), each the most recent documents up
+    to its end, as many as the furthest leaves; written as increasing_distance/split_<end>/train.gz."""
+    split_dir = tmp_path / "splits"
+    make_splits(corpus, str(split_dir), cutoff=CUTOFF, test_docs_per_month=PER_MONTH, validation_docs=VAL_DOCS)
+    section = distance_splits(corpus, str(split_dir), [12, 0, 6])
+    ends = {"0": D(2017, 9, 30), "6": D(2017, 3, 31), "12": D(2016, 9, 30)}
+    size = sum(1 for date, _ in DOCS if date <= ends["12"])
+    assert section["size"] == size and list(section["gaps"]) == ["0", "6", "12"]
+    for gap, end in ends.items():
+        folder = split_dir / "increasing_distance" / f"split_{end.isoformat()}"
+        assert section["gaps"][gap]["split_dir"] == str(folder)
+        pairs = read_split_file(str(folder / "train.gz"))
+        expected = sorted((d, i) for d, i in DOCS if d <= end)[-size:]
+        assert sorted(pairs) == expected and section["gaps"][gap]["last_date"] == max(d for d, _ in expected
+                                                                                      ).isoformat()
+    stats = json.loads((split_dir / "stats.json").read_text())
+    assert stats["increasing_distance"]["size"] == size and stats["cutoff"] == "2017-09-30"
+    with pytest.raises(DataError, match="fewer than 100000"):
+        distance_splits(corpus, str(split_dir), [0, 6], size=100000)
+    with pytest.raises(DataError, match="not a folder of `templm data splits`"):
+        distance_splits(corpus, str(tmp_path / "elsewhere"), [0])

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from templm.metrics.findings import (BY_NAME, HALVES, IMPORTANCE_SAMPLING, STREAMING, STUDY, TIME_AWARE, combine,
-                                     combine_findings, judge, of_half)
+from templm.metrics.findings import (APPENDICES, BY_NAME, HALVES, IMPORTANCE_SAMPLING, STREAMING, STUDY, TIME_AWARE,
+                                     combine, combine_findings, judge, of_half)
 
 SEEN, NEW = [2014, 2015, 2016], 2017
 
@@ -432,3 +432,37 @@ def test_the_importance_sampling_effects_are_paired_tests_over_the_documents():
     cold = judge(is_results(2.0, 0.5, 1.0, 0.0, temperatures=(0.5,)), IMPORTANCE_SAMPLING)
     assert cold["is_flatter_proposal_tighter"]["reason"] == "no proposal at a temperature above 1 in this run"
     assert judge({}, IMPORTANCE_SAMPLING)["is_tightens_with_k"]["n"] == 0
+
+
+def appendix_results(period_gaps, slope, n=40, gaps=(0, 6, 12, 18)):
+    """An appendices run: each shifted period's streaming_gap (effect, verdict), and per-document log word
+    perplexities growing by `slope` nats a month of distance, with per-document offsets and noise."""
+    periods = []
+    for k, (effect, verdict) in enumerate(period_gaps):
+        periods.append({"shift_years": k, "months": [f"{2018 - k}-04", f"{2020 - k}-03"], "relative_increase": 0.1,
+                        "findings": {"streaming_gap": {"effect": effect, "interval": [effect - 0.01, effect + 0.01],
+                                                       "p_value": 0.001 if verdict != "inconclusive" else 0.4,
+                                                       "verdict": verdict}}})
+    base = 4.0 + noise(n, 0.5, 21)
+    documents = {str(g): (base + slope * g + noise(n, 0.02, 30 + g)).tolist() for g in gaps}
+    return {"periods": periods, "distance": {"documents": documents,
+                                             "word_ppl": {str(g): float(np.exp(np.mean(v)))
+                                                          for g, v in documents.items()}}}
+
+
+def test_the_appendices_findings():
+    found = judge(appendix_results([(0.05, "appears"), (0.08, "appears"), (0.03, "appears")], 0.01), APPENDICES)
+    assert list(found) == ["appendix_every_period_gap", "appendix_distance_growth"]
+    every = found["appendix_every_period_gap"]
+    assert every["verdict"] == "appears" and every["effect"] == 0.03 and every["n"] == 3
+    assert [r["verdict"] for r in every["per_period"]] == ["appears"] * 3
+    growth = found["appendix_distance_growth"]
+    assert growth["verdict"] == "appears" and growth["effect"] == pytest.approx(0.01, abs=0.002)
+    assert growth["n"] == 40 and "18 months" in growth["evidence"]
+    mixed = judge(appendix_results([(0.05, "appears"), (0.01, "inconclusive")], -0.01), APPENDICES)
+    assert mixed["appendix_every_period_gap"]["verdict"] == "inconclusive"
+    assert mixed["appendix_distance_growth"]["verdict"] == "opposite"
+    against = judge(appendix_results([(0.05, "appears"), (-0.04, "opposite")], 0.0), APPENDICES)
+    assert against["appendix_every_period_gap"]["verdict"] == "opposite"
+    assert judge({}, APPENDICES)["appendix_distance_growth"]["reason"] == \
+        "fewer than two training distances in this run"
