@@ -29,6 +29,7 @@ INSTALL_REQUIRES = [
     "datasketch==2.0.0",
     "langid==1.1.6",
     "matplotlib==3.11.2",
+    "tqdm==4.70.1",  # --progress=bar (sacremoses and tensorflow-datasets install it too)
 ]
 
 setuptools.setup(

@@ -1183,6 +1183,9 @@ def run(argv: Optional[Sequence[str]] = None) -> None:
         sys.exit(EXIT_INTERRUPTED)
     if v.takes_gin:
         define_gin_flags()
+    flags.DEFINE_enum("progress", "lines", console.PROGRESS_MODES, "How long work shows its progress: lines (lines "
+                      "with the rate and the ETA; inside a study or an evaluation one at most every "
+                      f"{console.LONG_WORK_SECONDS:.0f} s), bar (a bar on the terminal) or none.")
     if any(a in ("-h", "--help", "--helpshort", "--helpfull") for a in rest):
         print(_verb_help(v))
         sys.exit(0)
@@ -1209,6 +1212,7 @@ def run(argv: Optional[Sequence[str]] = None) -> None:
     def main(_):
         if verbosity < 1:  # absl would log at INFO; --verbosity=1 keeps its own setting (INFO and debug lines)
             logging.set_verbosity(logging.FATAL)  # libraries' errors surface as exceptions, which we print
+        console.set_progress(FLAGS.progress)
         try:
             note_sigint()
             note_sigterm()

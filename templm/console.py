@@ -3,6 +3,12 @@
 Progress and warnings go to standard error, so that standard output holds only a verb's result (JSON lines that
 scripts read); library logs (absl, orbax, clu, TensorFlow) stay off unless the command line asks for them
 (`--verbosity=1`). In a multi-process run only process 0 speaks (`set_enabled`).
+
+Long work (training steps, evaluation batches, task records, stream segments) reports through a `Ticker`, as the
+command line's `--progress` asks (`set_progress`): "lines" (the default) prints one line with the rate and the ETA
+every LONG_WORK_SECONDS at most, and none for work shorter than that, so a log or a pipe gets a few lines a minute;
+"bar" draws a tqdm bar on the terminal instead; "none" prints no progress (stage lines, warnings and summaries
+stay).
 """
 
 from __future__ import annotations
@@ -11,15 +17,27 @@ import contextlib
 import os
 import sys
 import time
-from typing import Dict, Iterator, Optional
+from typing import Callable, Dict, Iterator, Optional
 
 from templm.io import format_duration
 
-_state = {"enabled": True}
+_state = {"enabled": True, "progress": "lines"}
+PROGRESS_MODES = ("none", "lines", "bar")
+LONG_WORK_SECONDS = 45.0  # the longest a piece of long work goes without a progress line
 
 
 def set_enabled(enabled: bool) -> None:
     _state["enabled"] = bool(enabled)
+
+
+def set_progress(mode: str) -> None:
+    if mode not in PROGRESS_MODES:
+        raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {mode!r}")
+    _state["progress"] = mode
+
+
+def progress_mode() -> str:
+    return _state["progress"]
 
 
 def say(message: str) -> None:
@@ -75,3 +93,49 @@ def step_line(prefix: str, step: int, total: int, timing: Dict[str, float], **va
         parts.append(f"{timing['tokens_per_sec']:.0f} tokens/s")
     parts.append(f"ETA {format_duration(timing['eta_sec'])}")
     return "  ".join(parts)
+
+
+class Ticker:
+    """The progress of one piece of work counted in units (steps, batches, documents) towards `total` (None: not
+    known): `update(done)` after each unit or group of them. With --progress=lines a line every `period` seconds at
+    most (0: at every update; `force` prints one now), the first one only once a period has passed; `line(done,
+    timing)` makes it (default `NAME done/total UNIT  RATE UNIT/s  ETA`). With "bar", a tqdm
+    bar; with "none", nothing."""
+
+    def __init__(self, name: str, total: Optional[int] = None, unit: str = "steps", start: int = 0,
+                 period: float = LONG_WORK_SECONDS,
+                 line: Optional[Callable[[int, Dict[str, float]], str]] = None):
+        self.name, self.total, self.unit, self.period = name, total, unit, period
+        self.line = line or self._line
+        self.rate = Rate(total or 0, 0, start)
+        self.started = self.last_said = time.time()
+        self.done, self.said = start, False
+        self.bar = None
+        if progress_mode() == "bar" and _state["enabled"]:
+            from tqdm import tqdm  # a terminal bar only when asked for
+
+            self.bar = tqdm(total=total, initial=start, desc=name, unit=f" {unit}", file=sys.stderr, leave=False,
+                            dynamic_ncols=True)
+
+    def _line(self, done: int, timing: Dict[str, float]) -> str:
+        of = f"/{self.total}" if self.total else ""
+        eta = f"  ETA {format_duration(timing['eta_sec'])}" if self.total else ""
+        return f"{self.name} {done}{of} {self.unit}  {timing['steps_per_sec']:.2f} {self.unit}/s{eta}"
+
+    def update(self, done: int, text: Optional[Callable[[], str]] = None, force: bool = False) -> None:
+        """`done` units so far; `text()` makes the line where it is due (default: `line`)."""
+        if self.bar is not None:
+            self.bar.update(done - self.done)
+        self.done = done
+        if progress_mode() != "lines" or self.bar is not None:
+            return
+        now = time.time()
+        if force or now - self.last_said >= self.period:
+            say(text() if text is not None else self.line(done, self.rate.report(done)))
+            self.last_said, self.said = now, True
+
+    def close(self) -> None:
+        """Clears the bar (the caller's own summary line follows)."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

@@ -205,8 +205,10 @@ def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None) -> 
     tf = _tf()
     writers = _Writers(root, config.files_per_year)
     rng = random.Random(config.seed)
+    ticker = console.Ticker("task data", buckets.get("corpus_documents"), "documents")
     try:
-        for doc in read_documents(corpus, fmt):
+        for n, doc in enumerate(read_documents(corpus, fmt), 1):
+            ticker.update(n)
             split = split_of.get(doc.id, "train")
             examples = ssm_examples(doc.text, detector, config.one_span_per_sentence, rng)
             for i, ex in enumerate(examples):
@@ -223,6 +225,7 @@ def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None) -> 
                                   _example(tf, cloze_to_ssm(q.query), target, q.gold_names, q.year, q.id))
                     query_years.add(q.year)
     finally:
+        ticker.close()
         writers.close()
 
     all_years = sorted(set(years) | query_years)

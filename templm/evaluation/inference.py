@@ -11,6 +11,8 @@ import jax
 import numpy as np
 import seqio
 
+from templm import console
+
 MODEL_FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights")
 
 
@@ -56,17 +58,32 @@ class ModelFns:
 
     def predict_fn(self, dataset) -> List[Tuple[int, Sequence[int]]]:
         out = []
+        ticker = console.Ticker("eval: predicting", _cardinality(dataset), "examples")
         for indices, batch, n in _batches(dataset, self.batch_size):
             tokens = np.asarray(self._predict(self.params, batch))[:n]
             out.extend(zip(indices, [t.tolist() for t in tokens]))
+            ticker.update(len(out))
+        ticker.close()
         return out
 
     def score_fn(self, dataset) -> List[Tuple[int, float]]:
         out = []
+        ticker = console.Ticker("eval: scoring", _cardinality(dataset), "examples")
         for indices, batch, n in _batches(dataset, self.batch_size):
             scores = np.asarray(self._score(self.params, batch))[:n]
             out.extend(zip(indices, scores.tolist()))
+            ticker.update(len(out))
+        ticker.close()
         return out
+
+
+def _cardinality(dataset) -> Optional[int]:
+    """The number of examples of a tf.data dataset where it knows it (else None: no ETA)."""
+    try:
+        n = int(dataset.cardinality())
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return n if n >= 0 else None
 
 
 def evaluate(fns: ModelFns, mixture_or_task_name: str, feature_lengths: Mapping[str, int], split: str = "validation",

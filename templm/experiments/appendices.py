@@ -118,7 +118,7 @@ def run_increasing_distance(out_dir: str, preset: Union[str, StreamPreset] = "sm
         train_lm(folder, data["corpus"], split_file=split_file, spm_model=spm_model, config=config,
                  train_steps=p.train_steps, batch_size=p.batch_size, learning_rate=p.learning_rate,
                  warmup_steps=p.warmup, seed=seed, data_order="shuffle", save_period=0, keep_checkpoints=1,
-                 log_period=max(1, p.train_steps // 10), mesh=mesh, progress=False)
+                 log_period=max(1, min(50, p.train_steps // 10)), mesh=mesh, progress=console.LONG_WORK_SECONDS)
         console.say(f"appendices: {name} trained ({format_duration(time.time() - started)})")
         return folder
 

@@ -345,8 +345,9 @@ class Reproduction:
         return dict(task_feature_lengths=self.lengths, batch_size=p.batch_size, model=self.model,
                     optimizer=self.optimizer, seed=self.seed, mesh=self.mesh, data_shards=p.data_shards,
                     save_period=0, keep_checkpoints=1,
-                    log_period=max(10, p.steps // 10), eval_batch_size=p.eval_batch_size, evaluator=evaluate_params,
-                    progress=False, final_input_state=False)  # models of fixed length (a SIGTERM's save keeps it)
+                    log_period=max(1, min(20, p.steps // 10)), eval_batch_size=p.eval_batch_size,
+                    evaluator=evaluate_params, progress=console.LONG_WORK_SECONDS,  # a line for minutes of work
+                    final_input_state=False)  # models of fixed length (a SIGTERM's save keeps it)
 
     def start_kwargs(self) -> Dict[str, Any]:
         """What a model trained from the start (not fine-tuned) starts from: the study's initial checkpoint."""

@@ -524,10 +524,9 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
         t0 = time.time()
         train_lm(os.path.join(out_dir, name), data["corpus"], split_dir=data["split_dir"], split=split,
                  spm_model=data["spm_models"][tokenizer], config=run_config, train_steps=p.train_steps,
-                 batch_size=p.batch_size, learning_rate=p.learning_rate, warmup_steps=p.warmup,
-                 seed=seed,
-                 data_order="shuffle", save_period=0, keep_checkpoints=1, log_period=max(1, p.train_steps // 10),
-                 mesh=mesh, progress=False)
+                 batch_size=p.batch_size, learning_rate=p.learning_rate, warmup_steps=p.warmup, seed=seed,
+                 data_order="shuffle", save_period=0, keep_checkpoints=1,
+                 log_period=max(1, min(50, p.train_steps // 10)), mesh=mesh, progress=console.LONG_WORK_SECONDS)
         timings[f"train_{name}"] = time.time() - t0
         console.say(f"stream experiment: {name} model trained ({timings[f'train_{name}']:.1f}s)")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -85,7 +85,7 @@ def train_latent_lm(model_dir: str, which: str, config: KGLMConfig, docs: Sequen
                     graph: KnowledgeGraph, shapes: Shapes, *, train_steps: int, batch_size: int = 16,
                     learning_rate: float = 3e-3, schedule: str = "cosine", max_grad_norm: float = 1.0, seed: int = 0,
                     save_period: int = 0, keep_checkpoints: Optional[int] = 1, log_period: int = 50, mesh=None,
-                    progress: bool = True) -> Dict[str, Any]:
+                    progress: Union[bool, float] = True) -> Dict[str, Any]:
     """Trains the model or the proposal (`which`) on `docs` into `model_dir` (resuming a run there); returns
     {"params" (host arrays), "train": the last logged metrics, "step", "start_step"}. The learning rate follows
     `schedule` (templm.training.optimizers) over `train_steps`: a run resumed with more steps than it was started

@@ -199,7 +199,7 @@ def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_fi
              schedule: str = "cosine", max_grad_norm: float = 0.25, seed: int = 0, data_seed: Optional[int] = None,
              data_order: str = "date", corpus_format: str = "auto", on_error: str = "raise",
              allow_missing_ids: bool = False, save_period: int = 1000, keep_checkpoints: Optional[int] = 3,
-             log_period: int = 10, mesh=None, progress: bool = True) -> Dict[str, Any]:
+             log_period: int = 10, mesh=None, progress: Union[bool, float] = True) -> Dict[str, Any]:
     """Trains a Transformer-XL language model on one split of a corpus; resumes from `model_dir` if it holds a run.
 
     Args:
@@ -218,7 +218,8 @@ def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_fi
       save_period / keep_checkpoints / log_period: checkpoint every N steps (and at the end, and on SIGTERM), keep
         the last K; log metrics every N steps.
       mesh: a ("data", "model") mesh (default `partitioning.make_mesh()`, bindable in gin).
-      progress: print a progress line every log_period steps.
+      progress: print a progress line every log_period steps (True), at most once in that many seconds (a number),
+        or none (False).
 
     Returns {"step", "start_step", "train": last logged metrics, "data": data statistics, "params", "mems"}.
     Raises Preempted on SIGTERM (after saving), TrainingError on a non-finite loss (naming the last good

@@ -22,7 +22,7 @@ import contextlib
 import json
 import os
 import re
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 import jax
 import numpy as np
@@ -161,48 +161,57 @@ def run(step_fn: Callable, state: Any, batch_at: Callable[[int], Mapping[str, ja
         start_step: int, train_steps: int, checkpointer: Checkpointer, log: MetricsLog, meta: Mapping[str, Any],
         log_period: int, tokens_per_step: int, name: str = "train",
         extra_scalars: Optional[Callable[[int], Dict[str, float]]] = None, shown: Tuple[str, ...] = ("loss",),
-        evaluate: Optional[Callable[[int, Any], None]] = None, eval_period: int = 0, progress: bool = True,
-        input_state: Optional[Callable[[], Optional[Mapping[str, bytes]]]] = None,
+        evaluate: Optional[Callable[[int, Any], None]] = None, eval_period: int = 0,
+        progress: Union[bool, float] = True, input_state: Optional[Callable[[], Optional[Mapping[str, bytes]]]] = None,
         final_input_state: bool = True) -> Tuple[Any, Optional[Dict[str, float]]]:
     """Runs steps start_step+1 .. train_steps (module docstring); returns (state, the last logged train metrics).
 
     batch_at(position) -> the global batch of a data position (position = the number of steps done before it).
     extra_scalars(step) -> more scalars to log beside the step's metrics (e.g. the epoch); `shown` names the metrics
-    and extra scalars the progress line shows. input_state() -> this process's input pipeline states (or None when
-    they cannot be saved), saved with each checkpoint (where the data position alone cannot restore the input in
-    constant time), the last step's only with `final_input_state` (a run of fixed length that will not be extended
-    can leave it out: it is as large as the pipelines' shuffle buffers). The caller closes `log` and `checkpointer`.
+    and extra scalars the progress line shows: `progress` True at every log step, a number of seconds at most once
+    in that many (console.Ticker; the command line's --progress=bar draws a bar, none prints nothing), False never. input_state() -> this
+    process's input pipeline states (or None when they cannot be saved), saved with each checkpoint (where the data
+    position alone cannot restore the input in constant time), the last step's only with `final_input_state` (a run
+    of fixed length that will not be extended can leave it out: it is as large as the pipelines' shuffle buffers).
+    The caller closes `log` and `checkpointer`.
     """
     rate = console.Rate(train_steps, tokens_per_step, start_step)
+    period = 0.0 if progress is True else float(progress)
+    ticker = console.Ticker(name, train_steps, "steps", start_step, period) if progress else None
     last_metrics: Optional[Dict[str, float]] = None
     step = start_step
-    with watch_sigterm():
-        while step < train_steps:
-            state, metrics = step_fn(state, batch_at(step), rng)
-            step += 1
-            last = step == train_steps
-            stopping = sigterm_received()  # read once: a signal arriving later is seen after the next step
-            save = checkpointer.should_save(step) or last or stopping
-            if step % log_period == 0 or save:
-                metrics = jax.device_get(metrics)
-                check_finite(metrics, step, checkpointer)
-                timing = rate.report(step)
-                extra = extra_scalars(step) if extra_scalars else {}
-                log.write(step, "train", {**metrics, **timing, **extra})
-                last_metrics = {k: float(v) for k, v in metrics.items()}
-                if progress:
-                    values = {**last_metrics, **extra}
-                    console.say(console.step_line(name, step, train_steps, timing,
-                                                  **{k: values.get(k) for k in shown}))
-            if save:
-                checkpointer.save(step, state, {**meta, "step": step, "data_position": step, "train": last_metrics},
-                                  inputs=input_state() if input_state and (final_input_state or stopping or not last)
-                                  else None, wait=last or stopping)
-            if stopping:
-                raise Preempted(f"at step {step} (checkpoint saved in {checkpointer.directory})", step)
-            if evaluate is not None and eval_period and (step % eval_period == 0 or last):
-                evaluate(step, state)
-                if last and sigterm_received():  # during the last evaluation: saved, but no result is reported
-                    raise Preempted(f"at step {step}, during its evaluation (checkpoint saved in "
-                                    f"{checkpointer.directory})", step)
+    try:
+        with watch_sigterm():
+            while step < train_steps:
+                state, metrics = step_fn(state, batch_at(step), rng)
+                step += 1
+                last = step == train_steps
+                stopping = sigterm_received()  # read once: a signal arriving later is seen after the next step
+                save = checkpointer.should_save(step) or last or stopping
+                if step % log_period == 0 or save:
+                    metrics = jax.device_get(metrics)
+                    check_finite(metrics, step, checkpointer)
+                    timing = rate.report(step)
+                    extra = extra_scalars(step) if extra_scalars else {}
+                    log.write(step, "train", {**metrics, **timing, **extra})
+                    last_metrics = {k: float(v) for k, v in metrics.items()}
+                    if ticker is not None:
+                        values = {**last_metrics, **extra}
+                        ticker.update(step, lambda: console.step_line(name, step, train_steps, timing,
+                                                                      **{k: values.get(k) for k in shown}))
+                if save:
+                    keep_inputs = input_state and (final_input_state or stopping or not last)
+                    checkpointer.save(step, state, {**meta, "step": step, "data_position": step,
+                                                    "train": last_metrics},
+                                      inputs=input_state() if keep_inputs else None, wait=last or stopping)
+                if stopping:
+                    raise Preempted(f"at step {step} (checkpoint saved in {checkpointer.directory})", step)
+                if evaluate is not None and eval_period and (step % eval_period == 0 or last):
+                    evaluate(step, state)
+                    if last and sigterm_received():  # during the last evaluation: saved, but no result is reported
+                        raise Preempted(f"at step {step}, during its evaluation (checkpoint saved in "
+                                        f"{checkpointer.directory})", step)
+    finally:
+        if ticker is not None:
+            ticker.close()
     return state, last_metrics

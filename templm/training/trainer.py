@@ -24,7 +24,7 @@ import contextlib
 import copy
 import dataclasses
 import os
-from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple, Union
 
 import gin
 import jax
@@ -196,7 +196,7 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
           eval_mixture_or_task_name: Optional[str] = None, initial_checkpoint_path: Optional[str] = None,
           log_period: int = 10, data_shards: int = 0, async_checkpoints: bool = True,
           final_input_state: bool = True, mesh=None,
-          evaluator: Optional[Evaluator] = None, progress: bool = True,
+          evaluator: Optional[Evaluator] = None, progress: Union[bool, float] = True,
           config_gin: Optional[str] = None) -> Dict[str, Any]:
     """Trains `model` on a SeqIO task or mixture; resumes from `model_dir` if it holds a run of the same seeds.
 

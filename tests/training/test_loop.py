@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from templm import console
 from templm.errors import Preempted, TrainingError, sigterm_received, watch_sigterm
 from templm.training.checkpoints import Checkpointer, abstract_like
 from templm_testing import event_tags, toy_run as run, toy_state as zero_state
@@ -130,3 +131,39 @@ def test_summaries_are_laid_out_as_t5x_lays_out_a_run_folder(tmp_path):
                           "templama_temporal_by_year/count_2014": [(4, 3.0)]}
     # metrics.jsonl keeps every scalar as written, the ETA included.
     assert "eta_sec" in rows(tmp_path / "metrics.jsonl")[0] and rows(tmp_path / "metrics.jsonl")[-1]["f1_2014"] == 50
+
+
+def test_progress_every_log_step_once_in_a_period_or_not_at_all(tmp_path, capsys):
+    """`progress=True` prints every log step (templm train's lines); a number of seconds at most once in that many,
+    none for a run shorter than one period (a study's models say their own line when done); --progress=none no
+    step line at all."""
+    run(tmp_path / "every", zero_state(), 6, name="toy", progress=True)
+    assert [line.split("  ")[0] for line in capsys.readouterr().err.splitlines()] == ["toy step 2/6", "toy step 4/6",
+                                                                                      "toy step 6/6"]
+    run(tmp_path / "throttled", zero_state(), 6, name="toy", progress=3600.0)
+    assert capsys.readouterr().err == ""
+    console.set_progress("none")
+    try:
+        run(tmp_path / "none", zero_state(), 6, name="toy", progress=True)
+    finally:
+        console.set_progress("lines")
+    assert capsys.readouterr().err == ""
+
+
+def test_a_ticker_says_a_line_once_a_period_has_passed_with_the_rate_and_eta(capsys, monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(console.time, "time", lambda: now[0])
+    ticker = console.Ticker("task data", 100, "documents", period=45.0)
+    for done in range(1, 101):
+        now[0] += 1.0  # a document a second
+        ticker.update(done)
+    ticker.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["task data 45/100 documents  1.00 documents/s  ETA 0m55s",
+                     "task data 90/100 documents  1.00 documents/s  ETA 0m10s"]
+    unknown = console.Ticker("eval: scoring", None, "examples", period=0.0)
+    now[0] += 4.0
+    unknown.update(8)
+    assert capsys.readouterr().err == "eval: scoring 8 examples  2.00 examples/s\n"
+    with pytest.raises(ValueError, match="progress must be one of"):
+        console.set_progress("loud")
