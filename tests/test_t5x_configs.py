@@ -274,3 +274,54 @@ def test_t5x_configs_with_templm_vocab_gin_use_the_tasks_vocabulary_at_its_size(
         assert row["vocab_equal"] and row["same_object"], row
         assert row["extra_ids"] == 100 and row["model_vocab_size"] == -(-row["task_vocab_size"] // 128) * 128
         assert row["model_vocab_size"] < 32128  # sized to the tasks' vocabulary, not T5's
+
+
+REQUIREMENTS = os.path.join(CONFIG_DIR, "requirements.txt")
+
+
+def _requirements():
+    """(package-index lines, repository lines) of gin_configs/t5x/requirements.txt."""
+    with open(REQUIREMENTS) as f:
+        lines = [line.split("#")[0].strip() for line in f]
+    lines = [line for line in lines if line]
+    return [line for line in lines if " @ " not in line], [line for line in lines if " @ " in line]
+
+
+def test_the_t5x_requirements_are_pinned_and_what_workspace_installs():
+    index, repositories = _requirements()
+    assert index and all(re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][0-9A-Za-z.]*", line) for line in index), index
+    assert {line.split(" @ ")[0] for line in repositories} == {"jestimator", "airio"}
+    assert all(re.search(r"@[0-9a-f]{40}$", line) for line in repositories), repositories  # a commit, not a branch
+    workspace = open(os.path.join(os.path.dirname(CONFIG_DIR), "..", "WORKSPACE.md")).read()
+    assert "pip install --no-deps -e t5x -r templm/gin_configs/t5x/requirements.txt" in workspace
+    assert "pip install fiddle" not in workspace  # the unpinned line that took jestimator 0.3.3
+
+
+@pytest.mark.e2e
+def test_the_t5x_requirements_from_the_index_need_nothing_else_and_change_nothing_of_templms():
+    """pip's own resolution, as a dry run against the installed templm: the index's packages of the file, with
+    their dependencies, install exactly themselves (nothing templm pins is upgraded, downgraded or doubled), so
+    `--no-deps` leaves nothing out. (The repositories' packages are not on the index.)"""
+    index, _ = _requirements()
+    report = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--report", "-",
+                             *index], capture_output=True, text=True, timeout=600)
+    if report.returncode != 0 and "Could not" in report.stderr and ("connection" in report.stderr.lower()
+                                                                    or "resolve" in report.stderr.lower()):
+        pytest.skip(f"the package index cannot be reached: {report.stderr.strip().splitlines()[-1]}")
+    assert report.returncode == 0, report.stderr[-2000:]
+    installs = {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
+                for item in json.loads(report.stdout)["install"]}
+    wanted = {line.split("==")[0].lower().replace("_", "-"): line.split("==")[1] for line in index}
+    assert installs == wanted
+
+
+def test_t5x_train_imports_against_the_pinned_jax_where_t5x_is_installed():
+    """Where T5X and the file's packages are installed (a user's machine after WORKSPACE's recipe; not the CI
+    machine, which cannot reach the repositories), its entry points import against templm's jax."""
+    import importlib.util
+
+    if importlib.util.find_spec("t5x") is None:
+        pytest.skip("T5X is not installed here (WORKSPACE.md, 'Upstream T5X')")
+    code = "import t5x.train, t5x.eval, t5x.infer"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
