@@ -20,6 +20,7 @@ import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+import scipy.stats
 
 from templm.metrics import qa
 
@@ -227,7 +228,8 @@ def loglik_change(base: Sequence[float], shifted: Sequence[Sequence[float]]) -> 
 
 def mean_change_by_gap(deltas: np.ndarray, groups: Sequence[str], gaps: Sequence[int],
                        order: Sequence[str] = (SINGLE, MULTIPLE)) -> Dict[str, Dict[str, Any]]:
-    """{group: {"count": n, "mean": {gap: mean delta}}} over the rows of `deltas` ([N, G]) in each group.
+    """{group: {"count": n, "mean": {gap: mean delta}, "interval": {gap: [low, high]}}} over the rows of `deltas`
+    ([N, G]) in each group; the interval is the 95 % t-interval of the mean (only with two rows or more).
 
     A group without rows has count 0 and an empty "mean".
     """
@@ -240,6 +242,10 @@ def mean_change_by_gap(deltas: np.ndarray, groups: Sequence[str], gaps: Sequence
         rows = deltas[groups == name]
         out[name] = {"count": int(rows.shape[0]),
                      "mean": {int(g): float(v) for g, v in zip(gaps, rows.mean(axis=0))} if rows.shape[0] else {}}
+        if rows.shape[0] > 1:
+            half = scipy.stats.t.ppf(0.975, rows.shape[0] - 1) * rows.std(axis=0, ddof=1) / math.sqrt(rows.shape[0])
+            out[name]["interval"] = {int(g): [float(m - h), float(m + h)]
+                                     for g, m, h in zip(gaps, rows.mean(axis=0), half)}
     return out
 
 

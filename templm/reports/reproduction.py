@@ -22,7 +22,7 @@ from templm.data.regimes import ORDER as REGIME_TABLE_ORDER, label as regime_lab
 from templm.io import atomic_write, jsonable, lookup
 from templm.metrics.findings import CHANGE_CLASSES, STUDY, STUDY_HALVES, TIME_AWARE, judge
 from templm.metrics.statistics import ALPHA, mean_interval
-from templm.metrics.time_analysis import DURATION_BUCKETS
+from templm.metrics.time_analysis import DURATION_BUCKETS, duration_bucket
 from templm.reports import stream
 from templm.reports.figures import pyplot, save_figure
 from templm.reports.tables import Estimate, finding_line, fmt_number, markdown_table
@@ -464,22 +464,48 @@ def _per_gap_intervals(part) -> Dict[int, Any]:
     return {gap: mean_interval(values)[1:] for gap, values in by_gap.items() if len(values) > 1}
 
 
+def _legend_below(ax, ncol: int = 2) -> None:
+    """The legend under the axes, outside the data."""
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol, frameon=False)
+
+
+def _duration_items(results, regime: str) -> Dict[str, List[float]]:
+    """{bucket: per-query F1 of `regime`} over the seen-year test queries whose answer duration is known (one
+    seed's results; the buckets of DURATION_BUCKETS)."""
+    pq = results.get("per_query") or {}
+    f1 = (pq.get("f1") or {}).get(regime)
+    if not f1 or not pq.get("duration"):
+        return {}
+    seen = set(lookup(results, "world", "seen_years", default=[]) or [])
+    out: Dict[str, List[float]] = {}
+    for value, year, years in zip(f1, pq["year"], pq["duration"]):
+        if years is not None and year in seen:
+            out.setdefault(duration_bucket(int(years)), []).append(float(value))
+    return out
+
+
 def _figure_duration(results, ax) -> None:
     regimes = [r for r in _regimes(results) if lookup(results, "duration", r)]
     if not regimes:
         return _empty(ax)
     width = 0.8 / len(regimes)
+    counts = {b: lookup(results, "duration", regimes[0], b, "count", default=None) for b in DURATION_BUCKETS}
     for i, regime in enumerate(regimes):
         d = results["duration"][regime]
         values = [lookup(d, b, "f1", default=0.0) or 0.0 for b in DURATION_BUCKETS]
+        items = _duration_items(results, regime)
+        if items and not _errors(values):  # one seed: the interval of the mean per-query F1 in each bucket
+            values = [Estimate(float(v), *(mean_interval(items[b])[1:] if len(items.get(b, [])) > 1
+                                           else (None, None))) for b, v in zip(DURATION_BUCKETS, values)]
         ax.bar([j + i * width for j in range(len(DURATION_BUCKETS))], [float(v) for v in values], width,
                yerr=_errors(values), capsize=3, label=regime_label(regime))
     ax.set_xticks([j + width * (len(regimes) - 1) / 2 for j in range(len(DURATION_BUCKETS))])
-    ax.set_xticklabels([f"{b} yr" for b in DURATION_BUCKETS])
-    ax.set_xlabel("years the answer stays valid")
-    ax.set_ylabel("TempLAMA F1")
+    ax.set_xticklabels([f"{b} yr" + ("" if counts[b] is None else f"\nn={float(counts[b]):.0f}")
+                        for b in DURATION_BUCKETS])
+    ax.set_xlabel("years the answer stays valid (n: seen-year test queries)")
+    ax.set_ylabel("TempLAMA F1 (95 % interval)")
     ax.set_title("F1 by answer duration")
-    ax.legend()
+    _legend_below(ax, ncol=len(regimes))
 
 
 def _figure_loglik(results, ax) -> None:
@@ -489,20 +515,36 @@ def _figure_loglik(results, ax) -> None:
         if not d:
             continue
         for group, marker in (("single", "o"), ("multiple", "s")):
-            mean = lookup(d, "groups", group, "mean", default={}) or {}
+            part = lookup(d, "groups", group, default={}) or {}
+            mean = part.get("mean") or {}
             if mean:
                 gaps = sorted(mean, key=int)
-                _line(ax, [int(g) for g in gaps], [mean[g] for g in gaps], style, marker=marker,
-                      label=f"{regime_label(regime)}, {group} answer")
+                values = [mean[g] for g in gaps]
+                interval = part.get("interval") or {}
+                if interval and not _errors(values):  # one seed: the interval over the group's queries
+                    values = [Estimate(float(v), *interval.get(g, (None, None))) for g, v in zip(gaps, values)]
+                _line(ax, [int(g) for g in gaps], values, style, marker=marker,
+                      label=f"{regime_label(regime)}, {group} answer (n={part.get('count')})")
                 drawn = True
     if not drawn:
         return _empty(ax, "no correctly answered queries")
     ax.axhline(0, color="grey", lw=0.5)
     _integer_x(ax)
     ax.set_xlabel("years past the last seen year")
-    ax.set_ylabel("change in log-likelihood (nats)")
+    ax.set_ylabel("change in log-likelihood (nats, 95 % interval)")
     ax.set_title("Degradation into the future")
-    ax.legend(fontsize=8)
+    _legend_below(ax)
+
+
+def _entropy_items(results, regime: str, cls: str) -> Dict[int, List[float]]:
+    """{year: normalized entropies of the class's query-years} from one seed's calibration items."""
+    items = lookup(results, "calibration", regime, "items", default={}) or {}
+    out: Dict[int, List[float]] = {}
+    for value, c, year in zip(items.get("normalized_entropy") or [], items.get("class") or [],
+                              items.get("year") or []):
+        if c == cls:
+            out.setdefault(int(year), []).append(float(value))
+    return out
 
 
 def _figure_entropy(results, ax) -> None:
@@ -510,23 +552,39 @@ def _figure_entropy(results, ax) -> None:
     colors = dict(zip(CHANGE_CLASSES, ("tab:red", "tab:orange", "tab:blue")))
     for regime, style in (("temporal", "-"), ("uniform", "--")):
         table = lookup(results, "calibration", regime, "normalized_entropy", default={}) or {}
+        counts = lookup(results, "calibration", regime, "count", default={}) or {}
         for cls in CHANGE_CLASSES:
             values = table.get(cls) or {}
             if values:
                 years = sorted(values, key=int)
-                _line(ax, [int(y) for y in years], [values[y] for y in years], style, marker="o",
-                      color=colors[cls], label=f"{regime_label(regime)}, {cls}")
+                ys = [values[y] for y in years]
+                items = _entropy_items(results, regime, cls)
+                if items and not _errors(ys):  # one seed: the interval over the class's queries in each year
+                    ys = [Estimate(float(v), *(mean_interval(items[int(y)])[1:] if len(items.get(int(y), [])) > 1
+                                               else (None, None))) for y, v in zip(years, ys)]
+                n = counts.get(cls)
+                label = f"{regime_label(regime)}, {cls}" + ("" if n is None else f" (n={n})")
+                errors = _errors(ys)
+                xs = [int(y) for y in years]
+                if regime == "temporal" or errors is None:
+                    _line(ax, xs, [float(v) for v in ys] if regime != "temporal" else ys, style, marker="o",
+                          color=colors[cls], label=label)
+                else:  # the Uniform model's lines without their intervals, which would hide the others
+                    ax.plot(xs, [float(v) for v in ys], style, marker="o", color=colors[cls], label=label, alpha=0.6)
                 drawn = True
     if not drawn:
         return _empty(ax)
     _integer_x(ax)
     ax.set_xlabel("future year")
-    ax.set_ylabel("entropy / log(candidates)")
+    ax.set_ylabel("entropy / log(candidates)\n(95 % interval: Temporal)")
     ax.set_title("Entropy over candidates by change class")
-    ax.legend(fontsize=8)
+    _legend_below(ax)
 
 
 def _figure_adaptation(results, axes) -> None:
+    """Each alpha's fine-tuning curve against its fine-tuning steps; each regime's model retrained from scratch on
+    every year up to the new one as a horizontal line at its final F1 (its steps are training from scratch, another
+    scale, so they are named in the label, not drawn on the axis)."""
     a = results.get("adaptation", {})
     regimes, retrain = a.get("regimes") or {}, a.get("retrained", {})
     if not regimes and not retrain:
@@ -542,15 +600,19 @@ def _figure_adaptation(results, axes) -> None:
                 points = [(s, v) for s, v in points if v is not None]
                 if points:
                     _line(ax, *zip(*points), style, label=f"{regime_label(regime)}, alpha {alpha}")
-        for regime, style in (("temporal", "k^:"), ("uniform", "kv-.")):
+        for regime, style in (("temporal", ":"), ("uniform", "-.")):
             own = (regimes.get(regime) or {}).get("retrained") or (retrain if regime == "temporal" else {})
             curve = [(p["step"], p.get(key)) for p in own.get("curve", []) if p.get(key) is not None]
             if curve:
-                _line(ax, *zip(*curve), style, label=f"{regime_label(regime)} retrained from scratch")
-        ax.set_xlabel("training steps (fine-tuning steps for the adapted models)")
+                steps, value = curve[-1]
+                ax.axhline(float(value), color="k", ls=style, lw=1.2,
+                           label=f"{regime_label(regime)} retrained from scratch ({steps} steps)")
+        ax.set_xlabel("fine-tuning steps")
         ax.set_ylabel("TempLAMA F1")
         ax.set_title(title)
-        ax.legend(fontsize=7)
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:  # one legend for both panels, under them
+        axes[0].figure.legend(handles, labels, fontsize=7, loc="lower center", ncol=4, frameon=False)
 
 
 def write_figures(results: Mapping[str, Any], fig_dir: str) -> Dict[str, str]:
@@ -561,13 +623,13 @@ def write_figures(results: Mapping[str, Any], fig_dir: str) -> Dict[str, str]:
     out = {}
     for name in FIGURES:
         if name == "adaptation":
-            fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+            fig, axes = plt.subplots(1, 2, figsize=(11, 5))
             _figure_adaptation(results, axes)
         else:
-            fig, ax = plt.subplots(figsize=(6, 4))
+            fig, ax = plt.subplots(figsize=(6, 5))
             {"yearly_gap": _figure_yearly_gap, "answer_duration": _figure_duration, "future_loglik": _figure_loglik,
              "future_entropy": _figure_entropy}[name](results, ax)
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0.17, 1, 1) if name == "adaptation" else (0, 0, 1, 1))
         out[name] = save_figure(fig, os.path.join(fig_dir, f"{name}.png"))
     return out
 

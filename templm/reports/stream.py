@@ -184,7 +184,7 @@ def relative_perplexity_png(results: Mapping[str, Any]) -> Optional[bytes]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7, 4))
+    fig = Figure(figsize=(10, 4.5))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     for mode, r in relative.items():
@@ -200,9 +200,10 @@ def relative_perplexity_png(results: Mapping[str, Any]) -> Optional[bytes]:
         ax.set_xticks(x)
         ax.set_xticklabels(months, rotation=45, ha="right", fontsize=7)
     ax.axhline(0.0, color="grey", linewidth=0.5)
-    ax.set_ylabel("relative perplexity increase over CONTROL (%)")
-    ax.set_title("TIME-STRATIFIED vs CONTROL, per test month")
-    ax.legend(fontsize=7)
+    ax.set_ylabel("word perplexity over CONTROL's (%)")
+    n = (results.get("settings") or {}).get("n_documents")
+    ax.set_title("TIME-STRATIFIED vs CONTROL, per test month" + (f" ({n} test documents)" if n else ""))
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)  # outside the data
     fig.tight_layout()
     return _png(fig)
 
@@ -235,7 +236,7 @@ def emerging_words_png(results: Mapping[str, Any], max_words: int = 20) -> Optio
     ax.set_ylim(1.0, highest * 3.0)  # perplexity >= 1: bars rise from 1, their heights on a log scale
     ax.set_ylabel("word perplexity")
     ax.set_title("Emerging words")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # outside the bars
     fig.tight_layout()
     return _png(fig)
 

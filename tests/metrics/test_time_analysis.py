@@ -108,7 +108,10 @@ def test_loglik_change_and_means_by_group_by_hand():
     deltas = ta.loglik_change(base, shifted)
     np.testing.assert_allclose(deltas, [[-0.5, -2.0], [0.0, 0.0], [0.0, -1.0]])
     means = ta.mean_change_by_gap(deltas, ["multiple", "single", "multiple"], [1, 2])
-    assert means["multiple"] == {"count": 2, "mean": {1: -0.25, 2: -1.5}}
+    assert means["multiple"]["count"] == 2 and means["multiple"]["mean"] == {1: -0.25, 2: -1.5}
+    # the 95 % t-interval of each gap's mean: two rows, t(0.975, 1) = 12.706 times the standard error 0.25, 0.5
+    assert means["multiple"]["interval"][1] == pytest.approx([-0.25 - 12.7062 * 0.25, -0.25 + 12.7062 * 0.25], abs=1e-3)
+    assert means["multiple"]["interval"][2] == pytest.approx([-1.5 - 12.7062 * 0.5, -1.5 + 12.7062 * 0.5], abs=1e-3)
     assert means["single"] == {"count": 1, "mean": {1: 0.0, 2: 0.0}}
     empty = ta.mean_change_by_gap(np.zeros((0, 2)), [], [1, 2])
     assert empty == {"single": {"count": 0, "mean": {}}, "multiple": {"count": 0, "mean": {}}}

@@ -163,3 +163,32 @@ def test_an_empty_results_dict_still_gives_a_report(tmp_path):
     assert (sum(line.startswith("- ") and "**inconclusive**" in line for line in text.splitlines())
             == len(of_half(TIME_AWARE)))  # no streaming half ran: its findings are not listed
     assert len(paths["figures"]) == len(report.FIGURES)
+
+
+def test_the_figures_show_n_intervals_and_keep_legends_off_the_data(results):
+    """Each estimate with its interval and n where one seed's per-item numbers give them, legends under the axes,
+    and the retrained references as lines at their F1 instead of points at another step scale."""
+    from templm.reports.figures import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots()
+    report._figure_duration(results, ax)
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    counts = [results["duration"]["temporal"][b]["count"] for b in ("1", "2", "3-4", "5+")]
+    assert labels == [f"{b} yr\nn={c:.0f}" for b, c in zip(("1", "2", "3-4", "5+"), counts)]
+    assert any(getattr(c, "errorbar", None) is not None for c in ax.containers)  # the bars' 95 % intervals
+    assert ax.get_legend().get_bbox_to_anchor().y0 < ax.bbox.y0  # under the axes
+    plt.close(fig)
+    fig, ax = plt.subplots()
+    report._figure_entropy(results, ax)
+    assert all("(n=" in t.get_text() for t in ax.get_legend().get_texts())
+    plt.close(fig)
+    fig, axes = plt.subplots(1, 2)
+    report._figure_adaptation(results, axes)
+    adapt = max(int(s) for r in results["adaptation"]["regimes"].values() for run in r["runs"].values()
+                for s in [p["step"] for p in run["curve"]])
+    for ax in axes:  # nothing drawn past the fine-tuning steps: the retrained models are horizontal lines
+        drawn = [x for line in ax.get_lines() for x in line.get_xdata() if line.get_linestyle() not in (":", "-.")]
+        assert max(drawn) == adapt
+    assert any("retrained from scratch (" in t.get_text() for t in fig.legends[0].get_texts())
+    plt.close(fig)
