@@ -231,9 +231,9 @@ def test_a_string_binding_without_quotes_says_how_to_quote_it(tmp_path, binding)
     nor the quotes it needs."""
     import gin
 
-    from templm.cli import _world_configurable
+    from templm.cli.data_verbs import world_configurable
 
-    _world_configurable()  # WorldConfig, as `templm data world` registers it before parsing
+    world_configurable()  # WorldConfig, as `templm data world` registers it before parsing
     config = tmp_path / "run.gin"
     config.write_text("OUT_DIR = 'runs/x'\nWorldConfig.docs_per_month = 2\n")
     name, value = (part.strip() for part in binding.split("=", 1))

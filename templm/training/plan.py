@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from templm.training import partitioning
-from templm.training.state import mesh_rules
+from templm.training.state import mesh_rules, optimizer_state_shardings
 
 GIB = 1 << 30
 # Memory of one JAX device of each kind (a TPU v3 core has half of its chip's 32 GiB; a v4 chip is one device).
@@ -62,12 +62,11 @@ def _uneven(tree: Any, mesh) -> List[str]:
     return problems
 
 
-def _beside_params(opt_shapes: Any, params: Any, replicated) -> Any:
-    """The optimizer's state beside its parameter where it has the parameter's shape (Adam's moments), otherwise
-    replicated (Adafactor's factored rows and columns, counters): as training lays it out."""
-    flat_params = {(p.shape, p.dtype): p.sharding for p in jax.tree.leaves(params)}
-    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(
-        a.shape, a.dtype, sharding=flat_params.get((a.shape, a.dtype), replicated)), opt_shapes)
+def _optimizer_state(tx, params: Any, mesh) -> Any:
+    """The optimizer state's shapes with the layout training gives it (state.optimizer_state_shardings)."""
+    shardings = optimizer_state_shardings(tx, params, mesh)
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        jax.eval_shape(tx.init, params), shardings)
 
 
 def _measure(parameters: int, state: Any, batch: Any, step_fn: Any, mesh, device_kind: str,
@@ -114,7 +113,7 @@ def plan(model: Any, tx: Any, lengths: Mapping[str, int], batch_size: int, mesh,
                               param_shardings)
         replicated = partitioning.replicated(mesh)
         state = {"step": jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated), "params": params,
-                 "opt_state": _beside_params(jax.eval_shape(tx.init, params), params, replicated)}
+                 "opt_state": _optimizer_state(tx, params, mesh)}
         data = partitioning.data_sharding(mesh)
         batch = {key: jax.ShapeDtypeStruct((batch_size, lengths["targets" if key.startswith("decoder") else
                                                                 "inputs"]), jnp.int32, sharding=data)
@@ -148,7 +147,7 @@ def plan_lm(config: Any, tx: Any, batch_size: int, mesh, rules, device_kind: str
         mem_sharding = partitioning.logical_shardings(PartitionSpec("batch", "length", "embed"), mesh, rules)
         rows = partitioning.logical_shardings(PartitionSpec("batch"), mesh, rules)
         state = {"step": jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated), "params": params,
-                 "opt_state": _beside_params(jax.eval_shape(tx.init, params), params, replicated),
+                 "opt_state": _optimizer_state(tx, params, mesh),
                  "mems": [jax.ShapeDtypeStruct((batch_size, config.mem_len, config.d_model), config.dtype,
                                                sharding=mem_sharding) for _ in range(config.n_layer + 1)],
                  "mem_valid": jax.ShapeDtypeStruct((batch_size,), jnp.int32, sharding=rows)}

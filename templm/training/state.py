@@ -33,12 +33,22 @@ def sharded_params(init_fn: Callable[[jax.Array], Any], param_shardings: Any, se
     return jax.jit(init_fn, out_shardings=param_shardings)(jax.random.key(seed))
 
 
-def train_state(params: Any, tx, mesh, **extra: Any) -> Tuple[Dict[str, Any], Any]:
-    """(state, its shardings) for parameters already on the mesh: the optimizer initialised beside them."""
+def optimizer_state_shardings(tx, params: Any, mesh) -> Any:
+    """The layout of the optimizer state of `params` (arrays on the mesh, or ShapeDtypeStructs with their
+    shardings): what XLA propagates from the parameters through `tx.init` (Adam's moments beside their parameter,
+    Adafactor's factored statistics along the parameter's sharded axis), replicated where that would leave an
+    array on part of the mesh. Asked of the compiler without allocating anything; `train_state` lays the state out
+    so, and `templm plan` counts its bytes so."""
     replicated = partitioning.replicated(mesh)
-    opt_state = jax.jit(tx.init)(params)
-    opt_state = jax.tree.map(lambda x: x if len(x.sharding.device_set) == mesh.size else jax.device_put(x, replicated),
-                             opt_state)
+    compiled = jax.jit(tx.init).lower(params).compile()
+    return jax.tree.map(lambda s: s if len(s.device_set) == mesh.size else replicated, compiled.output_shardings)
+
+
+def train_state(params: Any, tx, mesh, **extra: Any) -> Tuple[Dict[str, Any], Any]:
+    """(state, its shardings) for parameters already on the mesh: the optimizer initialised beside them
+    (`optimizer_state_shardings`)."""
+    replicated = partitioning.replicated(mesh)
+    opt_state = jax.jit(tx.init, out_shardings=optimizer_state_shardings(tx, params, mesh))(params)
     state = {"step": jax.device_put(jnp.zeros((), jnp.int32), replicated), "params": params, "opt_state": opt_state,
              **extra}
     return state, jax.tree.map(lambda x: x.sharding, state)

@@ -104,3 +104,21 @@ def test_a_study_is_planned_training_by_training():
     lines = out.split("every training of the tiny_test study on 8 cpu devices:\n")[1].splitlines()
     assert [line.split("  ")[1].strip() for line in lines] == names
     assert all(line.rstrip().endswith("%)") and " fits (" in line for line in lines)
+
+
+def test_the_optimizer_state_is_counted_as_training_lays_it_out():
+    """Adafactor on a model axis: the plan's optimizer bytes per device are those of the state the trainer builds
+    (asked of the compiler, state.optimizer_state_shardings), where matching parameters by shape counted half."""
+    from templm.training import state
+    from templm.training.optimizers import make_optimizer
+
+    mesh, rules = _mesh((4, 2)), partitioning.logical_axis_rules()
+    model = EncoderDecoderModel(T5_1_1_CONFIGS["tiny"])
+    tx = make_optimizer("adafactor", 1e-2)
+    with state.mesh_rules(mesh, rules):
+        shardings = partitioning.logical_shardings(model.logical_partition_specs(), mesh, rules)
+        params = jax.jit(lambda rng: model.init(rng, LENGTHS["inputs"], LENGTHS["targets"]),
+                         out_shardings=shardings)(jax.random.key(0))
+        built, _ = state.train_state(params, tx, mesh)
+    held = sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(built["opt_state"]))
+    assert plan(model, tx, LENGTHS, 16, mesh, rules, compile_step=False)["bytes"]["opt_state"] == held

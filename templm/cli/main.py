@@ -1,0 +1,243 @@
+"""The verbs' table and the dispatch: which verb runs, its flags, logging, and the exit status of every failure."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import warnings
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from absl import app, flags, logging
+
+from templm import console
+from templm.cli import data_verbs, model_verbs, options, study_verbs
+from templm.cli.options import FLAGS, STATE, Verb, define_gin_flags, load_tensorflow, parse_gin, rewrite_gin_args
+from templm.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_SYSTEM, EXIT_TRAINING, EXIT_USAGE,
+                           SYSTEM_ERRNOS, ConfigError, Preempted, Terminated, TrainingError, check_interrupted,
+                           note_sigint, note_sigterm)
+
+
+VERBS: Dict[str, Verb] = {v.name: v for v in [
+    Verb("data world", "Generate the embedded temporal world: news, TempLAMA queries, calibration queries, facts.",
+         data_verbs.define_data_world, data_verbs.main_data_world, takes_gin=True),
+    Verb("data stats", "Read a corpus (JSONL, WMT news-docs, arXiv OAI) and print documents and words per year.",
+         data_verbs.define_data_stats, data_verbs.main_data_stats),
+    Verb("data splits", "TIME-STRATIFIED / CONTROL splits (Mind the Gap) and yearly buckets of a corpus.",
+         data_verbs.define_data_splits, data_verbs.main_data_splits),
+    Verb("data spm", "Train a SentencePiece vocabulary on a corpus or one of its splits.",
+         data_verbs.define_data_spm, data_verbs.main_data_spm),
+    Verb("data templama", "Build TempLAMA from a Wikidata JSON dump (nine relations, any years).",
+         data_verbs.define_data_templama, data_verbs.main_data_templama),
+    Verb("data cronquestions", "Convert a CronQuestions release (its pickles read as plain data only) into the "
+         "record files of the `cronquestions` SeqIO task.", data_verbs.define_data_cronquestions,
+         data_verbs.main_data_cronquestions, tensorflow=True),
+    Verb("train", "Train a T5 model from gin configs (T5X style), sharded over the device mesh, resumable.",
+         model_verbs.define_train, model_verbs.main_train, takes_gin=True, tensorflow=True),
+    Verb("plan", "Per-device memory of a T5 training config on a mesh (parameters, optimizer, compiled step) and "
+         "whether it fits, without allocating it.", model_verbs.define_plan, model_verbs.main_plan, takes_gin=True,
+         tensorflow=True),
+    Verb("eval", "Evaluate a trained checkpoint on a task's split: EM/F1 and perplexity by year and slice.",
+         model_verbs.define_eval, model_verbs.main_eval, takes_gin=True, tensorflow=True),
+    Verb("reproduce", "The time-aware T5 study end to end on the embedded world or your data: Uniform/Temporal/Yearly "
+         "models, evaluation, future probes, adaptation, Transformer-XL streaming, findings, report.",
+         study_verbs.define_reproduce, study_verbs.main_reproduce, takes_gin=True, tensorflow=True,
+         gin_first=lambda: [f"study/{FLAGS.preset}.gin"]),
+    Verb("infer", "Predictions of a trained checkpoint for a JSON-lines file of inputs or TempLAMA queries.",
+         model_verbs.define_infer, model_verbs.main_infer, takes_gin=True, tensorflow=True),
+    Verb("data tasks", "Build the record files behind the SeqIO tasks (SSM examples, TempLAMA, vocabulary).",
+         data_verbs.define_data_tasks, data_verbs.main_data_tasks, takes_gin=True, tensorflow=True),
+    Verb("data calm", "Build a CALM corpus (one class per file) from the embedded world's news domains or text files.",
+         data_verbs.define_data_calm, data_verbs.main_data_calm, takes_gin=True),
+    Verb("calm", "CALM: a Transformer-XL online learner (dynamic evaluation) vs a static baseline, switching stream.",
+         study_verbs.define_calm, study_verbs.main_calm, takes_gin=True),
+    Verb("is-eval", "Importance-sampled perplexity against K per proposal and level: an HMM LM with its exact value, "
+         "or the knowledge-graph LM (--model=kglm) with Logan et al.'s effects.",
+         study_verbs.define_is_eval, study_verbs.main_is_eval),
+    Verb("train-lm", "Train a Transformer-XL LM on a TIME-STRATIFIED or CONTROL split (gin: txl/*.gin), resumable.",
+         model_verbs.define_train_lm, model_verbs.main_train_lm, takes_gin=True, tensorflow=True),
+    Verb("stream", "Perplexity per test month, TIME-STRATIFIED vs CONTROL, static and dynamic (txl/dynamic_eval.gin).",
+         model_verbs.define_stream, model_verbs.main_stream, takes_gin=True, tensorflow=True),
+    Verb("appendices", "Mind the Gap's appendices: the gap in shifted test periods (B) and against the distance "
+         "between training and test (C), with their figures.", study_verbs.define_appendices,
+         study_verbs.main_appendices, tensorflow=True),
+]}
+
+
+# Earlier spellings, still accepted but not listed.
+ALIASES = {"train_lm": "train-lm", "is_eval": "is-eval"}
+
+
+def _usage(prefix: str = "") -> str:
+    names = [n for n in VERBS if n.startswith(prefix)]
+    width = max(len(n) for n in names)
+    lines = ["usage: templm VERB [--flags]   (templm VERB --help for a verb's flags)", "", "verbs:"]
+    lines += [f"  {n.ljust(width)}  {VERBS[n].help}" for n in names]
+    return "\n".join(lines)
+
+
+def _split_verb(args: Sequence[str]) -> Tuple[Optional[str], List[str]]:
+    words = []
+    for arg in args:
+        if arg.startswith("-"):
+            break
+        words.append(ALIASES.get(arg, arg))
+        if " ".join(words) in VERBS:
+            return " ".join(words), list(args[len(words):])
+    return None, list(args)
+
+
+def _verbosity(args: Sequence[str]) -> Tuple[int, List[str]]:
+    """absl's verbosity asked for on the command line (0 when not), with a bare `-v` spelled `--verbosity=1`."""
+    out, level = [], 0
+    for i, arg in enumerate(args):
+        following = args[i + 1] if i + 1 < len(args) else "-"
+        if arg == "-v" and not following.lstrip("-").isdigit():
+            arg = "--verbosity=1"
+        out.append(arg)
+        for prefix in ("--verbosity=", "-v="):
+            if arg.startswith(prefix) and arg[len(prefix):].lstrip("-").isdigit():
+                level = int(arg[len(prefix):])
+        if arg in ("--verbosity", "-v") and following.lstrip("-").isdigit():
+            level = int(following)
+    return level, out
+
+
+def _quiet_libraries() -> None:
+    """Library logs off: TensorFlow's native log lines, Python warnings of libraries, and (in `main`, once absl has
+    parsed its flags) every Python log line below FATAL (gin, for one, logs an ERROR for each search path an
+    `include` is not found in)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    warnings.filterwarnings("ignore")
+    warnings.filterwarnings("default", module="templm")
+
+
+def _verb_help(v: Verb) -> str:
+    own = [f for module in (options, data_verbs, model_verbs, study_verbs, sys.modules[__name__])
+           for f in FLAGS.get_flags_for_module(module.__name__)]
+    lines = [f"usage: templm {v.name} [--flags]", "", v.help, "", "flags:"]
+    for flag in sorted(own, key=lambda f: f.name):
+        default = "" if flag.default in (None, []) else f" (default: {flag.default!r})"
+        lines.append(f"  --{flag.name}: {flag.help}{default}")
+    if v.takes_gin:
+        lines.append("  --gin.NAME=VALUE: a gin binding, as in T5X (same as --gin_bindings='NAME = VALUE')")
+    return "\n".join(lines)
+
+
+def _message(error: BaseException) -> str:
+    """The error's message without the lines gin adds on the way out of a configurable ("In call to configurable
+    'train' (<function ...>)"): the command line already names the verb."""
+    return "\n".join(line for line in str(error).split("\n") if not line.startswith("  In call to configurable"))
+
+
+def run(argv: Optional[Sequence[str]] = None) -> None:
+    """Console entry point: picks the verb, defines its flags, and runs it as an absl app."""
+    argv = list(sys.argv if argv is None else argv)
+    name, rest = _split_verb(argv[1:])
+    if name is None:
+        words = [a for a in argv[1:] if not a.startswith("-")]
+        prefix = " ".join(words)
+        if words and not any(n.startswith(prefix + " ") for n in VERBS):
+            print(f"templm: unknown verb {prefix!r}\n\n{_usage()}", file=sys.stderr)
+            sys.exit(2)
+        print(_usage(prefix + " " if words else ""))
+        sys.exit(0 if any(a in ("-h", "--help", "--helpfull") for a in argv[1:]) or not words else 2)
+    verbosity, rest = _verbosity(rest)
+    STATE["verbosity"] = verbosity
+    v = VERBS[name]
+    if verbosity < 1:
+        _quiet_libraries()
+    # Loading TensorFlow and the verb's modules takes seconds. A Ctrl-C meanwhile is noted and answered once they
+    # are loaded: raised inside TensorFlow's import it aborts the process (SIGABRT) or prints a long traceback.
+    started = signal.getsignal(signal.SIGINT)
+    stopped = []
+    signal.signal(signal.SIGINT, lambda *_: stopped.append(True))
+    try:
+        if v.tensorflow:
+            load_tensorflow(quiet=verbosity < 1)
+        v.define()
+    finally:
+        signal.signal(signal.SIGINT, started)
+    if stopped:
+        print(f"templm {name}: interrupted while starting; nothing was written", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+    if v.takes_gin:
+        define_gin_flags()
+    flags.DEFINE_enum("progress", "lines", console.PROGRESS_MODES, "How long work shows its progress: lines (lines "
+                      "with the rate and the ETA; inside a study or an evaluation one at most every "
+                      f"{console.LONG_WORK_SECONDS:.0f} s), bar (a bar on the terminal) or none.")
+    if any(a in ("-h", "--help", "--helpshort", "--helpfull") for a in rest):
+        print(_verb_help(v))
+        sys.exit(0)
+    try:
+        rest = rewrite_gin_args(rest)
+    except ConfigError as e:
+        print(f"templm {name}: error: {e}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+    # Error lines go through a copy of standard error taken now: after a failed checkpoint save the library's
+    # threads are silenced on standard error itself (templm.training.checkpoints).
+    err = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1, encoding="utf-8", errors="replace")
+
+    def last_words(status):
+        """After the error line, the process ends: library threads that fail on the way out (orbax's writes after
+        a failed save print a traceback each) are not shown, unless --verbosity asks for library output."""
+        if status and verbosity < 1:
+            err.flush()
+            sys.stderr.flush()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 2)
+        return status
+
+    def main(_):
+        if verbosity < 1:  # absl would log at INFO; --verbosity=1 keeps its own setting (INFO and debug lines)
+            logging.set_verbosity(logging.FATAL)  # libraries' errors surface as exceptions, which we print
+        console.set_progress(FLAGS.progress)
+        try:
+            note_sigint()
+            note_sigterm()
+            if v.takes_gin:
+                first = v.gin_first() if v.gin_first else []
+                parse_gin(first + list(FLAGS.gin_file), FLAGS.gin_bindings, FLAGS.gin_search_paths)
+            status = v.main() or 0
+            check_interrupted()  # a Ctrl-C whose KeyboardInterrupt was dropped on the way
+            return status
+        except Preempted as e:
+            print(f"templm {name}: {_message(e)}", file=err)
+            return last_words(EXIT_PREEMPTED)
+        except TrainingError as e:
+            print(f"templm {name}: error: {_message(e)}", file=err)
+            return last_words(EXIT_TRAINING)
+        except (ValueError, FileNotFoundError) as e:  # DataError, ConfigError and bad values: the input's fault
+            logging.debug("templm %s failed", name, exc_info=True)  # the traceback, with --verbosity=1
+            print(f"templm {name}: error: {_message(e)}", file=err)
+            return last_words(EXIT_BAD_INPUT)
+        except OSError as e:  # the file system: a path of the wrong kind, no permission, a full disk
+            logging.debug("templm %s failed", name, exc_info=True)
+            where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+            print(f"templm {name}: error: {where}{e.strerror or _message(e)} (nothing half-written was left)",
+                  file=err)
+            code = e.errno
+            if code is None:  # gin re-raises an error from inside a configurable as a copy without its errno
+                match = re.match(r"\[Errno (\d+)\]", str(e))
+                code = int(match.group(1)) if match else None
+            return last_words(EXIT_SYSTEM if code in SYSTEM_ERRNOS else EXIT_BAD_INPUT)
+        except KeyboardInterrupt:
+            print(f"templm {name}: interrupted; nothing half-written was left (a training run resumes from its last "
+                  "checkpoint when run again)", file=err)
+            return last_words(EXIT_INTERRUPTED)
+        except Terminated:
+            print(f"templm {name}: stopped by SIGTERM; nothing half-written was left and no result was written: run "
+                  "the same command again", file=err)
+            return last_words(EXIT_PREEMPTED)
+
+    def parse_flags(args):
+        """absl's parse, with a bad or missing flag as one line of ours and the usage status."""
+        try:
+            return FLAGS(args)
+        except flags.Error as e:
+            print(f"templm {name}: error: {e} (templm {name} --help lists the flags)", file=sys.stderr)
+            sys.exit(EXIT_USAGE)
+
+    app.run(main, argv=[f"templm {name}"] + rest, flags_parser=parse_flags)

@@ -1,0 +1,268 @@
+"""What every verb shares: the flags object, the repository root, the Verb record, T5X-style gin (--gin_file,
+--gin.NAME=VALUE, with bad bindings named), numeric bounds checked when flags are parsed, the corpus flags, the
+distributed flags, and TensorFlow loaded quietly."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import difflib
+import math
+import os
+import re
+import tempfile
+import tokenize
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from absl import flags
+
+from templm import console
+from templm.errors import ConfigError
+
+
+FLAGS = flags.FLAGS
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@dataclasses.dataclass(frozen=True)
+class Verb:
+    name: str
+    help: str
+    define: Callable[[], None]  # defines the verb's flags on FLAGS
+    main: Callable[[], Optional[int]]  # runs with FLAGS parsed
+    takes_gin: bool = False
+    tensorflow: bool = False  # it loads TensorFlow (through SeqIO or the record writers)
+    gin_first: Optional[Callable[[], List[str]]] = None  # gin files parsed before --gin_file (a verb's defaults)
+
+
+def define_gin_flags() -> None:
+    flags.DEFINE_multi_string("gin_file", [], "gin config files, applied in order (T5X style).")
+    flags.DEFINE_multi_string("gin_bindings", [], "gin bindings; `--gin.NAME=VALUE` is the short form.")
+    flags.DEFINE_list("gin_search_paths", [], "Folders searched for --gin_file and gin `include`s.")
+
+
+def rewrite_gin_args(argv: Sequence[str]) -> List[str]:
+    """Turns T5X's `--gin.NAME=VALUE` into `--gin_bindings=NAME = VALUE`."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--gin."):
+            name, sep, value = arg[len("--gin."):].partition("=")
+            if not sep:
+                raise ConfigError(f"{arg}: expected --gin.NAME=VALUE")
+            out.append(f"--gin_bindings={name} = {value}")
+        else:
+            out.append(arg)
+    return out
+
+
+def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[str] = ()) -> None:
+    """Applies gin files and bindings; a missing file or an unknown configurable is a ConfigError naming it."""
+    import gin  # deferred: only verbs with configs pay for it
+
+    paths = list(search_paths) + [os.getcwd(), os.path.join(REPO_ROOT, "gin_configs"), REPO_ROOT]
+    for path in paths:
+        gin.add_config_file_search_path(path)
+    resolved = []
+    for name in files:
+        found = next((os.path.join(p, name) for p in [""] + paths if os.path.isfile(os.path.join(p, name))), None)
+        if found is None:
+            raise ConfigError(f"{name}: gin file not found (searched {', '.join(paths)})")
+        with open(found, "rb") as f:
+            head = f.read()
+        try:
+            head.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{found}: not a gin file: byte {e.start} is not UTF-8 text (a gin file is text: "
+                              "bindings such as `NAME = VALUE`)") from None
+        resolved.append(found)
+    try:
+        gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=False)
+    except (ValueError, KeyError, SyntaxError, TypeError) as e:  # gin names the file/binding and line
+        unquoted = _unquoted_string(bindings)
+        if unquoted is not None:
+            name, value = unquoted
+            raise ConfigError(f"gin binding {name}={value}: {value} is not a gin value; a string needs quotes "
+                              f"inside the flag: --gin.{name}=\"'{value}'\"") from None
+        raise ConfigError(f"gin: {e}") from None
+    except OSError as e:  # an `include` of a file that is not there (gin names the including file)
+        raise ConfigError(f"gin: {e}") from None
+    except tokenize.TokenError as e:  # an unclosed bracket: the tokenizer gives up before gin can name the line
+        raise ConfigError(f"gin: {e.args[0]} (an unclosed bracket or quote?) in the config files {resolved} or "
+                          f"the bindings {list(bindings)}") from None
+    _check_macros_are_used(bindings)
+
+
+_MACRO_BINDING = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=")
+
+
+_BINDING = re.compile(r"^\s*([A-Za-z_][\w./]*)\s*=\s*(.*?)\s*$", re.S)
+
+
+def _unquoted_string(bindings: Sequence[str]) -> Optional[Tuple[str, str]]:
+    """(name, value) of the first binding whose value reads as a string written without quotes (`MODEL_DIR=runs/y`:
+    gin takes runs/y for an expression), or None. Gin's own values pass: literals, references (@f(), %MACRO) and
+    containers."""
+    for binding in bindings:
+        m = _BINDING.match(binding)
+        if not m or not m.group(2):
+            continue
+        value = m.group(2)
+        if value[0] in "'\"@%([{" or value in ("True", "False", "None"):
+            continue
+        try:
+            ast.literal_eval(value)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return m.group(1), value
+    return None
+
+
+def _check_macros_are_used(bindings: Sequence[str]) -> None:
+    """A macro bound on the command line (`--gin.TRAIN_STEP=3`) that no config uses would be silently ignored: it is a
+    ConfigError naming it, with the closest macro the configs do use."""
+    from gin import config as gin_config
+
+    bound = [m.group(1) for m in map(_MACRO_BINDING.match, bindings) if m]
+    if not bound:
+        return
+    used, defined = set(), set()
+
+    def walk(value):
+        if isinstance(value, gin_config.ConfigurableReference):
+            text = repr(value)
+            if text.startswith("%"):
+                used.add(text[1:])
+        elif isinstance(value, (list, tuple, set)):
+            for item in value:
+                walk(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+
+    for (scope, selector), parameters in gin_config._CONFIG.items():  # gin keeps no public index of references
+        if selector == "gin.macro":
+            defined.add(scope)
+        for value in parameters.values():
+            walk(value)
+    for name in bound:
+        if name not in used:
+            near = difflib.get_close_matches(name, sorted(used | (defined - set(bound))), n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            raise ConfigError(f"gin macro {name} is bound on the command line but no config uses it{hint}")
+
+
+def bounds(**ranges: Tuple[Optional[float], Optional[float]]) -> None:
+    """Checks numeric flags when absl parses them (before any work): each name maps to its (least, most) value, None
+    for no bound; a float flag must also be finite. The message names the flag and the range."""
+    for name, (least, most) in ranges.items():
+        if least is not None and most is not None:
+            what = f"from {least:g} to {most:g}"
+        else:
+            what = f"at least {least:g}" if least is not None else f"at most {most:g}"
+        if isinstance(FLAGS[name].default, float):
+            what = f"a finite number {what}"
+
+        def ok(value, least=least, most=most):
+            return value is None or (math.isfinite(value) and (least is None or value >= least)
+                                     and (most is None or value <= most))
+
+        flags.register_validator(name, ok, message=f"--{name} must be {what}")
+
+
+def define_overwrite():
+    flags.DEFINE_boolean("overwrite", False, "Replace --out even when it is not empty and not a templm output of "
+                         "this kind (what is in it is deleted); without it such a folder is refused.")
+
+
+CORPUS_HELP = ("Corpus file (.gz and .bz2 are read transparently); repeat it, or give a quoted glob pattern "
+               "('news-docs.20*.en.filtered.gz'), for a corpus of several files (the format is detected per file).")
+
+
+def define_corpus_flags(split: bool = True):
+    flags.DEFINE_multi_string("corpus", None, CORPUS_HELP, required=True)
+    flags.DEFINE_enum("format", "auto", ["auto", "jsonl", "wmt", "arxiv"], "Corpus format.")
+    flags.DEFINE_enum("on_error", "raise", ["raise", "skip"], "On a bad line: stop, or skip and count it.")
+    if split:
+        flags.DEFINE_string("split_dir", None, "Apply a split file from this folder (published or `templm data "
+                            "splits` output) to the corpus by document id.")
+        flags.DEFINE_string("split", "time_stratified_train", "Which split of --split_dir: the file stem, e.g. "
+                            "control_train, test, yearly/2014_train.")
+
+
+def corpus_value(value):
+    """A repeatable corpus flag as the library takes it: one entry as a str, several as their list (each may be a
+    glob pattern), none as None."""
+    if not value or isinstance(value, str):
+        return value or None
+    return value[0] if len(value) == 1 else list(value)
+
+
+def corpus_flag():
+    return corpus_value(FLAGS.corpus)
+
+
+def corpus_documents():
+    """The documents of --corpus, or of its --split; returns (iterable, report) where report() -> dict."""
+    from templm.data.lm_data import split_path
+    from templm.data.readers import read_documents
+    from templm.data.splits import apply_split
+
+    if FLAGS.split_dir:
+        path = split_path(None, FLAGS.split_dir, FLAGS.split)
+        docs, report = apply_split(corpus_flag(), path, FLAGS.format, FLAGS.on_error)
+        return docs, report.as_dict
+    reader = read_documents(corpus_flag(), FLAGS.format, FLAGS.on_error)
+    return reader, lambda: {"read": reader.read, "skipped": reader.skipped}
+
+
+def writable_folder(folder: str, what: str) -> None:
+    """Creates `folder` if needed and checks a file can be written there, so a bad output path fails before the work
+    (ConfigError naming it)."""
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ConfigError(f"{what} {folder} is a file; expected a folder")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{what} {folder}: cannot write there: {e.strerror or e}") from None
+
+
+def configure_tasks():
+    """Registers the tasks again now that the configs are parsed: `templm.tasks.configure.*` bindings apply (at
+    `import templm.tasks` they were not parsed yet)."""
+    from templm import tasks
+
+    tasks.configure()
+
+
+def define_distributed():
+    flags.DEFINE_string("coordinator_address", None, "Multi-host: host:port of process 0 for jax.distributed.")
+    flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
+    flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
+
+
+def join_processes():
+    """Multi-host: joins the run's processes (--coordinator_address ...); only process 0 prints progress."""
+    import jax
+
+    from templm.training.partitioning import initialize_distributed
+
+    initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    console.set_enabled(jax.process_index() == 0)
+
+
+STATE: Dict[str, Any] = {"verbosity": 0}  # the run's --verbosity, for a verb that loads TensorFlow only sometimes
+
+
+def load_tensorflow(quiet: bool) -> None:
+    """Loads TensorFlow for a verb that uses it (for tf.data and record files only) and hides the GPUs from it, as
+    T5X does, so that it never takes accelerator memory from JAX. TensorFlow's native libraries write start-up and
+    CUDA-probe lines straight to the process's standard error, before any log setting applies; when `quiet`, that
+    descriptor points at /dev/null while it loads and looks for devices."""
+    with console.silenced_stderr() if quiet else contextlib.nullcontext():
+        import tensorflow as tf
+
+        tf.config.set_visible_devices([], "GPU")
