@@ -7,7 +7,8 @@ typed by hand and none can drift from what the code does.
 
 Each file is the results.json of `templm reproduce --preset P --seeds S,S,... --out DIR` (a run over several
 seeds; one seed's results.json works too), or the is_eval.json of `templm is-eval --model=kglm --seed S --out
-DIR` (one column per seed: Logan et al.'s effects on the knowledge-graph LM, then the estimates behind them). The
+DIR` (one column per seed: Logan et al.'s effects on the knowledge-graph LM, then the estimates behind them), or
+the results.json of `templm appendices --seed S --out DIR` (one column per seed: Mind the Gap's appendices). The
 table goes between README's two marker lines, one column per file: for each finding of the registry
 (templm.metrics.findings) the verdict over the seeds, the mean effect with its 95 % interval and p, and each seed's
 verdict; then the wall time and, under the table, the command and machine of each column. Below it, the streaming
@@ -25,7 +26,7 @@ from typing import Any, List, Mapping, Sequence
 
 from templm.io import atomic_write, format_duration
 from templm.metrics import statistics
-from templm.metrics.findings import BY_NAME, IMPORTANCE_SAMPLING, STUDY, of_half
+from templm.metrics.findings import APPENDICES, BY_NAME, IMPORTANCE_SAMPLING, STUDY, of_half
 
 BEGIN = "<!-- readme_tables: begin (written by tools/readme_tables.py from the runs' results.json) -->"
 END = "<!-- readme_tables: end -->"
@@ -258,6 +259,44 @@ def is_table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def appendix_table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
+    """The Markdown between README's markers for `templm appendices` runs, one column per run: each appendix's
+    finding, then each shifted test period's relative increase and each distance's word perplexity."""
+    columns = [f"seed {r['config']['seed']}" for r in runs]
+    lines = ["| finding | " + " | ".join(columns) + " |", "|---|" + "---|" * len(runs)]
+    for finding in of_half(APPENDICES):
+        lines.append(f"| `{finding.name}`: {finding.claim} | "
+                     + " | ".join(cell(r["findings"][finding.name]) for r in runs) + " |")
+    lines += ["", "| measured | " + " | ".join(columns) + " |", "|---|" + "---|" * len(runs)]
+    shifts = sorted({p["shift_years"] for r in runs for p in r.get("periods") or []})
+    for k in shifts:
+        cells = []
+        for r in runs:
+            p = next((p for p in r.get("periods") or [] if p["shift_years"] == k), None)
+            cells.append("n/a" if p is None else f"{100 * p['relative_increase']:+.1f} % "
+                                                 f"({p['findings']['streaming_gap']['verdict']})")
+        months = next(p["months"] for r in runs for p in r.get("periods") or [] if p["shift_years"] == k)
+        lines.append(f"| Appendix B: relative increase, test {months[0]}..{months[-1]} (cut-off {k} year(s) "
+                     "back) | " + " | ".join(cells) + " |")
+    gaps = sorted({int(g) for r in runs for g in (r.get("distance") or {}).get("word_ppl", {})})
+    for g in gaps:
+        lines.append(f"| Appendix C: word perplexity, training ends {g} months before the cut-off | "
+                     + " | ".join(f"{(r.get('distance') or {}).get('word_ppl', {}).get(str(g), float('nan')):.2f}"
+                                  for r in runs) + " |")
+    lines.append("| Appendix C: CONTROL's word perplexity | "
+                 + " | ".join(f"{(r.get('distance') or {}).get('control_word_ppl', float('nan')):.2f}" for r in runs)
+                 + " |")
+    lines.append("| wall time | " + " | ".join(format_duration(r["config"].get("seconds", 0.0)) for r in runs)
+                 + " |")
+    lines.append("")
+    for r, source in zip(runs, sources):
+        c = r["config"]
+        lines.append(f"- seed {c['seed']}: `templm appendices --preset {c['preset']} --seed {c['seed']} --out "
+                     f"{os.path.dirname(source) or '.'}` (shifts {','.join(map(str, c['shifts']))}, gaps "
+                     f"{','.join(map(str, c['gaps']))} months).")
+    return "\n".join(lines)
+
+
 def replace(readme: str, body: str, block: str = "") -> str:
     """README's text with `body` between the markers of `block` (a ValueError when they are not there once each, in
     order)."""
@@ -283,12 +322,13 @@ def main(argv: List[str]) -> int:
             runs.append(json.load(f))
     with open(args.readme, encoding="utf-8") as f:
         readme = f.read()
-    kglm = [(r.get("config") or {}).get("model") == "kglm" for r in runs]
-    if any(kglm) and not all(kglm):
-        print("the results are not all of one kind: reproduce results.json or is-eval --model=kglm is_eval.json",
-              file=sys.stderr)
+    kinds = {"kglm" if (r.get("config") or {}).get("model") == "kglm" else
+             "appendices" if ("periods" in r or "distance" in r) else "reproduce" for r in runs}
+    if len(kinds) > 1:
+        print("the results are not all of one kind: reproduce results.json, is-eval --model=kglm is_eval.json or "
+              "appendices results.json", file=sys.stderr)
         return 2
-    make = is_table if all(kglm) else table
+    make = {"kglm": is_table, "appendices": appendix_table, "reproduce": table}[kinds.pop()]
     new = replace(readme, make(runs, args.results), args.block)
     if args.check:
         if new != readme:

@@ -243,10 +243,12 @@ def define_train_lm():
 
 
 def main_train_lm():
+    import gin
+
     from templm.io import jsonable
     from templm.training import lm_trainer
 
-    result = lm_trainer.train_lm()
+    result = lm_trainer.train_lm(config_gin=gin.config_str())
     print(json.dumps(jsonable({k: v for k, v in result.items() if k not in ("params", "mems")})))
 
 

@@ -190,7 +190,7 @@ _RESUME_KEYS = ("seed", "data_seed", "data_order", "batch_size", "tgt_len", "mem
                 "model_config")
 
 
-@gin.configurable(module="templm", denylist=["mesh", "progress"])
+@gin.configurable(module="templm", denylist=["mesh", "progress", "config_gin"])
 def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_file: Optional[str] = None,
              spm_model: str = gin.REQUIRED, config: Union[str, TransformerXLConfig] = gin.REQUIRED,
              train_steps: int = gin.REQUIRED, batch_size: int = gin.REQUIRED, learning_rate: float = 2.5e-4, *,
@@ -199,7 +199,8 @@ def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_fi
              schedule: str = "cosine", max_grad_norm: float = 0.25, seed: int = 0, data_seed: Optional[int] = None,
              data_order: str = "date", corpus_format: str = "auto", on_error: str = "raise",
              allow_missing_ids: bool = False, save_period: int = 1000, keep_checkpoints: Optional[int] = 3,
-             log_period: int = 10, mesh=None, progress: Union[bool, float] = True) -> Dict[str, Any]:
+             log_period: int = 10, mesh=None, progress: Union[bool, float] = True,
+             config_gin: Optional[str] = None) -> Dict[str, Any]:
     """Trains a Transformer-XL language model on one split of a corpus; resumes from `model_dir` if it holds a run.
 
     Args:
@@ -220,6 +221,8 @@ def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_fi
       mesh: a ("data", "model") mesh (default `partitioning.make_mesh()`, bindable in gin).
       progress: print a progress line every log_period steps (True), at most once in that many seconds (a number),
         or none (False).
+      config_gin: the gin config that made the run (`gin.config_str()`, as `templm train-lm` passes it), written to
+        MODEL_DIR/config.gin as T5X does.
 
     Returns {"step", "start_step", "train": last logged metrics, "data": data statistics, "params", "mems"}.
     Raises Preempted on SIGTERM (after saving), TrainingError on a non-finite loss (naming the last good
@@ -280,7 +283,8 @@ def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_fi
             "spm_model": _portable(spm_model, model_dir), "spm_sha256": file_sha256(spm_model),
             "seed": seed, "data_seed": data_seed, "data_order": data_order, "batch_size": batch_size,
             "tgt_len": config.tgt_len, "mem_len": mem_len, "data_fingerprint": data.fingerprint(), "data": data_stats}
-    with loop.RunFolder(model_dir, save_period, keep_checkpoints) as folder, train_state.mesh_rules(mesh, rules):
+    with loop.RunFolder(model_dir, save_period, keep_checkpoints, config_gin=config_gin) as folder, \
+            train_state.mesh_rules(mesh, rules):
         # --- Model and sharded init: parameters, optimizer state and memories laid out on the mesh. -------------
         state, state_shardings = init_state(model, tx, batch_size, mem_len, seed, mesh, rules)
 

@@ -152,3 +152,38 @@ def test_the_importance_sampling_table_has_each_effect_and_the_estimates_behind_
            "256 samples a document and proposal)." in lines
     assert lines[0] == "intro" and lines[-1] == "outro"
     assert readme_tables.main([*sources, "--readme", str(readme), "--block", "is", "--check"]) == 0
+
+
+def _appendices(seed, increase):
+    gap = {"verdict": "appears", "effect": 0.05, "interval": [0.02, 0.08], "p_value": 0.001}
+    periods = [{"shift_years": k, "months": [f"{2018 - k}-04", f"{2020 - k}-03"],
+                "relative_increase": increase + k / 100, "findings": {"streaming_gap": gap}} for k in (0, 1)]
+    distance = {"word_ppl": {"0": 15.5, "12": 16.25}, "control_word_ppl": 15.0}
+    findings = {"appendix_every_period_gap": gap, "appendix_distance_growth": {**gap, "effect": 0.0032}}
+    return {"config": {"seed": seed, "preset": "smoke", "shifts": [0, 1], "gaps": [0, 12], "seconds": 600.0},
+            "periods": periods, "distance": distance, "findings": findings}
+
+
+def test_the_appendices_table_has_each_finding_period_and_distance(tmp_path):
+    readme = tmp_path / "README.md"
+    begin, end = readme_tables.markers("appendices")
+    readme.write_text(f"{begin}\n{end}\n")
+    sources = []
+    for seed, increase in ((21, 0.05), (22, -0.02)):
+        path = tmp_path / f"seed_{seed}" / "results.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps(_appendices(seed, increase)))
+        sources.append(str(path))
+    assert readme_tables.main([*sources, "--readme", str(readme), "--block", "appendices"]) == 0
+    lines = readme.read_text().splitlines()
+    assert lines[1] == "| finding | seed 21 | seed 22 |"
+    assert ("| Appendix B: relative increase, test 2017-04..2019-03 (cut-off 1 year(s) back) | +6.0 % (appears) | "
+            "-1.0 % (appears) |") in lines
+    assert "| Appendix C: word perplexity, training ends 12 months before the cut-off | 16.25 | 16.25 |" in lines
+    assert "| Appendix C: CONTROL's word perplexity | 15.00 | 15.00 |" in lines
+    assert any(line.startswith("| `appendix_distance_growth`:") and "**appears**: +0.003" in line for line in lines)
+    assert f"- seed 22: `templm appendices --preset smoke --seed 22 --out {tmp_path / 'seed_22'}` (shifts 0,1, " \
+           "gaps 0,12 months)." in lines
+    mixed = [sources[0], str(tmp_path / "kglm.json")]
+    (tmp_path / "kglm.json").write_text(json.dumps(_is_eval(11, "appears")))
+    assert readme_tables.main([*mixed, "--readme", str(readme), "--block", "appendices"]) == 2

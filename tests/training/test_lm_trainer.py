@@ -54,7 +54,9 @@ def _losses(model_dir):
 
 
 def test_loss_falls_on_a_world_split(data, tmp_path):
-    result = _train(data, tmp_path, 120, save_period=0, **SHARED)
+    config = "TRAIN_STEPS = 120\n"  # the run's gin config, as `templm train-lm` passes gin.config_str()
+    result = _train(data, tmp_path, 120, save_period=0, config_gin=config, **SHARED)
+    assert (tmp_path / "config.gin").read_text() == config  # MODEL_DIR/config.gin, as T5X writes it
     losses = _losses(tmp_path)
     assert len(losses) == 120 and result["step"] == 120
     # Below the unigram entropy of the split's tokens: the model uses its context, not only token frequencies.
