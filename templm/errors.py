@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import math
 import numbers
 import os
@@ -215,3 +216,15 @@ def as_os_error(error: BaseException, path: str, doing: str) -> Optional[OSError
         if code is None:
             return None
     return OSError(code, f"{os.strerror(code)} while {doing}", path)
+
+
+def read_json(path: str, missing: str) -> Any:
+    """The JSON value of the file `path`; a DataError naming it where it is absent (`missing`: what that means) or
+    is not JSON (ValueError covers a decoding error of either kind)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise DataError(missing, path) from None
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot read it as JSON: {e}", path) from None

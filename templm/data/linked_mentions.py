@@ -35,7 +35,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from templm.errors import DataError
+from templm.errors import DataError, read_json
 
 # Decision kinds, per token position.
 WORD, NEW, RELATED, INSIDE = 0, 1, 2, 3
@@ -149,13 +149,7 @@ class KnowledgeGraph:
 
 def read_graph(world_dir: str) -> KnowledgeGraph:
     path = os.path.join(world_dir, "world.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
-    except FileNotFoundError:
-        raise DataError("no world.json: not a world folder (templm data world)", path) from None
-    except json.JSONDecodeError as e:
-        raise DataError(f"not valid JSON ({e.msg} at line {e.lineno})", path) from None
+    raw = read_json(path, "no world.json: not a world folder (templm data world)")
     if not isinstance(raw, dict) or "entities" not in raw or "facts" not in raw:
         raise DataError("expected an object with 'entities' and 'facts'", path)
     return KnowledgeGraph(raw["entities"], raw["facts"], path)

@@ -60,6 +60,7 @@ import shutil
 import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
+import gin
 import jax
 import seqio
 
@@ -347,7 +348,8 @@ class Reproduction:
                     save_period=0, keep_checkpoints=1,
                     log_period=max(1, min(20, p.steps // 10)), eval_batch_size=p.eval_batch_size,
                     evaluator=evaluate_params, progress=console.LONG_WORK_SECONDS,  # a line for minutes of work
-                    final_input_state=False)  # models of fixed length (a SIGTERM's save keeps it)
+                    final_input_state=False,  # models of fixed length (a SIGTERM's save keeps it)
+                    config_gin=gin.config_str() or None)  # MODEL_DIR/config.gin: the study's bindings, as T5X's
 
     def start_kwargs(self) -> Dict[str, Any]:
         """What a model trained from the start (not fine-tuned) starts from: the study's initial checkpoint."""

@@ -300,11 +300,15 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
                 segments = _training_segments(run_train, processors[name], seg_len, ms_segments)
                 ms = dynamic_eval.collect_ms(params, segments, model=model, mem_len=mem_len)
 
+            passes = console.Ticker(f"stream: {name} {v['name']}: dynamic evaluation", None, "passes")
+
             def run(tokens, lr):
-                return evaluate_stream(
+                out = evaluate_stream(
                     model, params, tokens, batch_size=batch_size, seg_len=seg_len, mem_len=mem_len, rule=v["rule"],
                     lr=lr, which=v.get("which", "all"), decay=float(v.get("decay", 0.0)), eps=v.get("eps"),
                     ms=ms if v["rule"] == "rms" else None, normalise_decay=bool(v.get("normalise_decay", True)))
+                passes.update(passes.done + 1)  # a line when the rate search and the test pass run for minutes
+                return out
 
             lr = float(v.get("lr", 0.0))
             if validation is not None and v.get("lrs"):

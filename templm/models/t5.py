@@ -67,7 +67,7 @@ import flax.linen as nn
 from jax import lax
 from safetensors.numpy import load_file, save_file
 
-from templm.errors import DataError
+from templm.errors import DataError, read_json
 
 Array = jax.Array
 PyTree = Any
@@ -1024,13 +1024,7 @@ def load_hf_checkpoint(path_or_dir: str, dtype: Any = jnp.float32) -> Tuple[T5Co
         raise DataError("expected a checkpoint directory (config.json + model.safetensors) or a .safetensors file",
                         path_or_dir)
     config_path = os.path.join(directory, "config.json")
-    try:
-        with open(config_path, encoding="utf-8") as f:
-            hf_config = json.load(f)
-    except FileNotFoundError:
-        raise DataError("missing config.json of the checkpoint", config_path) from None
-    except (OSError, ValueError) as e:
-        raise DataError(f"cannot read config.json (expected JSON): {e}", config_path) from None
+    hf_config = read_json(config_path, "missing config.json of the checkpoint")
     if not isinstance(hf_config, dict):
         raise DataError("config.json must hold a JSON object", config_path)
     config = config_from_hf(hf_config, config_path, dtype)

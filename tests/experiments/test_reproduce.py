@@ -53,6 +53,10 @@ def test_report_and_figures(run_dir):
     uniform = run_dir / "models" / "uniform" / "checkpoints"
     final = max(int(step) for step in os.listdir(uniform) if step.isdigit())
     assert not (uniform / str(final) / "input").exists()  # a model of fixed length keeps no input state at its end
+    # each model's folder is shaped as T5X's: the study's operative gin config and the train/ summaries
+    config = (run_dir / "models" / "uniform" / "config.gin").read_text()
+    assert "Study.name = 'tiny_test'" in config and "Study.steps = 6" in config
+    assert any(name.startswith("events.out") for name in os.listdir(run_dir / "models" / "uniform" / "train"))
     text = (run_dir / "report.md").read_text()
     for heading in ("## The run", "## Expected findings", "## TempLAMA F1 and CustomNews F1 and perplexity",
                     "## Yearly experts by year gap", "## F1 by how long the answer stays valid",

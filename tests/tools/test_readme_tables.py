@@ -116,6 +116,17 @@ def test_the_detectable_slope_is_the_monthly_noise_over_the_months_spread():
     assert readme_tables._detectable_slope(dict(list(line.items())[:3])) is None
 
 
+def _write_runs(tmp_path, name, runs):
+    """Each run's results as tmp_path/seed_S/NAME; their paths."""
+    paths = []
+    for seed, results in runs.items():
+        path = tmp_path / f"seed_{seed}" / name
+        path.parent.mkdir()
+        path.write_text(json.dumps(results))
+        paths.append(str(path))
+    return paths
+
+
 def _is_eval(seed, verdict):
     finding = {"verdict": verdict, "effect": 0.52, "interval": [0.1, 0.9], "p_value": 0.012}
     proposals = [{"label": "text"}, {"label": "gold"}]
@@ -133,12 +144,7 @@ def test_the_importance_sampling_table_has_each_effect_and_the_estimates_behind_
     readme = tmp_path / "README.md"
     begin, end = readme_tables.markers("is")
     readme.write_text(f"intro\n{begin}\nold\n{end}\noutro\n")
-    sources = []
-    for seed, verdict in ((11, "appears"), (12, "opposite")):
-        path = tmp_path / f"seed_{seed}" / "is_eval.json"
-        path.parent.mkdir()
-        path.write_text(json.dumps(_is_eval(seed, verdict)))
-        sources.append(str(path))
+    sources = _write_runs(tmp_path, "is_eval.json", {11: _is_eval(11, "appears"), 12: _is_eval(12, "opposite")})
     assert readme_tables.main([*sources, "--readme", str(readme), "--block", "is"]) == 0
     lines = readme.read_text().splitlines()
     assert lines[2] == "| effect | seed 11 | seed 12 |"
@@ -168,12 +174,7 @@ def test_the_appendices_table_has_each_finding_period_and_distance(tmp_path):
     readme = tmp_path / "README.md"
     begin, end = readme_tables.markers("appendices")
     readme.write_text(f"{begin}\n{end}\n")
-    sources = []
-    for seed, increase in ((21, 0.05), (22, -0.02)):
-        path = tmp_path / f"seed_{seed}" / "results.json"
-        path.parent.mkdir()
-        path.write_text(json.dumps(_appendices(seed, increase)))
-        sources.append(str(path))
+    sources = _write_runs(tmp_path, "results.json", {21: _appendices(21, 0.05), 22: _appendices(22, -0.02)})
     assert readme_tables.main([*sources, "--readme", str(readme), "--block", "appendices"]) == 0
     lines = readme.read_text().splitlines()
     assert lines[1] == "| finding | seed 21 | seed 22 |"
