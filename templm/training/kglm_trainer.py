@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from templm.data.linked_mentions import WORD, RELATED, KnowledgeGraph, LinkedDocument, Shapes, document_batch
+from templm.data.linked_mentions import RELATED, WORD, KnowledgeGraph, LinkedDocument, Shapes, document_batch
 from templm.models.kglm import (KGLMConfig, KnowledgeGraphLM, MentionProposal, gold_options, init_generative,
                                 init_proposal, log_joint_terms, proposal_scan)
 from templm.training import loop, partitioning, state as train_state
@@ -69,7 +69,7 @@ def loss_fn(which: str, config: KGLMConfig):
         log_q = jax.vmap(one)(batch, batch["gold_options"])
         decisions = (batch["gold_kind"] >= WORD) & (batch["gold_kind"] <= RELATED)
         nll = -log_q.sum() / jnp.maximum(decisions.sum(), 1)
-        return nll, {"gold_option_prob": jnp.exp(-nll)}
+        return nll, {"ppl": jnp.exp(nll)}  # per decision
     return loss
 
 
