@@ -36,6 +36,15 @@ def set_progress(mode: str) -> None:
     _state["progress"] = mode
 
 
+def settings() -> Dict[str, object]:
+    """The console's settings (enabled, progress mode), for `restore_settings`."""
+    return dict(_state)
+
+
+def restore_settings(saved: Dict[str, object]) -> None:
+    _state.update(saved)
+
+
 def progress_mode() -> str:
     return _state["progress"]
 

@@ -142,6 +142,13 @@ def note_sigterm() -> None:
         signal.signal(signal.SIGTERM, handler)
 
 
+def reset_signal_notes() -> None:
+    """Forgets a Ctrl-C or SIGTERM noted by an earlier command of this process (templm.cli.main, at each call)."""
+    _SIGINT.clear()
+    _SIGINT["received"] = False
+    _SIGTERM["received"] = False
+
+
 def check_interrupted() -> None:
     """Raises KeyboardInterrupt if Ctrl-C arrived, Terminated if SIGTERM did (even if the exception was dropped):
     called before a result is put in place, so an interrupted command never leaves one."""

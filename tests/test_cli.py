@@ -11,7 +11,7 @@ pytestmark = pytest.mark.e2e
 
 from templm.cli import parse_gin, rewrite_gin_args
 from templm.errors import ConfigError
-from templm_testing import run_templm as templm, wait_for_path
+from templm_testing import run_templm as templm, run_templm_process, wait_for_path
 
 
 WORLD_FLAGS = ("--start_year=2014", "--end_year=2016", "--subjects_per_relation=6", "--docs_per_month=3")
@@ -38,12 +38,12 @@ def test_library_logs_only_with_verbosity(tmp_path):
     flags = ["data", "tasks", "--vocab_size=300", "--future_years=1", "--gin.WorldConfig.start_year=2016",
              "--gin.WorldConfig.end_year=2017", "--gin.WorldConfig.subjects_per_relation=4",
              "--gin.WorldConfig.docs_per_month=2"]
-    quiet = templm(*flags, f"--out={tmp_path / 'quiet'}")
+    quiet = run_templm_process(*flags, f"--out={tmp_path / 'quiet'}")  # what reaches the process's descriptors
     assert quiet.returncode == 0, quiet.stderr
     library = [line for line in quiet.stderr.splitlines() if line[:1] in "IWEF" and line[1:5].isdigit()
                or "absl::InitializeLog" in line]
     assert library == [], quiet.stderr
-    loud = templm(*flags, f"--out={tmp_path / 'loud'}", "--verbosity=1")
+    loud = run_templm_process(*flags, f"--out={tmp_path / 'loud'}", "--verbosity=1")
     assert loud.returncode == 0, loud.stderr
     assert any(line[:1] == "I" and line[1:5].isdigit() for line in loud.stderr.splitlines()), loud.stderr
     assert json.loads(quiet.stdout)["examples"] == json.loads(loud.stdout)["examples"]

@@ -4,6 +4,9 @@
     templm data stats --corpus news.jsonl
     templm train --gin_file=gin_configs/temporal.gin --gin.MODEL_DIR="'runs/temporal'"
 
+`templm.cli.main(["data", "world", "--out", "w"])` runs a verb in this process and returns its exit status, as
+`templm data world --out w` would end with; it can be called again in the same process.
+
 `templm --help` lists the verbs; `templm VERB --help` lists a verb's flags. Verbs are words joined by hyphens
 (`train-lm`, `is-eval`; earlier spellings such as `train_lm` still work). Exit status (templm.errors): 0 done; 1 bad
 input (a malformed line, a missing file, a misspelled gin binding: one message naming the file, line or binding);
@@ -17,7 +20,7 @@ Each verb imports its modules when it runs (inside its `_define_*` / `_main_*` f
 TensorFlow and SeqIO, several seconds of start-up that `templm --help` and the light data verbs should not pay.
 """
 
-from templm.cli.main import ALIASES, VERBS, run
+from templm.cli.dispatch import ALIASES, VERBS, main, run
 from templm.cli.options import REPO_ROOT, parse_gin, rewrite_gin_args
 
-__all__ = ["ALIASES", "VERBS", "REPO_ROOT", "parse_gin", "rewrite_gin_args", "run"]
+__all__ = ["ALIASES", "VERBS", "REPO_ROOT", "main", "parse_gin", "rewrite_gin_args", "run"]

@@ -1,5 +1,5 @@
 """`python -m templm.cli VERB ...`, the same as `templm VERB ...`."""
 
-from templm.cli.main import run
+from templm.cli.dispatch import run
 
 run()

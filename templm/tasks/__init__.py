@@ -7,6 +7,7 @@ by templm's verbs after their configs are parsed), the `TEMPLM_DATA_DIR` environ
 prepared on first use in `$TEMPLM_CACHE` (default `~/.cache/templm`) under a lock.
 """
 
+import contextlib
 import functools
 import os
 
@@ -18,7 +19,7 @@ from templm.tasks import registry
 from templm.tasks.registry import adapt_mixture, adapt_mixture_name
 
 __all__ = ["adapt_mixture", "adapt_mixture_name", "configure", "current", "padded_vocab_size", "parse_years",
-           "temporal_adapt_mixture", "uniform_adapt_mixture", "vocabulary", "yearly_mixture"]
+           "registration_scope", "temporal_adapt_mixture", "uniform_adapt_mixture", "vocabulary", "yearly_mixture"]
 
 _current = {}
 
@@ -130,6 +131,19 @@ for _fn in ("configure", "yearly_mixture", "temporal_adapt_mixture", "uniform_ad
         globals()[_fn] = gin.configurable(globals()[_fn], module="templm.tasks")
     except ValueError:  # already registered: this module is being reloaded (importlib.reload); keep the first
         pass
+
+
+@contextlib.contextmanager
+def registration_scope():
+    """What `configure` and the registry hold now is put back when the block ends (templm.cli.main scopes each
+    command's registration with it, so a command never sees what an earlier one in the process registered)."""
+    saved = dict(_current)
+    with registry.registration_scope():
+        try:
+            yield
+        finally:
+            _current.clear()
+            _current.update(saved)
 
 
 def current():

@@ -28,7 +28,8 @@ span (TempLAMA's answer, CustomNews's masked salient span) and masked-LM perplex
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+import contextlib
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import seqio
 import tensorflow as tf
@@ -239,6 +240,25 @@ def register(data_dir: str, years: Sequence[int], seen_years: Sequence[int], fut
         for alpha in ADAPT_ALPHAS:
             for regime in REGIMES:
                 adapt_mixture(year, alpha, regime)
+
+
+@contextlib.contextmanager
+def registration_scope() -> Iterator[None]:
+    """The registry as it is now (seqio's tasks and mixtures, the names and years this module keeps, the files' build
+    hooks) is put back when the block ends, whatever the block registered."""
+    saved = (dict(seqio.TaskRegistry._REGISTRY), dict(seqio.MixtureRegistry._REGISTRY), list(_registered),
+             list(_adapt_years), dict(_PREPARE))
+    try:
+        yield
+    finally:
+        for registry_dict, entries in ((seqio.TaskRegistry._REGISTRY, saved[0]),
+                                       (seqio.MixtureRegistry._REGISTRY, saved[1])):
+            registry_dict.clear()
+            registry_dict.update(entries)
+        _registered[:] = saved[2]
+        _adapt_years[:] = saved[3]
+        _PREPARE.clear()
+        _PREPARE.update(saved[4])
 
 
 CRONQUESTIONS = "cronquestions"

@@ -10,10 +10,34 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_templm(*args, cwd=REPO, env=None, timeout=900):
-    """`python -m templm.cli ARGS` in `cwd` (the repository by default): the CompletedProcess, output as text."""
+def run_templm(*args, cwd=REPO, env=None):
+    """`templm ARGS` in this process (templm.cli.main) in `cwd` (the repository by default), with `env` added to the
+    environment for the call: a CompletedProcess with the exit status and what it wrote to sys.stdout and
+    sys.stderr. Tests about the process itself (what reaches the terminal's descriptors, signals, limits) use
+    `run_templm_process`."""
+    import contextlib
+    import io
+
+    from templm.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_cwd, saved_env = os.getcwd(), dict(os.environ)
+    try:
+        os.chdir(cwd)
+        os.environ.update(env or {})
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = main(list(args))
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(["templm", *args], status, out.getvalue(), err.getvalue())
+
+
+def run_templm_process(*args, cwd=REPO, env=None, timeout=900, **kwargs):
+    """`python -m templm.cli ARGS` in a fresh process in `cwd`: the CompletedProcess, output as text."""
     return subprocess.run([sys.executable, "-m", "templm.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          env=None if env is None else {**os.environ, **env}, timeout=timeout)
+                          env=None if env is None else {**os.environ, **env}, timeout=timeout, **kwargs)
 
 
 def write_texts(folder, texts):

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import sys
+import threading
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, TextIO, Tuple
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from templm import console
 from templm.cli import data_verbs, model_verbs, options, study_verbs
 from templm.cli.options import FLAGS, STATE, Verb, define_gin_flags, load_tensorflow, parse_gin, rewrite_gin_args
 from templm.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_SYSTEM, EXIT_TRAINING, EXIT_USAGE,
                            SYSTEM_ERRNOS, ConfigError, Preempted, Terminated, TrainingError, check_interrupted,
-                           note_sigint, note_sigterm)
+                           note_sigint, note_sigterm, reset_signal_notes)
 
 
 VERBS: Dict[str, Verb] = {v.name: v for v in [
@@ -131,18 +133,108 @@ def _message(error: BaseException) -> str:
     return "\n".join(line for line in str(error).split("\n") if not line.startswith("  In call to configurable"))
 
 
+def main(argv: Sequence[str]) -> int:
+    """`templm ARGV` in this process (ARGV without the program's name): the verb's output on sys.stdout, our lines on
+    sys.stderr, and the exit status returned (templm.errors' EXIT_* codes). Callable again in the same process with
+    the same result: what a call changes in the process (flags, gin, the SeqIO registry, signal handlers, log levels,
+    warning filters, console settings) is put back when it returns."""
+    with _call_scope():
+        try:
+            return _main(list(argv))
+        except SystemExit as e:  # a library's sys.exit inside a verb
+            return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)
+
+
 def run(argv: Optional[Sequence[str]] = None) -> None:
-    """Console entry point: picks the verb, defines its flags, and runs it as an absl app."""
-    argv = list(sys.argv if argv is None else argv)
-    name, rest = _split_verb(argv[1:])
+    """Console entry point (`templm ...`, `python -m templm.cli ...`): `main` on the process's arguments, then exit
+    with its status."""
+    args = list(sys.argv[1:] if argv is None else argv[1:])
+    status = main(args)
+    if status and _verbosity(args)[0] < 1:
+        # After the error line the process ends: library threads that fail on the way out (orbax's writes after a
+        # failed save print a traceback each) are not shown, unless --verbosity asks for library output.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    sys.exit(status)
+
+
+@contextlib.contextmanager
+def _call_scope() -> Iterator[None]:
+    """What one call of `main` changes in the process, put back when it ends: the flags it defined (absl's own stay,
+    unparsed again), gin's config, the SeqIO tasks it registered, the signal handlers and notes, absl's log level,
+    warning filters, the console's settings and the environment variables it set."""
+    import gin  # light; the SeqIO registry is scoped only where a verb loads it (it loads TensorFlow)
+
+    flag_names = set(FLAGS)
+    was_parsed = FLAGS.is_parsed()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    unraisable = sys.unraisablehook
+    environ = dict(os.environ)
+    verbosity = logging.get_verbosity()
+    console_settings = console.settings()
+    state = dict(STATE)
+    reset_signal_notes()
+    gin.clear_config()
+    tasks = sys.modules.get("templm.tasks")
+    with warnings.catch_warnings(), tasks.registration_scope() if tasks else contextlib.nullcontext():
+        try:
+            yield
+        finally:
+            if tasks is None and "templm.tasks" in sys.modules:  # first loaded by this call: as its import left it
+                _registered_as_imported()
+            gin.clear_config()
+            for name in set(FLAGS) - flag_names:
+                delattr(FLAGS, name)
+            if not was_parsed:
+                FLAGS.unparse_flags()
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+            sys.unraisablehook = unraisable
+            for name in set(os.environ) - set(environ):
+                del os.environ[name]
+            os.environ.update(environ)
+            logging.set_verbosity(verbosity)
+            console.restore_settings(console_settings)
+            STATE.clear()
+            STATE.update(state)
+            reset_signal_notes()
+
+
+def _registered_as_imported() -> None:
+    """The SeqIO registry as `import templm.tasks` leaves it (the default task data), after a command that loaded it
+    and registered its own; a default that cannot be registered (a TEMPLM_DATA_DIR without task data) is left out,
+    as the next `configure` says why."""
+    from templm import tasks
+
+    try:
+        tasks.configure()
+    except (ValueError, OSError):
+        pass
+
+
+def _error_stream() -> Tuple[TextIO, bool]:
+    """Where error lines go, and whether it is ours to close: a copy of standard error's descriptor when sys.stderr
+    has one (after a failed checkpoint save the library's threads are silenced on the descriptor itself:
+    templm.training.checkpoints), else sys.stderr as it is (a caller's buffer)."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return sys.stderr, False
+    sys.stderr.flush()
+    return os.fdopen(os.dup(fd), "w", buffering=1, encoding="utf-8", errors="replace"), True
+
+
+def _main(argv: List[str]) -> int:
+    name, rest = _split_verb(argv)
     if name is None:
-        words = [a for a in argv[1:] if not a.startswith("-")]
+        words = [a for a in argv if not a.startswith("-")]
         prefix = " ".join(words)
         if words and not any(n.startswith(prefix + " ") for n in VERBS):
             print(f"templm: unknown verb {prefix!r}\n\n{_usage()}", file=sys.stderr)
-            sys.exit(2)
+            return EXIT_USAGE
         print(_usage(prefix + " " if words else ""))
-        sys.exit(0 if any(a in ("-h", "--help", "--helpfull") for a in argv[1:]) or not words else 2)
+        return 0 if any(a in ("-h", "--help", "--helpfull") for a in argv) or not words else EXIT_USAGE
     verbosity, rest = _verbosity(rest)
     STATE["verbosity"] = verbosity
     v = VERBS[name]
@@ -150,18 +242,19 @@ def run(argv: Optional[Sequence[str]] = None) -> None:
         _quiet_libraries()
     # Loading TensorFlow and the verb's modules takes seconds. A Ctrl-C meanwhile is noted and answered once they
     # are loaded: raised inside TensorFlow's import it aborts the process (SIGABRT) or prints a long traceback.
-    started = signal.getsignal(signal.SIGINT)
     stopped = []
-    signal.signal(signal.SIGINT, lambda *_: stopped.append(True))
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, lambda *_: stopped.append(True))
     try:
         if v.tensorflow:
             load_tensorflow(quiet=verbosity < 1)
         v.define()
     finally:
-        signal.signal(signal.SIGINT, started)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     if stopped:
         print(f"templm {name}: interrupted while starting; nothing was written", file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)
+        return EXIT_INTERRUPTED
     if v.takes_gin:
         define_gin_flags()
     flags.DEFINE_enum("progress", "lines", console.PROGRESS_MODES, "How long work shows its progress: lines (lines "
@@ -169,75 +262,64 @@ def run(argv: Optional[Sequence[str]] = None) -> None:
                       f"{console.LONG_WORK_SECONDS:.0f} s), bar (a bar on the terminal) or none.")
     if any(a in ("-h", "--help", "--helpshort", "--helpfull") for a in rest):
         print(_verb_help(v))
-        sys.exit(0)
+        return 0
     try:
         rest = rewrite_gin_args(rest)
     except ConfigError as e:
         print(f"templm {name}: error: {e}", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
+        return EXIT_USAGE
+    try:
+        FLAGS([f"templm {name}"] + rest)
+    except flags.Error as e:
+        print(f"templm {name}: error: {e} (templm {name} --help lists the flags)", file=sys.stderr)
+        return EXIT_USAGE
+    logging.use_absl_handler()
+    if verbosity < 1:  # absl would log at INFO; --verbosity=1 keeps its own setting (INFO and debug lines)
+        logging.set_verbosity(logging.FATAL)  # libraries' errors surface as exceptions, which we print
+    err, own = _error_stream()
+    try:
+        return _run_verb(name, v, err)
+    finally:
+        if own:
+            err.close()
 
-    # Error lines go through a copy of standard error taken now: after a failed checkpoint save the library's
-    # threads are silenced on standard error itself (templm.training.checkpoints).
-    err = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1, encoding="utf-8", errors="replace")
 
-    def last_words(status):
-        """After the error line, the process ends: library threads that fail on the way out (orbax's writes after
-        a failed save print a traceback each) are not shown, unless --verbosity asks for library output."""
-        if status and verbosity < 1:
-            err.flush()
-            sys.stderr.flush()
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 2)
+def _run_verb(name: str, v: Verb, err: TextIO) -> int:
+    """The verb with its flags parsed: its status, or the status and one line of every failure it ends with."""
+    console.set_progress(FLAGS.progress)
+    try:
+        note_sigint()
+        note_sigterm()
+        if v.takes_gin:
+            first = v.gin_first() if v.gin_first else []
+            parse_gin(first + list(FLAGS.gin_file), FLAGS.gin_bindings, FLAGS.gin_search_paths)
+        status = v.main() or 0
+        check_interrupted()  # a Ctrl-C whose KeyboardInterrupt was dropped on the way
         return status
-
-    def main(_):
-        if verbosity < 1:  # absl would log at INFO; --verbosity=1 keeps its own setting (INFO and debug lines)
-            logging.set_verbosity(logging.FATAL)  # libraries' errors surface as exceptions, which we print
-        console.set_progress(FLAGS.progress)
-        try:
-            note_sigint()
-            note_sigterm()
-            if v.takes_gin:
-                first = v.gin_first() if v.gin_first else []
-                parse_gin(first + list(FLAGS.gin_file), FLAGS.gin_bindings, FLAGS.gin_search_paths)
-            status = v.main() or 0
-            check_interrupted()  # a Ctrl-C whose KeyboardInterrupt was dropped on the way
-            return status
-        except Preempted as e:
-            print(f"templm {name}: {_message(e)}", file=err)
-            return last_words(EXIT_PREEMPTED)
-        except TrainingError as e:
-            print(f"templm {name}: error: {_message(e)}", file=err)
-            return last_words(EXIT_TRAINING)
-        except (ValueError, FileNotFoundError) as e:  # DataError, ConfigError and bad values: the input's fault
-            logging.debug("templm %s failed", name, exc_info=True)  # the traceback, with --verbosity=1
-            print(f"templm {name}: error: {_message(e)}", file=err)
-            return last_words(EXIT_BAD_INPUT)
-        except OSError as e:  # the file system: a path of the wrong kind, no permission, a full disk
-            logging.debug("templm %s failed", name, exc_info=True)
-            where = f"{e.filename}: " if getattr(e, "filename", None) else ""
-            print(f"templm {name}: error: {where}{e.strerror or _message(e)} (nothing half-written was left)",
-                  file=err)
-            code = e.errno
-            if code is None:  # gin re-raises an error from inside a configurable as a copy without its errno
-                match = re.match(r"\[Errno (\d+)\]", str(e))
-                code = int(match.group(1)) if match else None
-            return last_words(EXIT_SYSTEM if code in SYSTEM_ERRNOS else EXIT_BAD_INPUT)
-        except KeyboardInterrupt:
-            print(f"templm {name}: interrupted; nothing half-written was left (a training run resumes from its last "
-                  "checkpoint when run again)", file=err)
-            return last_words(EXIT_INTERRUPTED)
-        except Terminated:
-            print(f"templm {name}: stopped by SIGTERM; nothing half-written was left and no result was written: run "
-                  "the same command again", file=err)
-            return last_words(EXIT_PREEMPTED)
-
-    def parse_flags(args):
-        """absl's parse, with a bad or missing flag as one line of ours and the usage status."""
-        try:
-            return FLAGS(args)
-        except flags.Error as e:
-            print(f"templm {name}: error: {e} (templm {name} --help lists the flags)", file=sys.stderr)
-            sys.exit(EXIT_USAGE)
-
-    app.run(main, argv=[f"templm {name}"] + rest, flags_parser=parse_flags)
+    except Preempted as e:
+        print(f"templm {name}: {_message(e)}", file=err)
+        return EXIT_PREEMPTED
+    except TrainingError as e:
+        print(f"templm {name}: error: {_message(e)}", file=err)
+        return EXIT_TRAINING
+    except (ValueError, FileNotFoundError) as e:  # DataError, ConfigError and bad values: the input's fault
+        logging.debug("templm %s failed", name, exc_info=True)  # the traceback, with --verbosity=1
+        print(f"templm {name}: error: {_message(e)}", file=err)
+        return EXIT_BAD_INPUT
+    except OSError as e:  # the file system: a path of the wrong kind, no permission, a full disk
+        logging.debug("templm %s failed", name, exc_info=True)
+        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        print(f"templm {name}: error: {where}{e.strerror or _message(e)} (nothing half-written was left)", file=err)
+        code = e.errno
+        if code is None:  # gin re-raises an error from inside a configurable as a copy without its errno
+            match = re.match(r"\[Errno (\d+)\]", str(e))
+            code = int(match.group(1)) if match else None
+        return EXIT_SYSTEM if code in SYSTEM_ERRNOS else EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print(f"templm {name}: interrupted; nothing half-written was left (a training run resumes from its last "
+              "checkpoint when run again)", file=err)
+        return EXIT_INTERRUPTED
+    except Terminated:
+        print(f"templm {name}: stopped by SIGTERM; nothing half-written was left and no result was written: run "
+              "the same command again", file=err)
+        return EXIT_PREEMPTED
