@@ -9,7 +9,7 @@ DEMO_DIR ?= runs/demo
 # than 2.35 ignores it.
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
-.PHONY: venv demo test test-fast bench bench-device clean
+.PHONY: venv demo test test-fast test-network bench bench-device clean
 
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,12 +22,16 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/templm reproduce --preset smoke --out $(DEMO_DIR)
 
-# The whole suite; test-fast leaves out the end-to-end runs of the command line (tests marked e2e).
+# The whole suite, with its 25 slowest tests; test-fast leaves out the end-to-end runs of the command line (tests
+# marked e2e). Neither reaches the network: the tests that ask the package index are test-network's.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=25 -m "not network" tests
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not e2e" tests
+	$(BIN)/python -m pytest -q --durations=10 -m "not e2e and not network" tests
+
+test-network: $(STAMP)
+	$(BIN)/python -m pytest -q -m network tests
 
 # Benchmarks (BENCHMARKS.md): each tool prints one JSON line per figure; they are appended to $(BENCH_OUT).
 # The PyTorch peer of bench_t5 needs the bench extra (`$(BIN)/python -m pip install -e '.[bench]'`), else skipped.

@@ -298,6 +298,7 @@ def test_the_t5x_requirements_are_pinned_and_what_workspace_installs():
 
 
 @pytest.mark.e2e
+@pytest.mark.network
 def test_the_t5x_requirements_from_the_index_need_nothing_else_and_change_nothing_of_templms():
     """pip's own resolution, as a dry run against the installed templm: the index's packages of the file, with
     their dependencies, install exactly themselves (nothing templm pins is upgraded, downgraded or doubled), so

@@ -5,16 +5,14 @@ earliest copy stays, stats.json counts what went, and without the clean-up every
 import datetime
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from templm.data.filters import DocumentFilter, FilterConfig, shingles
 from templm.data.records import Document
 from templm.data.splits import SPLIT_NAMES, make_splits, read_split_file, yearly_buckets
+from templm_testing import run_templm
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 D = datetime.date
 
 ENGLISH = [
@@ -121,16 +119,14 @@ def test_shingles_are_word_five_grams_of_the_lowercased_text():
 
 def test_the_verb_takes_the_clean_up_flags_and_names_a_bad_one(tmp_path):
     corpus, _ = _corpus(tmp_path / "news.jsonl")
-    base = [sys.executable, "-m", "templm.cli", "data", "splits", f"--corpus={corpus}", "--cutoff=2017-09-30",
-            "--test_docs_per_month=100", "--noyearly", "--allow_degenerate"]
-    ok = subprocess.run(base + [f"--out={tmp_path / 'out'}", "--near_duplicate_threshold=0"], capture_output=True,
-                        text=True, cwd=REPO, timeout=300)
+    base = ["data", "splits", f"--corpus={corpus}", "--cutoff=2017-09-30", "--test_docs_per_month=100", "--noyearly",
+            "--allow_degenerate"]
+    ok = run_templm(*base, f"--out={tmp_path / 'out'}", "--near_duplicate_threshold=0")
     assert ok.returncode == 0, ok.stderr[-3000:]
     with open(tmp_path / "out" / "stats.json") as f:
         cleaned = json.load(f)["cleaned"]
     assert cleaned["other_language_removed"] == 2 and cleaned["near_duplicate_threshold"] is None
-    bad = subprocess.run(base + [f"--out={tmp_path / 'bad'}", "--language=english"], capture_output=True, text=True,
-                         cwd=REPO, timeout=300)
+    bad = run_templm(*base, f"--out={tmp_path / 'bad'}", "--language=english")
     assert bad.returncode == 1 and "--language" in bad.stderr and "langid's ISO 639-1 codes" in bad.stderr
     assert not os.path.exists(tmp_path / "bad")
 

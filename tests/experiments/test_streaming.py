@@ -7,8 +7,6 @@ a tokenizer changed since training, or a shared stream for models of different v
 import gzip
 import json
 import os
-import subprocess
-import sys
 
 import gin
 import jax
@@ -27,6 +25,7 @@ from templm.experiments.streaming import choose_rate, prepare_preset_data, strea
 from templm.io import file_sha256, jsonable
 from templm.reports.stream import stream_markdown
 from templm.training import lm_trainer, partitioning
+from templm_testing import run_templm
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The tiny_test world has 256 pieces; one layer and a short run keep the fixture to seconds.
@@ -56,10 +55,10 @@ def runs(tmp_path_factory):
     return {**data, **dirs, "root": root}
 
 
-def _stream(*args, out=None, **popen):
-    return subprocess.Popen([sys.executable, "-m", "templm.cli", "stream", "--gin_file=txl/dynamic_eval.gin",
-                             *([f"--gin.OUT_DIR='{out}'"] if out else []), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, **popen)
+def _stream(*args, out=None):
+    """`templm stream` in this process: the CompletedProcess."""
+    return run_templm("stream", "--gin_file=txl/dynamic_eval.gin", *([f"--gin.OUT_DIR='{out}'"] if out else []),
+                      *args)
 
 
 def test_gin_configs_pick_the_splits_and_the_paper_model(runs):
@@ -92,7 +91,7 @@ def test_stream_verb_writes_the_report_for_every_test_month(runs, tmp_path):
                    f"--gin.templm.stream_evaluation.dynamic={dynamic}", "--gin.templm.stream_evaluation.ms_segments=4",
                    "--gin.templm.stream_evaluation.min_test_count=3", "--gin.templm.stream_evaluation.n_topics=3",
                    out=tmp_path / "out")
-    out, err = proc.communicate(timeout=600)
+    out, err = proc.stdout, proc.stderr
     assert proc.returncode == 0, err[-3000:]
     assert sorted(os.listdir(tmp_path / "out")) == ["emerging_words.png", "relative_perplexity.png", "report.md",
                                                     "results.json"]
@@ -134,17 +133,15 @@ def test_bad_input_is_named_and_exits_non_zero(runs, tmp_path):
                            out=tmp_path / "a"),
         "foreign": _stream(ts, ctl, f"--gin.templm.stream_evaluation.test_split_file='{foreign}'",
                            out=tmp_path / "b"),
-        "train_lm": subprocess.Popen(
-            [sys.executable, "-m", "templm.cli", "train-lm", "--gin_file=txl/time_stratified.gin",
-             "--gin_file=txl/tiny.gin", f"--gin.MODEL_DIR='{tmp_path / 'm'}'", f"--gin.CORPUS='{runs['corpus']}'",
-             f"--gin.SPLIT_DIR='{tmp_path / 'nowhere'}'", f"--gin.SPM_MODEL='{runs['spm_model']}'"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO),
+        "train_lm": run_templm(
+            "train-lm", "--gin_file=txl/time_stratified.gin", "--gin_file=txl/tiny.gin",
+            f"--gin.MODEL_DIR='{tmp_path / 'm'}'", f"--gin.CORPUS='{runs['corpus']}'",
+            f"--gin.SPLIT_DIR='{tmp_path / 'nowhere'}'", f"--gin.SPM_MODEL='{runs['spm_model']}'"),
     }
     errors = {}
     for name, proc in procs.items():
-        _, err = proc.communicate(timeout=600)
-        assert proc.returncode == 1, (name, err[-3000:])
-        errors[name] = err
+        assert proc.returncode == 1, (name, proc.stderr[-3000:])
+        errors[name] = proc.stderr
     assert f"{missing}: no such split file" in errors["missing"]
     assert f"{foreign}: 1 of the 1 document ids" in errors["foreign"] and "not in the corpus" in errors["foreign"]
     assert f"{tmp_path / 'nowhere' / 'time_stratified_train.gz'}: no such split file" in errors["train_lm"]

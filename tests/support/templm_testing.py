@@ -13,7 +13,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def run_templm(*args, cwd=REPO, env=None):
     """`templm ARGS` in this process (templm.cli.main) in `cwd` (the repository by default), with `env` added to the
     environment for the call: a CompletedProcess with the exit status and what it wrote to sys.stdout and
-    sys.stderr. Tests about the process itself (what reaches the terminal's descriptors, signals, limits) use
+    sys.stderr. An `env` value of None takes the variable out for the call. Tests about the process itself (what reaches the terminal's descriptors, signals, limits) use
     `run_templm_process`."""
     import contextlib
     import io
@@ -24,7 +24,11 @@ def run_templm(*args, cwd=REPO, env=None):
     saved_cwd, saved_env = os.getcwd(), dict(os.environ)
     try:
         os.chdir(cwd)
-        os.environ.update(env or {})
+        for name, value in (env or {}).items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             status = main(list(args))
     finally:

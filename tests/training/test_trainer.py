@@ -28,7 +28,7 @@ from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, save_hf_checkp
 from templm.training import partitioning, trainer
 from templm.training.checkpoints import load_params
 from templm.training.input_pipeline import TrainingInput
-from templm_testing import event_tags, lock_holder, wait_for_path
+from templm_testing import event_tags, lock_holder, run_templm, wait_for_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LENGTHS = {"inputs": 32, "targets": 8}
@@ -361,22 +361,20 @@ def test_a_fractional_or_negative_step_count_is_refused_before_any_work(data_dir
     nothing: both are one message naming the binding, exit 1, and MODEL_DIR is never made."""
     for value, message in [("20.5", "expected a whole number, got 20.5"), ("-5", "must be at least 1, got -5")]:
         model_dir = tmp_path / f"steps_{value}"
-        proc = _cli(f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={value}",
-                    env={"TEMPLM_DATA_DIR": data_dir})
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 1 and out == "", err[-2000:]
+        result = run_templm("train", *CLI_CONFIG, f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={value}",
+                            env={"TEMPLM_DATA_DIR": data_dir})
+        out, err = result.stdout, result.stderr
+        assert result.returncode == 1 and out == "", err[-2000:]
         assert f"templm.train.train_steps (the gin macro TRAIN_STEPS): {message}" in err
         assert not model_dir.exists()
 
 
 @pytest.mark.e2e
 def test_misspelled_binding_and_missing_macro_are_named():
-    wrong = subprocess.run([sys.executable, "-m", "templm.cli", "train", "--gin_file=gin_configs/temporal.gin",
-                            "--gin.templm.train.trian_steps=3", "--gin.MODEL_DIR='/tmp/x'"],
-                           capture_output=True, text=True, cwd=REPO, timeout=300)
+    wrong = run_templm("train", "--gin_file=gin_configs/temporal.gin", "--gin.templm.train.trian_steps=3",
+                       "--gin.MODEL_DIR='/tmp/x'")
     assert wrong.returncode == 1 and "trian_steps" in wrong.stderr
-    missing = subprocess.run([sys.executable, "-m", "templm.cli", "train", "--gin_file=gin_configs/temporal.gin"],
-                             capture_output=True, text=True, cwd=REPO, timeout=300)
+    missing = run_templm("train", "--gin_file=gin_configs/temporal.gin")
     assert missing.returncode == 1 and "MODEL_DIR" in missing.stderr
 
 
@@ -397,15 +395,11 @@ def test_gin_configs_bind_the_t5x_macros(data_dir):
 @pytest.mark.e2e
 def test_eval_and_infer_verbs_on_the_trained_checkpoint(trained, data_dir, tmp_path):
     model_dir, _ = trained
-    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
-    env = {**os.environ, "TEMPLM_DATA_DIR": data_dir}
+    env = {"TEMPLM_DATA_DIR": data_dir}
     common = [*CLI_CONFIG, f"--gin.MODEL_DIR='{model_dir}'"]
     # The data folder given as a gin binding, not in the environment: the verb applies it after parsing the configs.
-    no_env = {k: v for k, v in os.environ.items() if k != "TEMPLM_DATA_DIR"}
-    result = subprocess.run([sys.executable, "-m", "templm.cli", "eval", *common, "--split=validation",
-                             "--eval_task=templama_temporal", f"--out={tmp_path}",
-                             f"--gin.templm.tasks.configure.data_dir='{data_dir}'"], capture_output=True, text=True,
-                            cwd=root, env=no_env, timeout=600)
+    result = run_templm("eval", *common, "--split=validation", "--eval_task=templama_temporal", f"--out={tmp_path}",
+                        f"--gin.templm.tasks.configure.data_dir='{data_dir}'", env={"TEMPLM_DATA_DIR": None})
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "eval_validation.json").read_text())
     metrics = report["metrics"]["templama_temporal"]
@@ -418,8 +412,7 @@ def test_eval_and_infer_verbs_on_the_trained_checkpoint(trained, data_dir, tmp_p
     queries.write_text('{"query": "Ann Lee plays for _X_.", "date": "2014"}\n{"inputs": "year: 2015 <extra_id_0> '
                        'is the head coach of Kora United."}\n')
     out = tmp_path / "predictions.jsonl"
-    result = subprocess.run([sys.executable, "-m", "templm.cli", "infer", *common, f"--input={queries}",
-                             f"--output={out}"], capture_output=True, text=True, cwd=root, env=env, timeout=600)
+    result = run_templm("infer", *common, f"--input={queries}", f"--output={out}", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["model_inputs"] for r in rows] == ["year: 2014 Ann Lee plays for <extra_id_0>.",
@@ -427,9 +420,7 @@ def test_eval_and_infer_verbs_on_the_trained_checkpoint(trained, data_dir, tmp_p
     assert all(isinstance(r["prediction"], str) and "<extra_id" not in r["prediction"] for r in rows)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"query": "no date here _X_"}\n')
-    result = subprocess.run([sys.executable, "-m", "templm.cli", "infer", *common, f"--input={bad}",
-                             f"--output={tmp_path / 'x.jsonl'}"], capture_output=True, text=True, cwd=root,
-                            env=env, timeout=600)
+    result = run_templm("infer", *common, f"--input={bad}", f"--output={tmp_path / 'x.jsonl'}", env=env)
     assert result.returncode == 1 and f"{bad}:1" in result.stderr
     assert not (tmp_path / "x.jsonl").exists()
 
