@@ -1,15 +1,16 @@
-"""README's table of what the presets show, written from the runs' own results.json, so that no number in it is
-typed by hand and none can drift from what the code does.
+"""The tables of docs/results.md (what the presets show, linked from README.md), written from the runs' own
+results.json, so that no number in them is typed by hand and none can drift from what the code does.
 
     python tools/readme_tables.py runs/smoke_seeds/results.json [runs/small_seeds/results.json ...]
-    python tools/readme_tables.py --check ...   # exit 1 where README's table is not the one these results give
-    python tools/readme_tables.py --block NAME ...   # README's table between the marker lines named NAME
+    python tools/readme_tables.py --check ...   # exit 1 where the page's table is not the one these results give
+    python tools/readme_tables.py --block NAME ...   # the page's table between the marker lines named NAME
+    python tools/readme_tables.py --readme PAGE.md ...   # another Markdown page than docs/results.md
 
 Each file is the results.json of `templm reproduce --preset P --seeds S,S,... --out DIR` (a run over several
 seeds; one seed's results.json works too), or the is_eval.json of `templm is-eval --model=kglm --seed S --out
 DIR` (one column per seed: Logan et al.'s effects on the knowledge-graph LM, then the estimates behind them), or
 the results.json of `templm appendices --seed S --out DIR` (one column per seed: Mind the Gap's appendices). The
-table goes between README's two marker lines, one column per file: for each finding of the registry
+table goes between the page's two marker lines, one column per file: for each finding of the registry
 (templm.metrics.findings) the verdict over the seeds, the mean effect with its 95 % interval and p, and each seed's
 verdict; then the wall time and, under the table, the command and machine of each column. Below it, the streaming
 half's relative increase, its monthly slope and the gain from dynamic evaluation, each seed's and their mean,
@@ -30,11 +31,11 @@ from templm.metrics.findings import APPENDICES, BY_NAME, IMPORTANCE_SAMPLING, ST
 
 BEGIN = "<!-- readme_tables: begin (written by tools/readme_tables.py from the runs' results.json) -->"
 END = "<!-- readme_tables: end -->"
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+RESULTS_PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results.md")
 
 
 def markers(block: str = "") -> tuple:
-    """The begin and end lines of README's table `block` ("" the first table; a name for each further one)."""
+    """The begin and end lines of the page's table `block` ("" the first table; a name for each further one)."""
     if not block:
         return BEGIN, END
     return (f"<!-- readme_tables: begin {block} (written by tools/readme_tables.py from the runs' results.json) -->",
@@ -188,7 +189,7 @@ def _percent(values: Sequence[float], digits: int = 1, mean: Any = None) -> str:
 
 
 def table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
-    """The Markdown between README's markers: the table, then the streaming numbers beside the paper's, then how
+    """The Markdown between the page's markers: the table, then the streaming numbers beside the paper's, then how
     each column was made."""
     names = [f.name for f in STUDY if all(f.name in (r.get("findings") or {}) for r in runs)]
     lines = ["| finding | " + " | ".join(_column(r) for r in runs) + " |",
@@ -225,7 +226,7 @@ def _is_estimate(run: Mapping[str, Any], proposal: str, level: str, k: int) -> s
 
 
 def is_table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
-    """The Markdown between README's markers for `templm is-eval --model=kglm` runs, one column per run: each
+    """The Markdown between the page's markers for `templm is-eval --model=kglm` runs, one column per run: each
     effect's verdict, then the estimated perplexities behind them and the exact check, then how each was made."""
     columns = [f"seed {r['config']['seed']}" for r in runs]
     lines = ["| effect | " + " | ".join(columns) + " |", "|---|" + "---|" * len(runs)]
@@ -260,7 +261,7 @@ def is_table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
 
 
 def appendix_table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
-    """The Markdown between README's markers for `templm appendices` runs, one column per run: each appendix's
+    """The Markdown between the page's markers for `templm appendices` runs, one column per run: each appendix's
     finding, then each shifted test period's relative increase and each distance's word perplexity."""
     columns = [f"seed {r['config']['seed']}" for r in runs]
     lines = ["| finding | " + " | ".join(columns) + " |", "|---|" + "---|" * len(runs)]
@@ -298,11 +299,11 @@ def appendix_table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str]) ->
 
 
 def replace(readme: str, body: str, block: str = "") -> str:
-    """README's text with `body` between the markers of `block` (a ValueError when they are not there once each, in
-    order)."""
+    """The page's text (`readme`) with `body` between the markers of `block` (a ValueError when they are not there
+    once each, in order)."""
     begin, end = markers(block)
     if readme.count(begin) != 1 or readme.count(end) != 1 or readme.index(begin) > readme.index(end):
-        raise ValueError(f"README needs the two marker lines once each, in order:\n{begin}\n{end}")
+        raise ValueError(f"the page needs the two marker lines once each, in order:\n{begin}\n{end}")
     head, rest = readme.split(begin)
     _, tail = rest.split(end)
     return f"{head}{begin}\n{body}\n{end}{tail}"
@@ -311,9 +312,10 @@ def replace(readme: str, body: str, block: str = "") -> str:
 def main(argv: List[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="+", help="results.json of `templm reproduce --seeds ...`, one per column")
-    parser.add_argument("--readme", default=README)
-    parser.add_argument("--check", action="store_true", help="change nothing: exit 1 where README differs")
-    parser.add_argument("--block", default="", help="which of README's tables: '' the first, or the name in its "
+    parser.add_argument("--readme", default=RESULTS_PAGE, metavar="PAGE",
+                        help="the Markdown page that holds the marker lines (default: docs/results.md)")
+    parser.add_argument("--check", action="store_true", help="change nothing: exit 1 where the page differs")
+    parser.add_argument("--block", default="", help="which of the page's tables: '' the first, or the name in its "
                                                    "marker lines")
     args = parser.parse_args(argv)
     runs = []

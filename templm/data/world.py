@@ -3,8 +3,8 @@
 Every verb of templm runs on this world by default, so it shows what the papers study: facts that change at
 different rates per relation, years with several valid answers, names and words that only appear from some date on,
 bursts of news about one event, and background topics whose mix drifts over the years. How much of the news depends
-on its date is set by named mechanisms, each a `WorldConfig` field (README's table of the world says where each
-default comes from): most sentences are background that does not depend on the date (`background_share`), only a
+on its date is set by named mechanisms, each a `WorldConfig` field (docs/data.md's table of the world says where
+each default comes from): most sentences are background that does not depend on the date (`background_share`), only a
 few per cent name a year (`year_share`), new names (`emerging_share`) and new words (`new_words_per_month`) keep
 appearing to the last month, the topic mix drifts (`topic_drift`), and every statement is drawn from many
 paraphrases.
@@ -42,8 +42,9 @@ WORLD_VERSION = 2
 
 @dataclasses.dataclass(frozen=True)
 class WorldConfig:
-    """The world's size and the rates of its mechanisms (README: "The embedded temporal world" lists each default
-    and where it comes from). `subjects_per_relation` sets every entity pool; `docs_per_month` the news volume."""
+    """The world's size and the rates of its mechanisms (docs/data.md, "The embedded temporal world", lists each
+    default and where it comes from). `subjects_per_relation` sets every entity pool; `docs_per_month` the news
+    volume."""
 
     seed: int = 0
     start_year: int = 2010

@@ -27,7 +27,7 @@ adaptation mixtures) on the seen years plus the new year. The same preset and se
 world, seeded and ordered tf.data pipelines, deterministic CPU arithmetic); wall-clock times are kept apart, under
 "timing".
 
-Studies (gin_configs/study/*.gin, templm/experiments/studies.py; README.md has their measured times): `smoke` (the
+Studies (gin_configs/study/*.gin, templm/experiments/studies.py; docs/results.md has their measured times): `smoke` (the
 demo: every stage, small and noisy), `small` (sized so that the paper's findings show), `tiny_test` (the test
 suite's) and `paper` (the papers' settings, for an accelerator slice). A run prints one line as each stage starts and
 ends (elapsed time and an ETA) and one per model trained.
