@@ -165,7 +165,7 @@ def _example(tf, record: Mapping[str, Any]) -> bytes:
         "inputs": text([record["question"]]), "targets": text(record["answers"][:1]),
         "answers": text(record["answers"]), "id": text([record["id"]]),
         "answer_type": text([record["answer_type"]]), "question_type": text([record["question_type"]]),
-    })).SerializeToString()
+    })).SerializeToString(deterministic=True)
 
 
 def convert_release(release_dir: str, out_dir: str, max_questions: Optional[int] = None) -> Dict[str, Any]:

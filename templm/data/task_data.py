@@ -92,7 +92,7 @@ def _example(tf, inputs: str, targets: str, answers: Sequence[str], year: int, e
     return tf.train.Example(features=tf.train.Features(feature={
         "inputs": text([inputs]), "targets": text([targets]), "answers": text(answers), "id": text([example_id]),
         "year": tf.train.Feature(int64_list=tf.train.Int64List(value=[year])),
-    })).SerializeToString()
+    })).SerializeToString(deterministic=True)
 
 
 class _Writers:
