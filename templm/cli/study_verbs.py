@@ -117,7 +117,7 @@ def define_reproduce():
     flags.DEFINE_boolean("streaming", True, "Also run the Transformer-XL half (TIME-STRATIFIED vs CONTROL streaming "
                          "perplexity, dynamic evaluation) after the T5 stages.")
     define_overwrite()
-    # Your own data instead of the embedded world (README, "The study on your own data").
+    # Your own data instead of the embedded world (docs/study.md, "The study on your own data").
     flags.DEFINE_multi_string("corpus", None, "A dated news corpus for the study instead of the embedded world. "
                               + CORPUS_HELP)
     flags.DEFINE_string("templama_dir", None, "The TempLAMA release the time-aware half asks ({train,val,test}.json "
