@@ -128,9 +128,8 @@ def train_latent_lm(model_dir: str, which: str, config: KGLMConfig, docs: Sequen
         state, start_step, last, _ = folder.resume(state, meta, _RESUME_KEYS)
         batch_shardings = jax.tree.map(lambda _: data_sharding, batch_at(0))
         step_fn = train_state.compile_step(step, shardings, batch_shardings, mesh)
-        state, logged = loop.run(step_fn, state, batch_at, rng=jax.random.key(seed + 1), start_step=start_step,
-                                 train_steps=train_steps, checkpointer=folder.checkpointer, log=folder.log,
-                                 meta=meta, log_period=log_period, tokens_per_step=0,
-                                 name=f"kglm {which}", shown=("loss",), progress=progress)
+        context = loop.RunContext(folder.checkpointer, folder.log, meta, jax.random.key(seed + 1), start_step,
+                                  train_steps, log_period, hooks=loop.Hooks(progress=progress, name=f"kglm {which}"))
+        state, logged = loop.run(step_fn, state, batch_at, context)
     return {"params": jax.tree.map(np.asarray, state["params"]), "train": logged if logged is not None else last,
             "step": max(train_steps, start_step), "start_step": start_step}

@@ -309,13 +309,13 @@ def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_fi
         # --- The loop: this process's rows of the segment at each data position. ------------------------------
         local = batch_size // jax.process_count()
         rows = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
+        hooks = loop.Hooks(extra_scalars=lambda step: {"epoch": step / data.segments_per_epoch}, progress=progress,
+                           name=os.path.basename(model_dir), shown=("epoch", "loss", "ppl"))
+        context = loop.RunContext(folder.checkpointer, folder.log, meta, jax.random.key(seed + 1), start_step,
+                                  train_steps, log_period, batch_size * config.tgt_len, hooks)
         state, logged = loop.run(
             step_fn, state, lambda position: train_state.global_batch(data.batch(position, rows), batch_shardings),
-            rng=jax.random.key(seed + 1), start_step=start_step, train_steps=train_steps,
-            checkpointer=folder.checkpointer, log=folder.log, meta=meta, log_period=log_period,
-            tokens_per_step=batch_size * config.tgt_len, name=os.path.basename(model_dir),
-            extra_scalars=lambda step: {"epoch": step / data.segments_per_epoch},
-            shown=("epoch", "loss", "ppl"), progress=progress)
+            context)
     result: Dict[str, Any] = {"start_step": start_step, "data": data_stats}
     train = logged if logged is not None else last  # a resumed run with nothing left reports its checkpoint's
     if train is not None:

@@ -19,6 +19,7 @@ Each step takes the batch of its data position and applies the step; then
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -157,60 +158,90 @@ def check_finite(metrics: Mapping[str, Any], step: int, checkpointer: Checkpoint
                             f"stopping; the last good checkpoint is step {good} in {checkpointer.directory}")
 
 
-def run(step_fn: Callable, state: Any, batch_at: Callable[[int], Mapping[str, jax.Array]], *, rng: jax.Array,
-        start_step: int, train_steps: int, checkpointer: Checkpointer, log: MetricsLog, meta: Mapping[str, Any],
-        log_period: int, tokens_per_step: int, name: str = "train",
-        extra_scalars: Optional[Callable[[int], Dict[str, float]]] = None, shown: Tuple[str, ...] = ("loss",),
-        evaluate: Optional[Callable[[int, Any], None]] = None, eval_period: int = 0,
-        progress: Union[bool, float] = True, input_state: Optional[Callable[[], Optional[Mapping[str, bytes]]]] = None,
-        final_input_state: bool = True) -> Tuple[Any, Optional[Dict[str, float]]]:
+@dataclasses.dataclass(frozen=True)
+class Hooks:
+    """What a trainer adds to the loop.
+
+    evaluate(step, state), every `eval_period` steps (0: never) and at the last step. extra_scalars(step) -> more
+    scalars logged beside the step's metrics (e.g. the epoch). input_state() -> this process's input pipeline states
+    (or None when they cannot be saved), saved with each checkpoint (where the data position alone cannot restore the
+    input in constant time), the last step's only with `final_input_state` (a run of fixed length that will not be
+    extended can leave it out: it is as large as the pipelines' shuffle buffers). `progress`: True a line at every
+    log step, a number of seconds at most once in that many (console.Ticker; the command line's --progress=bar draws
+    a bar, none prints nothing), False never; the lines are named `name` and show the metrics and extra scalars
+    `shown`."""
+
+    evaluate: Optional[Callable[[int, Any], None]] = None
+    eval_period: int = 0
+    extra_scalars: Optional[Callable[[int], Dict[str, float]]] = None
+    input_state: Optional[Callable[[], Optional[Mapping[str, bytes]]]] = None
+    final_input_state: bool = True
+    progress: Union[bool, float] = True
+    name: str = "train"
+    shown: Tuple[str, ...] = ("loss",)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunContext:
+    """Where and how long a run goes: its checkpointer and metrics log (a RunFolder's), its record `meta` (saved with
+    every checkpoint), the step's rng, steps start_step+1 .. train_steps with metrics every `log_period` steps
+    (`tokens_per_step` for the rate), and the trainer's hooks."""
+
+    checkpointer: Checkpointer
+    log: MetricsLog
+    meta: Mapping[str, Any]
+    rng: jax.Array
+    start_step: int
+    train_steps: int
+    log_period: int
+    tokens_per_step: int = 0
+    hooks: Hooks = Hooks()
+
+
+def run(step_fn: Callable, state: Any, batch_at: Callable[[int], Mapping[str, jax.Array]],
+        context: RunContext) -> Tuple[Any, Optional[Dict[str, float]]]:
     """Runs steps start_step+1 .. train_steps (module docstring); returns (state, the last logged train metrics).
 
     batch_at(position) -> the global batch of a data position (position = the number of steps done before it).
-    extra_scalars(step) -> more scalars to log beside the step's metrics (e.g. the epoch); `shown` names the metrics
-    and extra scalars the progress line shows: `progress` True at every log step, a number of seconds at most once
-    in that many (console.Ticker; the command line's --progress=bar draws a bar, none prints nothing), False never. input_state() -> this
-    process's input pipeline states (or None when they cannot be saved), saved with each checkpoint (where the data
-    position alone cannot restore the input in constant time), the last step's only with `final_input_state` (a run
-    of fixed length that will not be extended can leave it out: it is as large as the pipelines' shuffle buffers).
-    The caller closes `log` and `checkpointer`.
+    The caller closes the context's log and checkpointer (a RunFolder does).
     """
-    rate = console.Rate(train_steps, tokens_per_step, start_step)
-    period = 0.0 if progress is True else float(progress)
-    ticker = console.Ticker(name, train_steps, "steps", start_step, period) if progress else None
+    c, hooks = context, context.hooks
+    rate = console.Rate(c.train_steps, c.tokens_per_step, c.start_step)
+    period = 0.0 if hooks.progress is True else float(hooks.progress)
+    ticker = console.Ticker(hooks.name, c.train_steps, "steps", c.start_step, period) if hooks.progress else None
     last_metrics: Optional[Dict[str, float]] = None
-    step = start_step
+    step = c.start_step
     try:
         with watch_sigterm():
-            while step < train_steps:
-                state, metrics = step_fn(state, batch_at(step), rng)
+            while step < c.train_steps:
+                state, metrics = step_fn(state, batch_at(step), c.rng)
                 step += 1
-                last = step == train_steps
+                last = step == c.train_steps
                 stopping = sigterm_received()  # read once: a signal arriving later is seen after the next step
-                save = checkpointer.should_save(step) or last or stopping
-                if step % log_period == 0 or save:
+                save = c.checkpointer.should_save(step) or last or stopping
+                if step % c.log_period == 0 or save:
                     metrics = jax.device_get(metrics)
-                    check_finite(metrics, step, checkpointer)
+                    check_finite(metrics, step, c.checkpointer)
                     timing = rate.report(step)
-                    extra = extra_scalars(step) if extra_scalars else {}
-                    log.write(step, "train", {**metrics, **timing, **extra})
+                    extra = hooks.extra_scalars(step) if hooks.extra_scalars else {}
+                    c.log.write(step, "train", {**metrics, **timing, **extra})
                     last_metrics = {k: float(v) for k, v in metrics.items()}
                     if ticker is not None:
                         values = {**last_metrics, **extra}
-                        ticker.update(step, lambda: console.step_line(name, step, train_steps, timing,
-                                                                      **{k: values.get(k) for k in shown}))
+                        ticker.update(step, lambda: console.step_line(hooks.name, step, c.train_steps, timing,
+                                                                      **{k: values.get(k) for k in hooks.shown}))
                 if save:
-                    keep_inputs = input_state and (final_input_state or stopping or not last)
-                    checkpointer.save(step, state, {**meta, "step": step, "data_position": step,
-                                                    "train": last_metrics},
-                                      inputs=input_state() if keep_inputs else None, wait=last or stopping)
+                    keep_inputs = hooks.input_state and (hooks.final_input_state or stopping or not last)
+                    c.checkpointer.save(step, state, {**c.meta, "step": step, "data_position": step,
+                                                      "train": last_metrics},
+                                        inputs=hooks.input_state() if keep_inputs else None, wait=last or stopping)
                 if stopping:
-                    raise Preempted(f"at step {step} (checkpoint saved in {checkpointer.directory})", step)
-                if evaluate is not None and eval_period and (step % eval_period == 0 or last):
-                    evaluate(step, state)
+                    raise Preempted(f"at step {step} (checkpoint saved in {c.checkpointer.directory})", step)
+                if hooks.evaluate is not None and hooks.eval_period and (step % hooks.eval_period == 0 or last):
+                    hooks.evaluate(step, state)
                     if last and sigterm_received():  # during the last evaluation: saved, but no result is reported
                         raise Preempted(f"at step {step}, during its evaluation (checkpoint saved in "
-                                        f"{checkpointer.directory})", step)
+                                        f"{c.checkpointer.directory})", step)
     finally:
         if ticker is not None:
             ticker.close()

@@ -308,16 +308,17 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
 
             meta = {"seed": seed, "data_seed": data_seed, "mixture_or_task_name": mixture_or_task_name,
                     "batch_size": batch_size, "task_feature_lengths": lengths, "data_shards": inputs.data_shards}
-            state, logged = loop.run(
-                step_fn, state, lambda position: train_state.global_batch(inputs.next(), batch_sharding),
-                rng=jax.random.key(seed + 1), start_step=start_step, train_steps=train_steps,
-                checkpointer=checkpointer, log=log, meta=meta, log_period=log_period,
-                tokens_per_step=batch_size * (lengths["inputs"] + lengths["targets"]),
-                name=os.path.basename(os.path.normpath(model_dir)), evaluate=evaluate, eval_period=eval_period,
-                progress=progress, input_state=inputs.state, final_input_state=final_input_state,
+            hooks = loop.Hooks(
+                evaluate=evaluate, eval_period=eval_period, input_state=inputs.state,
+                final_input_state=final_input_state, progress=progress,
+                name=os.path.basename(os.path.normpath(model_dir)),
                 # the rate of the update that made `step` (optax counts updates from 0)
                 extra_scalars=None if learning_rate is None else (
                     lambda step: {"learning_rate": learning_rate(step - 1)}))
+            context = loop.RunContext(checkpointer, log, meta, jax.random.key(seed + 1), start_step, train_steps,
+                                      log_period, batch_size * (lengths["inputs"] + lengths["targets"]), hooks)
+            state, logged = loop.run(
+                step_fn, state, lambda position: train_state.global_batch(inputs.next(), batch_sharding), context)
     train = logged if logged is not None else last  # a resumed run with nothing left reports its checkpoint's
     if train is not None:
         result["train"] = train

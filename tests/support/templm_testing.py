@@ -85,22 +85,23 @@ def toy_step(state, batch, rng):
     return {"step": state["step"] + 1, "params": params}, {"loss": params, "param_norm": jnp.abs(params)}
 
 
-def toy_run(tmp_path, start_state, train_steps, batches=None, start_step=0, **kwargs):
+def toy_run(tmp_path, start_state, train_steps, batches=None, start_step=0, save_period=0, **hooks):
     """The training loop (templm.training.loop.run) on a toy step into tmp_path: after step s, params = 1 + ... + s
-    (the batch of position p is p + 1 unless `batches` says otherwise); checkpoints in tmp_path/checkpoints."""
+    (the batch of position p is p + 1 unless `batches` says otherwise); checkpoints in tmp_path/checkpoints; `hooks`
+    are loop.Hooks' fields."""
     import jax
     import jax.numpy as jnp
 
     from templm.training import loop
     from templm.training.checkpoints import Checkpointer
 
-    checkpointer = Checkpointer(str(tmp_path / "checkpoints"), kwargs.pop("save_period", 0), None)
+    checkpointer = Checkpointer(str(tmp_path / "checkpoints"), save_period, None)
     log = loop.MetricsLog(str(tmp_path))
     try:
+        context = loop.RunContext(checkpointer, log, {"run": "test"}, jax.random.key(0), start_step, train_steps,
+                                  log_period=2, tokens_per_step=8, hooks=loop.Hooks(**hooks))
         return loop.run(toy_step, start_state, batches or (lambda position: {"x": jnp.float32(position + 1)}),
-                        rng=jax.random.key(0), start_step=start_step, train_steps=train_steps,
-                        checkpointer=checkpointer, log=log, meta={"run": "test"}, log_period=2, tokens_per_step=8,
-                        **kwargs)
+                        context)
     finally:
         log.close()
         checkpointer.close()
