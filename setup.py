@@ -1,4 +1,6 @@
 """templm: training and evaluating language models across time (JAX/Flax, SeqIO, gin)."""
+import os
+
 import setuptools
 
 # The dependency set of the field, pinned to the versions templm is tested with.
@@ -32,6 +34,15 @@ INSTALL_REQUIRES = [
     "tqdm==4.70.1",  # --progress=bar (sacremoses and tensorflow-datasets install it too)
 ]
 
+
+def _config_files():
+    """Every file under templm/gin_configs (the experiments' gin files, the study presets, t5x/requirements.txt),
+    relative to the package: package data, so an installed templm finds its configs (templm.CONFIG_DIR)."""
+    package = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templm")
+    return sorted(os.path.relpath(os.path.join(folder, name), package)
+                  for folder, _, names in os.walk(os.path.join(package, "gin_configs")) for name in names)
+
+
 setuptools.setup(
     name="templm",
     version="0.1.0",
@@ -40,6 +51,7 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=setuptools.find_packages(include=["templm", "templm.*", "tasks", "tasks.*"]),
+    package_data={"templm": _config_files()},
     install_requires=INSTALL_REQUIRES,
     extras_require={
         # import-linter checks the layering (.importlinter, tests/test_layers.py).

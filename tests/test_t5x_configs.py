@@ -292,7 +292,7 @@ def test_the_t5x_requirements_are_pinned_and_what_workspace_installs():
     assert index and all(re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][0-9A-Za-z.]*", line) for line in index), index
     assert {line.split(" @ ")[0] for line in repositories} == {"jestimator", "airio"}
     assert all(re.search(r"@[0-9a-f]{40}$", line) for line in repositories), repositories  # a commit, not a branch
-    workspace = open(os.path.join(os.path.dirname(CONFIG_DIR), "..", "WORKSPACE.md")).read()
+    workspace = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "WORKSPACE.md")).read()
     assert "pip install --no-deps -e t5x -r templm/gin_configs/t5x/requirements.txt" in workspace
     assert "pip install fiddle" not in workspace  # the unpinned line that took jestimator 0.3.3
 

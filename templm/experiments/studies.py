@@ -18,10 +18,10 @@ import datetime
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from templm import CONFIG_DIR
 from templm.errors import ConfigError, require_numbers
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-GIN_DIR = os.path.join(REPO_ROOT, "gin_configs")
+GIN_DIR = CONFIG_DIR  # the package's gin configs (templm/gin_configs, shipped in the wheel)
 STUDY_DIR = os.path.join(GIN_DIR, "study")
 
 # Dhingra et al. probe the future from the year after training (2018) to 2029 (Figures 3 and 4): 11 years.
@@ -231,7 +231,7 @@ def read_study_file(path: str, _seen: Tuple[str, ...] = ()) -> Dict[str, Dict[st
         where = f"{path}:{number}"
         if text.startswith("include "):
             target = ast.literal_eval(text[len("include "):].strip())
-            for folder in (os.path.dirname(path), GIN_DIR, REPO_ROOT):
+            for folder in (os.path.dirname(path), os.getcwd(), GIN_DIR, os.path.dirname(GIN_DIR)):
                 if os.path.isfile(os.path.join(folder, target)):
                     break
             else:
