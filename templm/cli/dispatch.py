@@ -133,12 +133,15 @@ def _message(error: BaseException) -> str:
     return "\n".join(line for line in str(error).split("\n") if not line.startswith("  In call to configurable"))
 
 
-def main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str], *, own_process: bool = False) -> int:
     """`templm ARGV` in this process (ARGV without the program's name): the verb's output on sys.stdout, our lines on
     sys.stderr, and the exit status returned (templm.errors' EXIT_* codes). Callable again in the same process with
     the same result: what a call changes in the process (flags, gin, the SeqIO registry, signal handlers, log levels,
-    warning filters, console settings) is put back when it returns."""
+    warning filters, console settings) is put back when it returns. `own_process` (the console script's): the
+    process is the command's alone, so a verb may start it again (`templm plan` on more devices than JAX started
+    with); otherwise such a verb says what to do instead."""
     with _call_scope():
+        STATE["own_process"] = own_process
         try:
             return _main(list(argv))
         except SystemExit as e:  # a library's sys.exit inside a verb
@@ -149,7 +152,7 @@ def run(argv: Optional[Sequence[str]] = None) -> None:
     """Console entry point (`templm ...`, `python -m templm.cli ...`): `main` on the process's arguments, then exit
     with its status."""
     args = list(sys.argv[1:] if argv is None else argv[1:])
-    status = main(args)
+    status = main(args, own_process=True)
     if status and _verbosity(args)[0] < 1:
         # After the error line the process ends: library threads that fail on the way out (orbax's writes after a
         # failed save print a traceback each) are not shown, unless --verbosity asks for library output.

@@ -9,7 +9,8 @@ import sys
 from absl import flags
 
 from templm import console
-from templm.cli.options import FLAGS, bounds, configure_tasks, define_distributed, join_processes, writable_folder
+from templm.cli.options import (FLAGS, STATE, bounds, configure_tasks, define_distributed, join_processes,
+                                writable_folder)
 from templm.errors import ConfigError
 
 
@@ -98,8 +99,10 @@ def main_plan():
 
     devices = jax.devices("cpu")
     if len(devices) < n:  # JAX had started already (a library touched it while the configs were read): start again
-        if os.environ.get("TEMPLM_PLAN_DEVICES") == str(n):
-            raise ConfigError(f"the mesh needs {n} devices and JAX started with {len(devices)}")
+        if os.environ.get("TEMPLM_PLAN_DEVICES") == str(n) or not STATE.get("own_process"):
+            raise ConfigError(f"the mesh needs {n} devices and JAX started with {len(devices)} in this process: run "
+                              f"`templm plan` in a process of its own, or start this one with XLA_FLAGS="
+                              f"--xla_force_host_platform_device_count={n}")
         os.environ["TEMPLM_PLAN_DEVICES"] = str(n)
         sys.stdout.flush()
         sys.stderr.flush()

@@ -125,12 +125,15 @@ def padded_vocab_size(multiple=128):
     return -(-size // multiple) * multiple
 
 
+# gin's configurables, kept across a reload of this module (importlib.reload runs it again in the same namespace):
+# gin registers a name once, so a reload keeps the first wrappers, which call into this same namespace; the plain
+# functions of a reload would not see the bindings (templm.tasks.configure.data_dir).
+_gin_wrapped = globals().get("_gin_wrapped") or {}
 for _fn in ("configure", "yearly_mixture", "temporal_adapt_mixture", "uniform_adapt_mixture", "vocabulary",
             "padded_vocab_size"):
-    try:
-        globals()[_fn] = gin.configurable(globals()[_fn], module="templm.tasks")
-    except ValueError:  # already registered: this module is being reloaded (importlib.reload); keep the first
-        pass
+    if _fn not in _gin_wrapped:
+        _gin_wrapped[_fn] = gin.configurable(globals()[_fn], module="templm.tasks")
+    globals()[_fn] = _gin_wrapped[_fn]
 
 
 @contextlib.contextmanager

@@ -13,8 +13,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def run_templm(*args, cwd=REPO, env=None):
     """`templm ARGS` in this process (templm.cli.main) in `cwd` (the repository by default), with `env` added to the
     environment for the call: a CompletedProcess with the exit status and what it wrote to sys.stdout and
-    sys.stderr. An `env` value of None takes the variable out for the call. Tests about the process itself (what reaches the terminal's descriptors, signals, limits) use
-    `run_templm_process`."""
+    sys.stderr. An `env` value of None takes the variable out for the call. Tests about the process itself (what
+    reaches the terminal's descriptors, signals, limits) use `run_templm_process`."""
     import contextlib
     import io
 

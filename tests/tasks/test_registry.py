@@ -427,3 +427,19 @@ def test_a_projects_own_tasks_module_does_not_hide_the_registry(data_dir, tmp_pa
                             cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split()[-2:] == ["temporal_mixture", "True"]
+
+
+def test_a_reload_keeps_the_gin_bindings_of_configure(data_dir):
+    """After importlib.reload(templm.tasks), `templm.tasks.configure.data_dir` bound in gin still applies (the
+    reloaded module's configure is gin's wrapper, not the plain function): a command run after a reload in the same
+    process evaluated the default world's tasks instead of the bound folder's."""
+    import gin
+
+    importlib.reload(tasks)
+    try:
+        gin.parse_config([f"templm.tasks.configure.data_dir = '{data_dir}'"])
+        manifest = tasks.configure()
+        assert tasks.current()["data_dir"] == data_dir and manifest["years"] == tasks.current()["manifest"]["years"]
+    finally:
+        gin.clear_config()
+        tasks.configure(data_dir=data_dir)
