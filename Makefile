@@ -23,12 +23,16 @@ demo: $(STAMP)
 	$(BIN)/templm reproduce --preset smoke --out $(DEMO_DIR)
 
 # The whole suite, with its 25 slowest tests; test-fast leaves out the end-to-end runs of the command line (tests
-# marked e2e). Neither reaches the network: the tests that ask the package index are test-network's.
+# marked e2e). Neither reaches the network: the tests that ask the package index are test-network's. Two pytest-xdist
+# workers, a test file each at a time (its module fixtures built once): measured faster than one process on two cores
+# (BENCHMARKS.md, "The suite"); TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=25 -m "not network" tests
+	$(BIN)/python -m pytest -q $(XDIST) --durations=25 -m "not network" tests
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=10 -m "not e2e and not network" tests
+	$(BIN)/python -m pytest -q $(XDIST) --durations=10 -m "not e2e and not network" tests
 
 test-network: $(STAMP)
 	$(BIN)/python -m pytest -q -m network tests

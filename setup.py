@@ -54,8 +54,9 @@ setuptools.setup(
     package_data={"templm": _config_files()},
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        # import-linter checks the layering (.importlinter, tests/test_layers.py).
-        "test": ["pytest>=8", "import-linter==2.17"],
+        # import-linter checks the layering (.importlinter, tests/test_layers.py); pytest-xdist runs the suite in two
+        # workers (BENCHMARKS.md, "The suite": 17m17s against 22m54s serial on the project's 2-core machine).
+        "test": ["pytest>=8", "import-linter==2.17", "pytest-xdist==3.8.0"],
         "gpu": ["jax[cuda12]==0.10.2"],
         "tpu": ["jax[tpu]==0.10.2"],
         # The PyTorch peer of tools/bench_t5.py (Hugging Face T5ForConditionalGeneration).
