@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import flags
 
-from templm import CONFIG_DIR, console
+from templm import config_search_paths, console
 from templm.errors import ConfigError
 
 
@@ -62,9 +62,7 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
     """Applies gin files and bindings; a missing file or an unknown configurable is a ConfigError naming it."""
     import gin  # deferred: only verbs with configs pay for it
 
-    # As T5X: the user's folders, the working directory, then the package's own configs (a name written
-    # `gin_configs/...`, as in the repository, found through the package folder that holds them).
-    paths = list(search_paths) + [os.getcwd(), CONFIG_DIR, os.path.dirname(CONFIG_DIR)]
+    paths = config_search_paths(search_paths)
     for path in paths:
         gin.add_config_file_search_path(path)
     resolved = []

@@ -18,7 +18,7 @@ import datetime
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from templm import CONFIG_DIR
+from templm import CONFIG_DIR, config_search_paths
 from templm.errors import ConfigError, require_numbers
 
 GIN_DIR = CONFIG_DIR  # the package's gin configs (templm/gin_configs, shipped in the wheel)
@@ -231,7 +231,7 @@ def read_study_file(path: str, _seen: Tuple[str, ...] = ()) -> Dict[str, Dict[st
         where = f"{path}:{number}"
         if text.startswith("include "):
             target = ast.literal_eval(text[len("include "):].strip())
-            for folder in (os.path.dirname(path), os.getcwd(), GIN_DIR, os.path.dirname(GIN_DIR)):
+            for folder in config_search_paths([os.path.dirname(path)]):
                 if os.path.isfile(os.path.join(folder, target)):
                     break
             else:
