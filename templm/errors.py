@@ -199,7 +199,7 @@ def require_folder(function: str, name: str, macro: Optional[str], path: str) ->
 
 
 def _binding(function: str, name: str, macro: Optional[str]) -> str:
-    """How a message names a setting: `templm.train.train_steps (the gin macro TRAIN_STEPS)`."""
+    """How a message names a setting: `templm.train.total_steps (the gin macro TRAIN_STEPS)`."""
     return f"{function}.{name}" + (f" (the gin macro {macro})" if macro else "")
 
 

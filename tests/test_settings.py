@@ -2,6 +2,7 @@
 (20.5 is refused, not rounded; '32' is refused, not parsed), a finite number where a rate is, each in its range, one
 message naming the binding. The trainers, the studies and the command line."""
 
+import dataclasses
 import os
 import re
 
@@ -11,6 +12,7 @@ import pytest
 from templm.errors import ConfigError, require_numbers
 from templm.experiments.studies import load_study
 from templm.training import lm_trainer, trainer
+from templm.training.configs import CheckpointConfig, CorpusConfig, DatasetConfig, OptimizerConfig, SaveCheckpointConfig
 from templm_testing import run_templm
 
 
@@ -31,22 +33,31 @@ def test_whole_numbers_finite_numbers_and_ranges():
 
 def test_the_trainers_refuse_a_bad_number_before_touching_their_folder(tmp_path):
     folder = tmp_path / "never"
-    t5 = dict(model_dir=str(folder), mixture_or_task_name="temporal_mixture", train_steps=2, batch_size=2,
-              task_feature_lengths={"inputs": 8, "targets": 4}, model=object())
-    for change, binding in [({"train_steps": 20.5}, "templm.train.train_steps (the gin macro TRAIN_STEPS)"),
-                            ({"train_steps": -5}, "templm.train.train_steps"),
-                            ({"batch_size": "32"}, "templm.train.batch_size (the gin macro BATCH_SIZE)"),
-                            ({"save_period": 2.5}, "templm.train.save_period"),
-                            ({"task_feature_lengths": {"inputs": 8, "targets": 0}},
-                             "templm.train.task_feature_lengths['targets']")]:
+    data = DatasetConfig("temporal_mixture", {"inputs": 8, "targets": 4}, 2)
+    t5 = dict(model_dir=str(folder), train_dataset_cfg=data, total_steps=2, model=object())
+    save = CheckpointConfig(SaveCheckpointConfig(period=2.5))
+    for change, binding in [({"total_steps": 20.5}, "templm.train.total_steps (the gin macro TRAIN_STEPS)"),
+                            ({"total_steps": -5}, "templm.train.total_steps"),
+                            ({"random_seed": -1}, "templm.train.random_seed (the gin macro SEED)"),
+                            ({"train_dataset_cfg": dataclasses.replace(data, batch_size="32")},
+                             "train/templm.DatasetConfig.batch_size (the gin macro BATCH_SIZE)"),
+                            ({"checkpoint_cfg": save}, "templm.CheckpointConfig.save.period (the gin macro "
+                                                       "SAVE_PERIOD)"),
+                            ({"train_dataset_cfg": dataclasses.replace(data, task_feature_lengths={"inputs": 8,
+                                                                                                    "targets": 0})},
+                             "train/templm.DatasetConfig.task_feature_lengths['targets']"),
+                            ({"train_eval_dataset_cfg": dataclasses.replace(data, num_examples=0)},
+                             "train_eval/templm.DatasetConfig.num_examples")]:
         with pytest.raises(ConfigError, match=re.escape(binding)):
             trainer.train(**{**t5, **change})
-    txl = dict(model_dir=str(folder), corpus="corpus.jsonl", spm_model="spm.model", config="tiny", train_steps=2,
-               batch_size=2, split_file="train.gz")
-    for change, binding in [({"learning_rate": float("nan")}, "templm.train_lm.learning_rate"),
-                            ({"train_steps": 0}, "templm.train_lm.train_steps"),
-                            ({"warmup_steps": -1}, "templm.train_lm.warmup_steps"),
-                            ({"batch_size": 2.5}, "templm.train_lm.batch_size")]:
+    corpus = CorpusConfig("corpus.jsonl", "spm.model", 2, split_file="train.gz")
+    txl = dict(model_dir=str(folder), config="tiny", train_dataset_cfg=corpus, total_steps=2)
+    for change, binding in [({"optimizer_cfg": OptimizerConfig(learning_rate=float("nan"))},
+                             "templm.OptimizerConfig.learning_rate (the gin macro LEARNING_RATE)"),
+                            ({"total_steps": 0}, "templm.train_lm.total_steps"),
+                            ({"optimizer_cfg": OptimizerConfig(warmup_steps=-1)}, "templm.OptimizerConfig.warmup_steps"),
+                            ({"train_dataset_cfg": dataclasses.replace(corpus, batch_size=2.5)},
+                             "templm.CorpusConfig.batch_size (the gin macro BATCH_SIZE)")]:
         with pytest.raises(ConfigError, match=re.escape(binding)):
             lm_trainer.train_lm(**{**txl, **change})
     assert not folder.exists()
@@ -58,6 +69,27 @@ def test_the_trainers_refuse_a_bad_number_before_touching_their_folder(tmp_path)
     with pytest.raises(ConfigError, match=re.escape("templm.train_lm.model_dir (the gin macro MODEL_DIR)")):
         lm_trainer.train_lm(**{**txl, "model_dir": str(a_file)})
     assert a_file.read_text() == "not a run"
+
+
+def test_a_binding_of_a_setting_that_moved_into_a_config_object_says_where_it_went():
+    """Run configs written before the T5X-shaped config objects bind `templm.train.data_shards` and the like: gin's
+    "no parameter" error gains the binding to use instead; each new binding exists."""
+    import gin
+
+    from templm.cli.options import MOVED_BINDINGS, parse_gin
+
+    for old, new in [("templm.train.data_shards", "train/templm.DatasetConfig.shards"),
+                     ("templm.train_lm.learning_rate", "templm.OptimizerConfig.learning_rate")]:
+        try:
+            with pytest.raises(ConfigError, match=re.escape(f"(that setting moved: bind {new} instead")):
+                parse_gin([], [f"{old} = 2"])
+        finally:
+            gin.clear_config()
+    try:
+        for new in set(MOVED_BINDINGS.values()):  # every target is a parameter gin knows
+            parse_gin([], [f"{new} = None"])
+    finally:
+        gin.clear_config()
 
 
 def test_a_study_of_fractional_or_negative_sizes_is_one_message():
@@ -81,7 +113,7 @@ def test_the_command_line_names_the_binding_and_writes_nothing(tmp_path):
                         "--gin.CORPUS='corpus.jsonl'", "--gin.SPLIT_DIR='splits'", "--gin.SPM_MODEL='spm.model'",
                         "--gin.TRAIN_STEPS=-5")
     assert result.returncode == 1, result.stderr[-2000:]
-    assert "templm.train_lm.train_steps (the gin macro TRAIN_STEPS): must be at least 1, got -5" in result.stderr
+    assert "templm.train_lm.total_steps (the gin macro TRAIN_STEPS): must be at least 1, got -5" in result.stderr
     assert not model_dir.exists()
 
 

@@ -12,7 +12,7 @@ Resume (`--part resume`): T5 tiny on the trainer's input (`templm.training.input
 world of tools/bench_data.py, temporal_mixture, batch 16, 64 input and 16 target tokens, packed, one data shard).
 For each step N a checkpoint at data position N is written: the input pipeline is run for N batches and saved with
 the initial train state (the parameters do not matter to how long a resume takes, and training N steps first would
-only make the benchmark slower). Then `templm.training.trainer.train(train_steps=N+1)` resumes it, timed from the call
+only make the benchmark slower). Then `templm.training.trainer.train(total_steps=N+1)` resumes it, timed from the call
 to its return: restore of the state, of the input pipeline's state, one step and the final (waited-for) save, with
 the step compiled beforehand (the trainer's step cache). The same checkpoint without its input state is then
 resumed by replaying the N batches (what templm did before it saved the input state). Figures per N: the resume
@@ -92,14 +92,16 @@ def write_checkpoint_at(model_dir: str, position: int, model, tx, seed: int) -> 
 def timed_resume(model_dir: str, position: int, model, tx, seed: int) -> float:
     """Seconds of trainer.train resuming `position` for one step; the step it saves is removed afterwards."""
     from templm.training import partitioning, trainer
+    from templm.training.configs import CheckpointConfig, DatasetConfig, SaveCheckpointConfig
+    from templm.training.loop import RunOptions
 
     t = time.perf_counter()
-    result = trainer.train(model_dir=model_dir, mixture_or_task_name=NAME, task_feature_lengths=LENGTHS,
-                           train_steps=position + 1, batch_size=BATCH, model=model, optimizer=tx, seed=seed,
-                           save_period=0, keep_checkpoints=None, log_period=1000,
-                           mesh=partitioning.make_mesh(mesh_shape=(1, 1)), progress=False)
+    result = trainer.train(model_dir=model_dir, model=model, train_dataset_cfg=DatasetConfig(NAME, LENGTHS, BATCH),
+                           total_steps=position + 1, optimizer=tx, random_seed=seed, stats_period=1000,
+                           checkpoint_cfg=CheckpointConfig(SaveCheckpointConfig(period=0, keep=None)),
+                           options=RunOptions(mesh=partitioning.make_mesh(mesh_shape=(1, 1)), progress=False))
     seconds = time.perf_counter() - t
-    assert result["start_step"] == position, result["start_step"]
+    assert result.start_step == position, result.start_step
     checkpoints = os.path.join(model_dir, "checkpoints")
     shutil.rmtree(os.path.join(checkpoints, str(position + 1)))
     os.unlink(os.path.join(checkpoints, "integrity", f"{position + 1}.json"))

@@ -16,6 +16,7 @@ from absl import flags, logging
 from templm import console
 from templm.cli import data_verbs, model_verbs, options, study_verbs
 from templm.cli.options import FLAGS, STATE, Verb, define_gin_flags, load_tensorflow, parse_gin, rewrite_gin_args
+from templm.settings import Settings
 from templm.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_SYSTEM, EXIT_TRAINING, EXIT_USAGE,
                            SYSTEM_ERRNOS, ConfigError, Preempted, Terminated, TrainingError, check_interrupted,
                            note_sigint, note_sigterm, reset_signal_notes)
@@ -293,6 +294,7 @@ def _run_verb(name: str, v: Verb, err: TextIO) -> int:
     try:
         note_sigint()
         note_sigterm()
+        STATE["settings"] = Settings.from_environment()  # the environment, read once for the whole call
         if v.takes_gin:
             first = v.gin_first() if v.gin_first else []
             parse_gin(first + list(FLAGS.gin_file), FLAGS.gin_bindings, FLAGS.gin_search_paths)

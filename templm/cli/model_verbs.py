@@ -25,14 +25,15 @@ def main_train():
     from templm.evaluation.checkpoint_eval import evaluate_params
     from templm.io import jsonable
     from templm.training import trainer
+    from templm.training.loop import RunOptions
 
     import gin
 
     join_processes()
     configure_tasks()
-    result = trainer.train(evaluator=evaluate_params, config_gin=gin.config_str())
+    result = trainer.train(options=RunOptions(evaluator=evaluate_params, config_gin=gin.config_str()))
     if jax.process_index() == 0:
-        print(json.dumps(jsonable({k: v for k, v in result.items() if k != "params"})))
+        print(json.dumps(jsonable(result.summary())))
 
 
 def define_plan():
@@ -112,9 +113,22 @@ def main_plan():
         plan_study(study, mesh, kind)
         return
     optimizer = bindings.get("optimizer") or make_optimizer()
-    result = plan(bindings["model"], optimizer, bindings["task_feature_lengths"], int(bindings["batch_size"]), mesh,
+    data = training_data()
+    result = plan(bindings["model"], optimizer, data.task_feature_lengths, int(data.batch_size), mesh,
                   partitioning.logical_axis_rules(), int(bindings.get("microbatches", 1)), kind, FLAGS.compile)
     print(describe(result, " + ".join(os.path.basename(f) for f in FLAGS.gin_file)))
+
+
+def training_data():
+    """The training data `templm.train` would read, as the configs bind it (train/templm.DatasetConfig)."""
+    import gin
+
+    from templm.training.configs import DatasetConfig
+
+    with gin.config_scope("train"):
+        data = DatasetConfig()
+    data.check("train/templm.DatasetConfig")
+    return data
 
 
 def plan_study(study, mesh, kind):
@@ -250,9 +264,10 @@ def main_train_lm():
 
     from templm.io import jsonable
     from templm.training import lm_trainer
+    from templm.training.loop import RunOptions
 
-    result = lm_trainer.train_lm(config_gin=gin.config_str())
-    print(json.dumps(jsonable({k: v for k, v in result.items() if k not in ("params", "mems")})))
+    result = lm_trainer.train_lm(options=RunOptions(config_gin=gin.config_str()))
+    print(json.dumps(jsonable(result.summary())))
 
 
 def define_stream():

@@ -86,13 +86,55 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
             name, value = unquoted
             raise ConfigError(f"gin binding {name}={value}: {value} is not a gin value; a string needs quotes "
                               f"inside the flag: --gin.{name}=\"'{value}'\"") from None
-        raise ConfigError(f"gin: {e}") from None
+        raise ConfigError(f"gin: {e}{_moved_hint(str(e))}") from None
     except OSError as e:  # an `include` of a file that is not there (gin names the including file)
         raise ConfigError(f"gin: {e}") from None
     except tokenize.TokenError as e:  # an unclosed bracket: the tokenizer gives up before gin can name the line
         raise ConfigError(f"gin: {e.args[0]} (an unclosed bracket or quote?) in the config files {resolved} or "
                           f"the bindings {list(bindings)}") from None
     _check_macros_are_used(bindings)
+
+
+# The trainers' parameters that moved into T5X-shaped config objects (templm/training/configs.py), by the binding a
+# config written before names: a run config that still binds one is told where it went.
+MOVED_BINDINGS = {
+    **{f"templm.train.{old}": new for old, new in (
+        ("mixture_or_task_name", "train/templm.DatasetConfig.mixture_or_task_name"),
+        ("task_feature_lengths", "train/templm.DatasetConfig.task_feature_lengths"),
+        ("batch_size", "train/templm.DatasetConfig.batch_size"), ("data_seed", "train/templm.DatasetConfig.seed"),
+        ("pack", "train/templm.DatasetConfig.pack"), ("data_shards", "train/templm.DatasetConfig.shards"),
+        ("eval_split", "train_eval/templm.DatasetConfig.split"),
+        ("eval_num_examples", "train_eval/templm.DatasetConfig.num_examples"),
+        ("eval_batch_size", "train_eval/templm.DatasetConfig.batch_size"),
+        ("eval_mixture_or_task_name", "train_eval/templm.DatasetConfig.mixture_or_task_name"),
+        ("train_steps", "templm.train.total_steps"), ("seed", "templm.train.random_seed"),
+        ("log_period", "templm.train.stats_period"), ("save_period", "templm.SaveCheckpointConfig.period"),
+        ("keep_checkpoints", "templm.SaveCheckpointConfig.keep"),
+        ("async_checkpoints", "templm.SaveCheckpointConfig.async_save"),
+        ("final_input_state", "templm.SaveCheckpointConfig.input_state_at_end"),
+        ("initial_checkpoint_path", "templm.RestoreCheckpointConfig.path"))},
+    **{f"templm.train_lm.{old}": new for old, new in (
+        ("corpus", "templm.CorpusConfig.corpus"), ("split_file", "templm.CorpusConfig.split_file"),
+        ("split_dir", "templm.CorpusConfig.split_dir"), ("split", "templm.CorpusConfig.split"),
+        ("spm_model", "templm.CorpusConfig.spm_model"), ("batch_size", "templm.CorpusConfig.batch_size"),
+        ("data_order", "templm.CorpusConfig.data_order"), ("data_seed", "templm.CorpusConfig.seed"),
+        ("corpus_format", "templm.CorpusConfig.corpus_format"), ("on_error", "templm.CorpusConfig.on_error"),
+        ("allow_missing_ids", "templm.CorpusConfig.allow_missing_ids"),
+        ("learning_rate", "templm.OptimizerConfig.learning_rate"),
+        ("warmup_steps", "templm.OptimizerConfig.warmup_steps"), ("schedule", "templm.OptimizerConfig.schedule"),
+        ("max_grad_norm", "templm.OptimizerConfig.max_grad_norm"), ("train_steps", "templm.train_lm.total_steps"),
+        ("seed", "templm.train_lm.random_seed"), ("log_period", "templm.train_lm.stats_period"),
+        ("save_period", "templm.SaveCheckpointConfig.period"),
+        ("keep_checkpoints", "templm.SaveCheckpointConfig.keep"))},
+}
+_NO_PARAMETER = re.compile(r"Configurable '([\w.]+)' doesn't have a parameter named '(\w+)'")
+
+
+def _moved_hint(message: str) -> str:
+    """Where a binding that gin does not know went, when it is one of MOVED_BINDINGS."""
+    match = _NO_PARAMETER.search(message)
+    moved = MOVED_BINDINGS.get(f"{match.group(1)}.{match.group(2)}") if match else None
+    return f"\n  (that setting moved: bind {moved} instead; docs/training.md, \"Configs\")" if moved else ""
 
 
 _MACRO_BINDING = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=")
@@ -232,10 +274,10 @@ def writable_folder(folder: str, what: str) -> None:
 
 def configure_tasks():
     """Registers the tasks again now that the configs are parsed: `templm.tasks.configure.*` bindings apply (at
-    `import templm.tasks` they were not parsed yet)."""
+    `import templm.tasks` they were not parsed yet), over the settings this call read from the environment."""
     from templm import tasks
 
-    tasks.configure()
+    tasks.configure(settings=STATE["settings"])
 
 
 def define_distributed():

@@ -179,10 +179,10 @@ def main_reproduce():
     with reproduction_folder(FLAGS.out, FLAGS.overwrite) as out:  # before any work; the report under the lock
         if seeds is None:
             results = reproduce(study.preset, out, FLAGS.seed, extra_stages=extra, overwrite=FLAGS.overwrite,
-                                data=data, stream_preset=study.stream)
+                                data=data, stream_preset=study.stream, settings=STATE["settings"])
         else:
             results = reproduce_seeds(study.preset, out, seeds, extra_stages=extra, overwrite=FLAGS.overwrite,
-                                      data=data, stream_preset=study.stream)
+                                      data=data, stream_preset=study.stream, settings=STATE["settings"])
         if not is_lead():
             return
         paths = write_report(results, out) if seeds is None else write_seeds_report(results, out)

@@ -44,6 +44,7 @@ from templm import console
 from templm.errors import DataError, as_os_error, require_numbers
 from templm.io import write_json
 from templm.outputs import build_output_folder, locked
+from templm.settings import Settings
 
 SPLITS = ("train", "validation", "test")
 MANIFEST = "manifest.json"
@@ -297,8 +298,8 @@ def ensure_task_data(data_dir: str, config: TaskDataConfig = TaskDataConfig()) -
     return manifest
 
 
-def default_data_dir() -> str:
-    """Where the embedded world's task data lives: $TEMPLM_CACHE (default ~/.cache/templm)/world-v1.2 (the task data's
-    layout version, then the world generator's)."""
-    cache = os.environ.get("TEMPLM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "templm")
+def default_data_dir(cache_dir: Optional[str] = None) -> str:
+    """Where the embedded world's task data lives: `cache_dir` (default: templm.settings' cache_dir, $TEMPLM_CACHE,
+    else ~/.cache/templm)/world-v1.2 (the task data's layout version, then the world generator's)."""
+    cache = cache_dir or Settings.from_environment().cache_dir
     return os.path.join(cache, f"world-v{MANIFEST_VERSION}.{WORLD_VERSION}")

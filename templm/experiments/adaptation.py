@@ -10,6 +10,7 @@ old-years F1 are pooled from the per-year keys (`f1_Y`, `count_Y`) of the task's
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -18,6 +19,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 from templm import tasks
 from templm.metrics import time_analysis
 from templm.training import trainer
+from templm.training.configs import CheckpointConfig, DatasetConfig, RestoreCheckpointConfig
 
 
 def new_and_old_f1(metrics: Mapping[str, float], new_year: int, old_years: Sequence[int]) -> Dict[str, Optional[float]]:
@@ -40,44 +42,49 @@ def curve_from_log(metrics_log: str, eval_task: str, eval_split: str, new_year: 
     return curve
 
 
-def train_with_curve(model_dir: str, mixture_or_task_name: str, train_steps: int, eval_task: str, new_year: int,
-                     old_years: Sequence[int], eval_period: Optional[int] = None, eval_split: str = "test",
+def train_with_curve(model_dir: str, data: DatasetConfig, total_steps: int, eval_data: DatasetConfig, new_year: int,
+                     old_years: Sequence[int], eval_period: Optional[int] = None,
                      evaluate: Optional[Callable[[Any], Mapping[str, float]]] = None, **train_kwargs) -> Dict[str, Any]:
-    """Trains with `templm.training.trainer.train` and scores new-year and old-years F1 on `eval_task`.
+    """Trains with `templm.training.trainer.train` on `data` and scores new-year and old-years F1 on `eval_data` (a
+    TempLAMA task and split).
 
     With `eval_period` the trainer evaluates every `eval_period` steps and at the end (the curve); without it, the
     final parameters are scored once by `evaluate(params) -> metrics` when given (e.g. with already compiled
     functions), else by the trainer at the last step. Returns the steps, final new/old F1, the curve, the last
     training loss, the parameters and the wall time (seconds, kept apart from the scores). `train_kwargs` go to the
-    trainer and must hold an `evaluator` when the trainer evaluates."""
+    trainer and its options must hold an `evaluator` when the trainer evaluates."""
     start = time.time()
     in_trainer = bool(eval_period) or evaluate is None
-    result = trainer.train(model_dir=model_dir, mixture_or_task_name=mixture_or_task_name, train_steps=train_steps,
-                           eval_period=(eval_period or train_steps) if in_trainer else 0, eval_split=eval_split,
-                           eval_mixture_or_task_name=eval_task, **train_kwargs)
+    result = trainer.train(model_dir=model_dir, train_dataset_cfg=data, total_steps=total_steps,
+                           train_eval_dataset_cfg=eval_data,
+                           eval_period=(eval_period or total_steps) if in_trainer else 0, **train_kwargs)
     if in_trainer:
-        curve = curve_from_log(os.path.join(model_dir, "metrics.jsonl"), eval_task, eval_split, new_year, old_years)
+        curve = curve_from_log(os.path.join(model_dir, "metrics.jsonl"), eval_data.mixture_or_task_name,
+                               eval_data.split, new_year, old_years)
     else:
-        curve = [{"step": int(result["step"]), **new_and_old_f1(evaluate(result["params"]), new_year, old_years)}]
+        curve = [{"step": int(result.step), **new_and_old_f1(evaluate(result.params), new_year, old_years)}]
     final = curve[-1] if curve else {"new_f1": None, "old_f1": None}
-    return {"mixture": mixture_or_task_name, "steps": int(result["step"]), "new_f1": final["new_f1"],
-            "old_f1": final["old_f1"], "curve": curve, "train_loss": result.get("train", {}).get("loss"),
-            "params": result["params"], "wall_s": time.time() - start}
+    return {"mixture": data.mixture_or_task_name, "steps": int(result.step), "new_f1": final["new_f1"],
+            "old_f1": final["old_f1"], "curve": curve, "train_loss": (result.train or {}).get("loss"),
+            "params": result.params, "wall_s": time.time() - start}
 
 
 def fine_tune_alphas(base_checkpoint: str, new_year: int, old_years: Sequence[int], alphas: Sequence[float],
-                     train_steps: int, out_dir: str, eval_task: str, eval_period: Optional[int] = None,
-                     evaluate: Optional[Callable[[Any], Mapping[str, float]]] = None, regime: str = "temporal",
+                     total_steps: int, out_dir: str, data: DatasetConfig, eval_data: DatasetConfig,
+                     eval_period: Optional[int] = None, evaluate: Optional[Callable[[Any], Mapping[str, float]]] = None,
+                     regime: str = "temporal", checkpoint_cfg: CheckpointConfig = CheckpointConfig(),
                      **train_kwargs) -> Dict[str, Dict[str, Any]]:
-    """One fine-tuning run per alpha from `base_checkpoint` on `tasks.adapt_mixture(new_year, alpha, regime)`;
-    results keyed by the alpha as text ("0.5"). The SeqIO tasks must be configured over data holding `new_year` and
-    older years."""
+    """One fine-tuning run per alpha from `base_checkpoint` on `tasks.adapt_mixture(new_year, alpha, regime)` (read
+    as `data` reads its mixture); results keyed by the alpha as text ("0.5"). The SeqIO tasks must be configured
+    over data holding `new_year` and older years."""
     runs = {}
+    start_from = dataclasses.replace(checkpoint_cfg, restore=RestoreCheckpointConfig(base_checkpoint))
     for alpha in alphas:
         name = tasks.adapt_mixture(new_year, alpha, regime)
-        runs[f"{alpha:g}"] = train_with_curve(os.path.join(out_dir, name), name, train_steps, eval_task, new_year,
-                                              old_years, eval_period, evaluate=evaluate,
-                                              initial_checkpoint_path=base_checkpoint, **train_kwargs)
+        runs[f"{alpha:g}"] = train_with_curve(os.path.join(out_dir, name),
+                                              dataclasses.replace(data, mixture_or_task_name=name), total_steps,
+                                              eval_data, new_year, old_years, eval_period, evaluate=evaluate,
+                                              checkpoint_cfg=start_from, **train_kwargs)
     return runs
 
 

@@ -32,13 +32,13 @@ from templm.data.readers import Corpus, read_documents
 from templm.data.splits import distance_splits, read_split_file
 from templm.data.vocab import train_spm
 from templm.data.world import WorldConfig, generate_world
-from templm.experiments.streaming import prepare_preset_data, run_stream_experiment, stream_evaluation, stream_preset
+from templm.experiments.streaming import (prepare_preset_data, run_stream_experiment, stream_evaluation, stream_preset,
+                                         train_preset_lm)
 from templm.experiments.studies import StreamPreset
 from templm.io import format_duration, write_json
 from templm.metrics.findings import APPENDICES, judge
 from templm.metrics.stream import document_log_ppl
 from templm.models.transformer_xl import TransformerXLConfig
-from templm.training.lm_trainer import train_lm
 
 WHICH = ("shifted", "distance")
 
@@ -115,10 +115,8 @@ def run_increasing_distance(out_dir: str, preset: Union[str, StreamPreset] = "sm
     def train(name: str, split_file: str, spm_model: str) -> str:
         started = time.time()
         folder = os.path.join(out_dir, name)
-        train_lm(folder, data["corpus"], split_file=split_file, spm_model=spm_model, config=config,
-                 train_steps=p.train_steps, batch_size=p.batch_size, learning_rate=p.learning_rate,
-                 warmup_steps=p.warmup, seed=seed, data_order="shuffle", save_period=0, keep_checkpoints=1,
-                 log_period=max(1, min(50, p.train_steps // 10)), mesh=mesh, progress=console.LONG_WORK_SECONDS)
+        train_preset_lm(folder, config, p, seed, mesh, corpus=data["corpus"], split_file=split_file,
+                        spm_model=spm_model)
         console.say(f"appendices: {name} trained ({format_duration(time.time() - started)})")
         return folder
 

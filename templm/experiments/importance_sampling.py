@@ -205,7 +205,9 @@ def run_latent_is_eval(out_dir: str, seed: int = 0, *, world_dir: Optional[str] 
     returns it with "files".
     """
     # imported here: the trainer brings in TensorFlow (clu's summary writers), which the HMM's experiment never needs
-    from templm.training.kglm_trainer import train_latent_lm
+    from templm.training.configs import OptimizerConfig
+    from templm.training.kglm_trainer import LinkedDataset, train_latent_lm
+    from templm.training.loop import RunOptions
 
     ks = sorted({int(k) for k in ks})
     if not ks or ks[0] < 1:
@@ -245,11 +247,11 @@ def run_latent_is_eval(out_dir: str, seed: int = 0, *, world_dir: Optional[str] 
     # --- The model and its proposal, each trained on the gold annotations. ------------------------------------
     trained = {}
     for which in ("model", "proposal"):
-        trained[which] = train_latent_lm(os.path.join(out_dir, which), which, config, train, graph, shapes,
-                                         train_steps=train_steps, batch_size=batch_size,
-                                         learning_rate=learning_rate, seed=seed, log_period=max(1, train_steps // 4),
-                                         progress=progress)
-    p_params, q_params = trained["model"]["params"], trained["proposal"]["params"]
+        trained[which] = train_latent_lm(
+            os.path.join(out_dir, which), which, config, LinkedDataset(train, graph, shapes, batch_size), train_steps,
+            OptimizerConfig(learning_rate=learning_rate, max_grad_norm=1.0), random_seed=seed,
+            stats_period=max(1, train_steps // 4), options=RunOptions(progress=progress))
+    p_params, q_params = trained["model"].params, trained["proposal"].params
 
     # --- Samples of each proposal, aggregated at each level, cut into runs of K. ------------------------------
     batch = lm.document_batch(test, shapes, graph)
@@ -324,7 +326,7 @@ def run_latent_is_eval(out_dir: str, seed: int = 0, *, world_dir: Optional[str] 
                    "num_tokens": n_tokens, "samples_per_proposal": total, "vocab_size": len(vocab),
                    "entities": graph.num_entities, "facts": len(graph.facts), "relation_labels": graph.num_labels,
                    "parameters": {"model": parameter_count(p_params), "proposal": parameter_count(q_params)},
-                   "train": {which: trained[which]["train"] for which in trained},
+                   "train": {which: trained[which].train for which in trained},
                    "exact_sentences": exact_sentences, "exact_limit": exact_limit},
         "rows": rows, "exact_check": exact_check,
         "per_document": {"ids": [d.id for d in test], "tokens": [len(d) for d in test], "proposals": proposals,

@@ -83,7 +83,10 @@ from templm.metrics.findings import STREAMING, TIME_AWARE, combine_findings, jud
 from templm.metrics.statistics import mean_interval
 from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, count_parameters
 from templm.outputs import writing_into
+from templm.settings import Settings
 from templm.training import partitioning, trainer
+from templm.training.configs import CheckpointConfig, DatasetConfig, RestoreCheckpointConfig, SaveCheckpointConfig
+from templm.training.loop import RunOptions
 from templm.training.optimizers import make_optimizer
 
 
@@ -321,8 +324,9 @@ class Reproduction:
     and `train` are also what a test re-runs to check that a stage repeats exactly."""
 
     def __init__(self, preset: Preset, out_dir: str, seed: int, data: StudyData = EMBEDDED,
-                 stream_preset: Optional[StreamPreset] = None):
+                 stream_preset: Optional[StreamPreset] = None, settings: Optional[Settings] = None):
         self.preset, self.out_dir, self.seed, self.data = preset, out_dir, seed, data
+        self.settings = settings or Settings.from_environment()
         self.stream_preset = stream_preset
         config = t5_config(preset)
         shared = _shared(preset, config)
@@ -341,26 +345,34 @@ class Reproduction:
                 "model_config": dict(self.model_config), "models": {}, "regimes": {}, "summary": {}}
 
     # -- helpers ------------------------------------------------------------------------------------------------
-    def train_kwargs(self) -> Dict[str, Any]:
-        p = self.preset
-        return dict(task_feature_lengths=self.lengths, batch_size=p.batch_size, model=self.model,
-                    optimizer=self.optimizer, seed=self.seed, mesh=self.mesh, data_shards=p.data_shards,
-                    save_period=0, keep_checkpoints=1,
-                    log_period=max(1, min(20, p.steps // 10)), eval_batch_size=p.eval_batch_size,
-                    evaluator=evaluate_params, progress=console.LONG_WORK_SECONDS,  # a line for minutes of work
-                    final_input_state=False,  # models of fixed length (a SIGTERM's save keeps it)
-                    config_gin=gin.config_str() or None)  # MODEL_DIR/config.gin: the study's bindings, as T5X's
+    def train_data(self, mixture: str) -> DatasetConfig:
+        """The training data of a model of the study: `mixture` in the preset's batches and lengths."""
+        return DatasetConfig(mixture, self.lengths, self.preset.batch_size, shards=self.preset.data_shards)
 
-    def start_kwargs(self) -> Dict[str, Any]:
-        """What a model trained from the start (not fine-tuned) starts from: the study's initial checkpoint."""
-        return {"initial_checkpoint_path": self.preset.initial_checkpoint} if self.preset.initial_checkpoint else {}
+    def eval_data(self, task: str, split: str = "test") -> DatasetConfig:
+        """What a model of the study is evaluated on during training."""
+        return DatasetConfig(task, self.lengths, self.preset.eval_batch_size, split=split)
+
+    def train_kwargs(self) -> Dict[str, Any]:
+        """The trainer's arguments every model of the study shares; a model trained from the start (not fine-tuned)
+        starts from the study's initial checkpoint."""
+        p = self.preset
+        save = SaveCheckpointConfig(period=0, keep=1,
+                                    input_state_at_end=False)  # models of fixed length (a SIGTERM's save keeps it)
+        return dict(model=self.model, optimizer=self.optimizer, random_seed=self.seed,
+                    checkpoint_cfg=CheckpointConfig(save, RestoreCheckpointConfig(p.initial_checkpoint)),
+                    stats_period=max(1, min(20, p.steps // 10)),
+                    options=RunOptions(mesh=self.mesh, evaluator=evaluate_params,
+                                       progress=console.LONG_WORK_SECONDS,  # a line for minutes of work
+                                       # MODEL_DIR/config.gin: the study's bindings, as T5X's
+                                       config_gin=gin.config_str() or None))
 
     def train(self, name: str, regime: str, mixture: str, steps: int, init: str = "scratch") -> "TrainedModel":
         start = time.time()
-        result = trainer.train(model_dir=os.path.join(self.models_dir, name), mixture_or_task_name=mixture,
-                               train_steps=steps, eval_period=0, **self.train_kwargs(), **self.start_kwargs())
-        params = partitioning.host_local(result["params"])  # each process evaluates on its own device
-        return self.trained(name, regime, mixture, int(result["step"]), result.get("train", {}).get("loss"), init,
+        result = trainer.train(model_dir=os.path.join(self.models_dir, name), train_dataset_cfg=self.train_data(mixture),
+                               total_steps=steps, eval_period=0, **self.train_kwargs())
+        params = partitioning.host_local(result.params)  # each process evaluates on its own device
+        return self.trained(name, regime, mixture, int(result.step), (result.train or {}).get("loss"), init,
                             time.time() - start, params)
 
     def trained(self, name, regime, mixture, steps, loss, init, seconds, params=None) -> "TrainedModel":
@@ -376,7 +388,7 @@ class Reproduction:
 
     def configure(self, data_dir: str, train_years: Optional[Sequence[int]] = None) -> None:
         """The SeqIO tasks over `data_dir`, training on `train_years` (default: the seen years)."""
-        tasks.configure(data_dir=data_dir, train_years=train_years)
+        tasks.configure(data_dir=data_dir, train_years=train_years, settings=self.settings)
 
     def prepare_data(self) -> "TaskData":
         """The task data and what the study reads of it: the embedded world's (world, yearly splits, vocabulary and
@@ -723,10 +735,10 @@ def adapt(run: Reproduction, data: TaskData, base: Evaluation) -> StageOutput:
         for regime in ("temporal", "uniform"):
             _stop_if_asked(f"the {regime} model retrained from scratch")
             name = RETRAINED_MODEL[regime]
-            r = adaptation.train_with_curve(os.path.join(run.models_dir, name), f"{regime}_mixture", p.retrain_steps,
-                                            f"templama_{regime}", new_year, seen,
+            r = adaptation.train_with_curve(os.path.join(run.models_dir, name), run.train_data(f"{regime}_mixture"),
+                                            p.retrain_steps, run.eval_data(f"templama_{regime}"), new_year, seen,
                                             period(p.retrain_steps, p.retrain_eval_points),
-                                            evaluate=evaluate_on(f"templama_{regime}"), **kwargs, **run.start_kwargs())
+                                            evaluate=evaluate_on(f"templama_{regime}"), **kwargs)
             seconds = r.pop("wall_s")
             retrained_evaluations[regime] = evaluations_of(r.pop("params"), regime)
             r["customnews"] = adaptation.new_and_old_f1(retrained_evaluations[regime]["customnews"].metrics, new_year,
@@ -741,7 +753,8 @@ def adapt(run: Reproduction, data: TaskData, base: Evaluation) -> StageOutput:
             base_f1 = adaptation.new_and_old_f1(base_evaluations["templama"].metrics, new_year, seen)
             runs = adaptation.fine_tune_alphas(os.path.join(run.models_dir, regime, "checkpoints"), new_year, seen,
                                                p.alphas, p.adapt_steps, os.path.join(run.models_dir, "adapt"),
-                                               f"templama_{regime}", period(p.adapt_steps, p.adapt_eval_points),
+                                               run.train_data(f"{regime}_mixture"), run.eval_data(f"templama_{regime}"),
+                                               period(p.adapt_steps, p.adapt_eval_points),
                                                evaluate_on(f"templama_{regime}"), regime=regime, **kwargs)
             per_query = {folder: {"base": evaluation} for folder, evaluation in base_evaluations.items()}
             for alpha, r in runs.items():
@@ -839,13 +852,15 @@ def reproduction_folder(out_dir: str, overwrite: bool = False) -> Iterator[str]:
 
 def reproduce(preset: Union[str, Preset], out_dir: str, seed: int = 0,
               extra_stages: Optional[Sequence[ExtraStage]] = None, overwrite: bool = False,
-              data: StudyData = EMBEDDED, stream_preset: Optional[StreamPreset] = None) -> Dict[str, Any]:
+              data: StudyData = EMBEDDED, stream_preset: Optional[StreamPreset] = None,
+              settings: Optional[Settings] = None) -> Dict[str, Any]:
     """Runs the whole study for `preset` (a study name, gin_configs/study/NAME.gin, or a Preset; `stream_preset`
     sizes the streaming half, by default the study's of the preset's name) on `data` (StudyData; default: the
     embedded world) into `out_dir`; writes results.json (with the findings) and returns the results dict as it holds
     them.
     A stage the data cannot support is skipped with one line saying why (results["skipped"]: {stage: reason}); the
-    findings that needed it say they were not tested, and why.
+    findings that needed it say they were not tested, and why. `settings`: what the environment configures
+    (templm.settings; default: read from it now): the vocabulary the tasks read, templm's cache.
 
     `extra_stages` default to the registered `EXTRA_STAGES`. A rerun of the same preset, seed and stages resumes the
     models of the earlier run; any other run starts them afresh (`_start_or_resume`). SIGTERM raises Preempted from
@@ -857,7 +872,8 @@ def reproduce(preset: Union[str, Preset], out_dir: str, seed: int = 0,
         preset, stream_preset = study.preset, stream_preset or study.stream
     extra = list(EXTRA_STAGES if extra_stages is None else extra_stages)
     with reproduction_folder(out_dir, overwrite) as out_dir:
-        return _reproduce(preset, out_dir, seed, extra, data, stream_preset)
+        return _reproduce(preset, out_dir, seed, extra, data, stream_preset,
+                          settings or Settings.from_environment())
 
 
 # The stages of the time-aware half, in order; when the data stage is skipped (no TempLAMA), all of them are, and
@@ -865,14 +881,14 @@ def reproduce(preset: Union[str, Preset], out_dir: str, seed: int = 0,
 T5_STAGES = ("data", "train uniform and temporal", "train yearly experts", "evaluate", "future probes", "adaptation")
 
 
-def _reproduce(preset: Preset, out_dir: str, seed: int, extra: List[ExtraStage],
-               data: StudyData = EMBEDDED, stream_preset: Optional[StreamPreset] = None) -> Dict[str, Any]:
-    _enable_compilation_cache()
+def _reproduce(preset: Preset, out_dir: str, seed: int, extra: List[ExtraStage], data: StudyData,
+               stream_preset: Optional[StreamPreset], settings: Settings) -> Dict[str, Any]:
+    _enable_compilation_cache(settings.cache_dir)
     if _start_or_resume(out_dir, preset, seed, extra, data, stream_preset):
         console.say(f"reproduce: resuming the run in {out_dir} (same preset and seed)")
     previous_data_dir = tasks.current().get("data_dir")
     t0 = time.time()
-    run = Reproduction(preset, out_dir, seed, data, stream_preset)
+    run = Reproduction(preset, out_dir, seed, data, stream_preset, settings)
     progress = Progress(_plan(preset, preset.end_year - preset.start_year + 1 - preset.future_years, extra))
     results = run.header()
     skipped: Dict[str, str] = {}  # stage (or part of one) -> why the data could not support it
@@ -946,7 +962,7 @@ def _reproduce(preset: Preset, out_dir: str, seed: int, extra: List[ExtraStage],
             if sigterm_received():
                 raise Preempted(f"after the last stage (the models are saved in {out_dir})")
     finally:
-        _restore_tasks(previous_data_dir)
+        _restore_tasks(previous_data_dir, settings)
     results["timing"] = {"stages": [[n, t] for n, t in progress.times.items()],
                          "models": [[n, t] for n, t in model_times.items()], "extra": extra_times,
                          "total_s": time.time() - t0, "machine": _machine()}
@@ -977,7 +993,8 @@ def seed_dir(out_dir: str, seed: int) -> str:
 
 def reproduce_seeds(preset: Union[str, Preset], out_dir: str, seeds: Sequence[int],
                     extra_stages: Optional[Sequence[ExtraStage]] = None, overwrite: bool = False,
-                    data: StudyData = EMBEDDED, stream_preset: Optional[StreamPreset] = None) -> Dict[str, Any]:
+                    data: StudyData = EMBEDDED, stream_preset: Optional[StreamPreset] = None,
+                    settings: Optional[Settings] = None) -> Dict[str, Any]:
     """The whole study once per seed, each into out_dir/seed_<S> (its own results.json, resumable as one run), then
     the seeds combined into out_dir/results.json (`combine_seeds`): every finding tested over the per-seed effects,
     every summary number as its mean and 95 % interval over the seeds, and every seed's results whole. The seeds run
@@ -991,7 +1008,7 @@ def reproduce_seeds(preset: Union[str, Preset], out_dir: str, seeds: Sequence[in
         for i, seed in enumerate(seeds):
             console.say(f"reproduce: seed {seed} ({i + 1} of {len(seeds)}) into {seed_dir(out_dir, seed)}")
             per_seed[str(seed)] = reproduce(preset, seed_dir(out_dir, seed), seed, extra_stages, overwrite, data,
-                                            stream_preset)
+                                            stream_preset, settings)
         results = combine_seeds(per_seed)
         results["timing"] = {"total_s": time.time() - t0, "machine": _machine(),
                              "per_seed_s": {s: r["timing"]["total_s"] for s, r in per_seed.items()}}
@@ -1034,13 +1051,13 @@ def aggregate_numbers(trees: Sequence[Any], skip: frozenset = frozenset()) -> An
     return None
 
 
-def _restore_tasks(data_dir: Optional[str]) -> None:
+def _restore_tasks(data_dir: Optional[str], settings: Settings) -> None:
     """Registers the tasks over the folder they were over before the run (the default world's when it had none)."""
     try:
         has_manifest = bool(data_dir) and read_manifest(data_dir) is not None
     except ValueError:
         has_manifest = False
-    tasks.configure(data_dir=data_dir if has_manifest else None)
+    tasks.configure(data_dir=data_dir if has_manifest else None, settings=settings)
 
 
 def _machine() -> str:
@@ -1048,11 +1065,11 @@ def _machine() -> str:
     return f"{platform.machine()} {os.cpu_count()} CPU cores, {len(devices)} {devices[0].platform} device(s)"
 
 
-def _enable_compilation_cache() -> None:
+def _enable_compilation_cache(cache_dir: str) -> None:
     """Reuse compilations across the many trainings and evaluations of one architecture (a persistent JAX cache in
-    $JAX_COMPILATION_CACHE_DIR, or $TEMPLM_CACHE/jax, default ~/.cache/templm/jax), unless one is already set."""
+    $JAX_COMPILATION_CACHE_DIR, or `cache_dir`/jax: $TEMPLM_CACHE/jax, default ~/.cache/templm/jax), unless one is
+    already set."""
     if jax.config.jax_compilation_cache_dir:
         return
-    cache = os.environ.get("TEMPLM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "templm")
-    jax.config.update("jax_compilation_cache_dir", os.path.join(cache, "jax"))
+    jax.config.update("jax_compilation_cache_dir", os.path.join(cache_dir, "jax"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)

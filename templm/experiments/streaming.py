@@ -57,7 +57,9 @@ from templm.metrics.stream import (CONTROL_TOKENIZER_RUN, LARGER_MODEL_RUN, mose
                                    perplexity, stream_results, summarize, tokenizer_comparison)
 from templm.models.transformer_xl import TransformerXLConfig
 from templm.training import partitioning
+from templm.training.configs import CheckpointConfig, CorpusConfig, OptimizerConfig, SaveCheckpointConfig
 from templm.training.lm_trainer import load_lm, train_lm
+from templm.training.loop import RunOptions
 
 # Dynamic evaluation variants of the TIME-STRATIFIED model (names become the report's modes). Each variant's rate
 # is chosen among its "lrs" on the TIME-STRATIFIED validation stream (the months after the cut-off, before the test
@@ -456,6 +458,18 @@ def stream_preset(preset: Union[str, StreamPreset]) -> StreamPreset:
     return PRESETS[preset]
 
 
+def train_preset_lm(model_dir: str, config: TransformerXLConfig, p: StreamPreset, seed: int, mesh=None,
+                    **data: Any) -> Any:
+    """A Transformer-XL of a streaming preset: its steps, batch, rate and warm-up, documents shuffled, one checkpoint
+    kept (at the end), a progress line for minutes of work; `data` the CorpusConfig's corpus, split and
+    SentencePiece model."""
+    return train_lm(model_dir, config, CorpusConfig(batch_size=p.batch_size, data_order="shuffle", **data),
+                    p.train_steps, OptimizerConfig(learning_rate=p.learning_rate, warmup_steps=p.warmup),
+                    CheckpointConfig(SaveCheckpointConfig(period=0, keep=1)), random_seed=seed,
+                    stats_period=max(1, min(50, p.train_steps // 10)),
+                    options=RunOptions(mesh=mesh, progress=console.LONG_WORK_SECONDS))
+
+
 def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus: Optional[Corpus] = None,
                           preset: Union[str, StreamPreset] = "smoke", seed: int = 0, mesh=None,
                           shared_tokenizer: bool = False,
@@ -526,11 +540,8 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
                        TransformerXLConfig(vocab_size=p.model_vocab_size, **p.larger_model_config)))
     for name, split, tokenizer, run_config in setups:
         t0 = time.time()
-        train_lm(os.path.join(out_dir, name), data["corpus"], split_dir=data["split_dir"], split=split,
-                 spm_model=data["spm_models"][tokenizer], config=run_config, train_steps=p.train_steps,
-                 batch_size=p.batch_size, learning_rate=p.learning_rate, warmup_steps=p.warmup, seed=seed,
-                 data_order="shuffle", save_period=0, keep_checkpoints=1,
-                 log_period=max(1, min(50, p.train_steps // 10)), mesh=mesh, progress=console.LONG_WORK_SECONDS)
+        train_preset_lm(os.path.join(out_dir, name), run_config, p, seed, mesh, corpus=data["corpus"],
+                        split_dir=data["split_dir"], split=split, spm_model=data["spm_models"][tokenizer])
         timings[f"train_{name}"] = time.time() - t0
         console.say(f"stream experiment: {name} model trained ({timings[f'train_{name}']:.1f}s)")
 

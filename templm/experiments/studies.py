@@ -83,7 +83,7 @@ class Preset:
     base_model: str = "tiny"  # a T5_1_1_CONFIGS name
     dropout_rate: float = 0.0
     initial_checkpoint: Optional[str] = None  # a templm or Hugging Face T5 folder every model starts from
-    # The input pipelines each training's global batch is drawn from (templm.train.data_shards): 0, one per process.
+    # The input pipelines each training's global batch is drawn from (train/templm.DatasetConfig.shards): 0, one per process.
     # The batches depend on it, not on the number of processes: any process count that divides it trains alike.
     data_shards: int = 0
 

@@ -9,12 +9,12 @@ prepared on first use in `$TEMPLM_CACHE` (default `~/.cache/templm`) under a loc
 
 import contextlib
 import functools
-import os
 
 import gin
 
 from templm.data import cronquestions, task_data, vocab
 from templm.errors import DataError
+from templm.settings import Settings, parse_years  # noqa: F401  (parse_years: templm.tasks.parse_years as before)
 from templm.tasks import registry
 from templm.tasks.registry import adapt_mixture, adapt_mixture_name
 
@@ -24,29 +24,29 @@ __all__ = ["adapt_mixture", "adapt_mixture_name", "configure", "current", "padde
 _current = {}
 
 
-def configure(data_dir=None, vocabulary_path=None, extra_ids=None, train_years=None, cronquestions_dir=None):
-    """Registers the tasks over `data_dir` (default: $TEMPLM_DATA_DIR, else the embedded world's cache folder).
+def configure(data_dir=None, vocabulary_path=None, extra_ids=None, train_years=None, cronquestions_dir=None,
+              settings=None):
+    """Registers the tasks over `data_dir` (default: the settings' data_dir, $TEMPLM_DATA_DIR, else the embedded
+    world's cache folder).
 
-    `vocabulary_path` (default: $TEMPLM_VOCABULARY) replaces the folder's own SentencePiece model, e.g. T5's public
-    cc_all.32000.100extra model, which upstream T5X's model configs and the paper's checkpoints use.
-    `extra_ids` (default: $TEMPLM_EXTRA_IDS, else detected): the sentinels seqio appends, 100, or 0 for a file that
-    holds its own (as T5's public vocabulary), so that the vocabulary equals the one T5X's model configs build.
-    `train_years` (default: $TEMPLM_TRAIN_YEARS, "2010-2018" or "2010,2011", else the manifest's seen years) are the
-    years the training split of the every-year tasks and mixtures holds: the future years stay out of training.
-    `cronquestions_dir` (default: $TEMPLM_CRONQUESTIONS_DIR): a folder of `templm data cronquestions`, registered as
-    the task `cronquestions` with the same vocabulary, for fine-tuning the models on it (Dhingra et al., Table 4).
-    Returns the manifest (for the default world before its first use: the years it will have).
+    `settings`: a templm.settings.Settings, what the environment configures (default: read from it now); an argument
+    given here wins over it. `vocabulary_path` (default: its vocabulary, $TEMPLM_VOCABULARY) replaces the folder's own
+    SentencePiece model, e.g. T5's public cc_all.32000.100extra model, which upstream T5X's model configs and the
+    paper's checkpoints use. `extra_ids` (default: $TEMPLM_EXTRA_IDS, else detected): the sentinels seqio appends,
+    100, or 0 for a file that holds its own (as T5's public vocabulary), so that the vocabulary equals the one T5X's
+    model configs build. `train_years` (default: $TEMPLM_TRAIN_YEARS, "2010-2018" or "2010,2011", else the
+    manifest's seen years) are the years the training split of the every-year tasks and mixtures holds: the future
+    years stay out of training. `cronquestions_dir` (default: $TEMPLM_CRONQUESTIONS_DIR): a folder of `templm data
+    cronquestions`, registered as the task `cronquestions` with the same vocabulary, for fine-tuning the models on it
+    (Dhingra et al., Table 4). Returns the manifest (for the default world before its first use: the years it will
+    have).
     """
-    data_dir = data_dir or os.environ.get("TEMPLM_DATA_DIR")
-    vocabulary_path = vocabulary_path or os.environ.get("TEMPLM_VOCABULARY")
-    if extra_ids is None and os.environ.get("TEMPLM_EXTRA_IDS"):
-        try:
-            extra_ids = int(os.environ["TEMPLM_EXTRA_IDS"])
-        except ValueError:
-            raise ValueError(f"TEMPLM_EXTRA_IDS: expected a number of sentinels such as 100 or 0, got "
-                             f"{os.environ['TEMPLM_EXTRA_IDS']!r}") from None
+    settings = settings or Settings.from_environment()
+    data_dir = data_dir or settings.data_dir
+    vocabulary_path = vocabulary_path or settings.vocabulary
+    extra_ids = settings.extra_ids if extra_ids is None else extra_ids
     default = data_dir is None
-    data_dir = data_dir or task_data.default_data_dir()
+    data_dir = data_dir or task_data.default_data_dir(settings.cache_dir)
     manifest = task_data.read_manifest(data_dir)
     if manifest is None and not default:
         raise DataError("no task data here (no manifest.json): build it with `templm data tasks --out DIR`", data_dir)
@@ -64,12 +64,11 @@ def configure(data_dir=None, vocabulary_path=None, extra_ids=None, train_years=N
         extra_ids = vocab.task_extra_ids(path, extra_ids)
     vocabulary = registry.task_vocabulary(path, extra_ids, ensure)
     ensure = ensure or (lambda: None)
-    if train_years is None and os.environ.get("TEMPLM_TRAIN_YEARS"):
-        train_years = parse_years(os.environ["TEMPLM_TRAIN_YEARS"], "TEMPLM_TRAIN_YEARS")
+    train_years = settings.train_years if train_years is None else train_years
     train_years = list(manifest["seen_years"] if train_years is None else train_years)
     registry.register(data_dir, manifest["years"], manifest["seen_years"], manifest["future_years"], vocabulary,
                       ensure, manifest.get("counts"), train_years=train_years)
-    cronquestions_dir = cronquestions_dir or os.environ.get("TEMPLM_CRONQUESTIONS_DIR")
+    cronquestions_dir = cronquestions_dir or settings.cronquestions_dir
     if cronquestions_dir:
         cron = cronquestions.read_manifest(cronquestions_dir)
         if cron is None:
@@ -80,18 +79,6 @@ def configure(data_dir=None, vocabulary_path=None, extra_ids=None, train_years=N
     _current.update(data_dir=data_dir, manifest=manifest, vocabulary=vocabulary, ensure=ensure,
                     train_years=sorted(int(y) for y in train_years), cronquestions_dir=cronquestions_dir)
     return manifest
-
-
-def parse_years(text, where="years"):
-    """Years written as "2010-2018", "2010,2012" or a mix ("2010-2012,2015")."""
-    years = []
-    try:
-        for part in str(text).split(","):
-            first, _, last = part.strip().partition("-")
-            years += list(range(int(first), int(last or first) + 1))
-    except ValueError:
-        raise ValueError(f"{where}: expected years such as 2010-2018 or 2010,2012, got {text!r}") from None
-    return years
 
 
 def yearly_mixture(year):

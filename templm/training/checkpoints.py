@@ -25,7 +25,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
 import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple

@@ -86,7 +86,7 @@ class TrainingInput:
         index, processes = process or (jax.process_index(), jax.process_count())
         self.data_shards = data_shards or processes
         if self.data_shards % processes or batch_size % self.data_shards:
-            raise ConfigError(f"templm.train.data_shards {self.data_shards} must be a multiple of the number of "
+            raise ConfigError(f"train/templm.DatasetConfig.shards {self.data_shards} must be a multiple of the number of "
                               f"processes ({processes}) and divide batch_size ({batch_size})")
         per_process = self.data_shards // processes
         self.shards = list(range(index * per_process, (index + 1) * per_process))

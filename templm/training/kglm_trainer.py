@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +23,7 @@ from templm.data.linked_mentions import RELATED, WORD, KnowledgeGraph, LinkedDoc
 from templm.models.kglm import (KGLMConfig, KnowledgeGraphLM, MentionProposal, gold_options, init_generative,
                                 init_proposal, log_joint_terms, proposal_scan)
 from templm.training import loop, partitioning, state as train_state
-from templm.training.optimizers import learning_rate_schedule, make_optimizer
+from templm.training.configs import CheckpointConfig, OptimizerConfig, SaveCheckpointConfig
 
 WHICH = ("model", "proposal")
 _RESUME_KEYS = ("which", "seed", "batch_size", "data_fingerprint", "model_config")
@@ -81,20 +81,33 @@ def init_params(which: str, config: KGLMConfig, shapes: Shapes, example: Dict[st
     return init_proposal(MentionProposal(config), rng, one)
 
 
-def train_latent_lm(model_dir: str, which: str, config: KGLMConfig, docs: Sequence[LinkedDocument],
-                    graph: KnowledgeGraph, shapes: Shapes, *, train_steps: int, batch_size: int = 16,
-                    learning_rate: float = 3e-3, schedule: str = "cosine", max_grad_norm: float = 1.0, seed: int = 0,
-                    save_period: int = 0, keep_checkpoints: Optional[int] = 1, log_period: int = 50, mesh=None,
-                    progress: Union[bool, float] = True) -> Dict[str, Any]:
-    """Trains the model or the proposal (`which`) on `docs` into `model_dir` (resuming a run there); returns
-    {"params" (host arrays), "train": the last logged metrics, "step", "start_step"}. The learning rate follows
-    `schedule` (templm.training.optimizers) over `train_steps`: a run resumed with more steps than it was started
-    with follows another schedule from there unless it is "constant"."""
+@dataclasses.dataclass(frozen=True)
+class LinkedDataset:
+    """The training data of a knowledge-graph LM: linked documents, their graph, the padded shapes of a batch and
+    the batch size (documents per step, drawn by `batch_documents`)."""
+
+    docs: Sequence[LinkedDocument]
+    graph: KnowledgeGraph
+    shapes: Shapes
+    batch_size: int = 16
+
+
+def train_latent_lm(model_dir: str, which: str, config: KGLMConfig, dataset: LinkedDataset, total_steps: int,
+                    optimizer_cfg: OptimizerConfig = OptimizerConfig(learning_rate=3e-3, max_grad_norm=1.0),
+                    checkpoint_cfg: CheckpointConfig = CheckpointConfig(SaveCheckpointConfig(period=0, keep=1)),
+                    random_seed: int = 0, stats_period: int = 50,
+                    options: loop.RunOptions = loop.RunOptions()) -> loop.TrainResult:
+    """Trains the model or the proposal (`which`) on `dataset` into `model_dir` (resuming a run there); returns a
+    loop.TrainResult whose params are host arrays. The learning rate follows optimizer_cfg's schedule over
+    total_steps: a run resumed with more steps than it was started with follows another schedule from there unless
+    it is "constant". Checkpoints every checkpoint_cfg.save.period steps (0: only at the end)."""
+    docs, graph, shapes, batch_size, seed = dataset.docs, dataset.graph, dataset.shapes, dataset.batch_size, \
+        random_seed
     if which not in WHICH:
         raise ValueError(f"which must be one of {WHICH}, got {which!r}")
     if len(docs) < batch_size:
         raise ValueError(f"{len(docs)} training documents do not fill one batch of {batch_size}")
-    mesh = mesh or partitioning.make_mesh()
+    mesh = options.mesh or partitioning.make_mesh()
     if batch_size % mesh.shape["data"]:
         raise ValueError(f"batch_size {batch_size} must divide by the mesh's data axis ({mesh.shape['data']})")
     model_dir = os.path.abspath(model_dir)
@@ -107,8 +120,7 @@ def train_latent_lm(model_dir: str, which: str, config: KGLMConfig, docs: Sequen
         batch["gold_options"] = gold_options(batch)
         return train_state.global_batch(batch, data_sharding)
 
-    tx = make_optimizer("adam", learning_rate_schedule(schedule, learning_rate, 0, train_steps),
-                        max_grad_norm=max_grad_norm)
+    tx = optimizer_cfg.build(total_steps)
     loss = loss_fn(which, config)
 
     def step(state, batch, rng):
@@ -121,7 +133,8 @@ def train_latent_lm(model_dir: str, which: str, config: KGLMConfig, docs: Sequen
     meta = {"kind": "kglm", "which": which, "seed": seed, "batch_size": batch_size,
             "data_fingerprint": documents_fingerprint(docs), "model_config": dataclasses.asdict(config),
             "shapes": dataclasses.asdict(shapes)}
-    with loop.RunFolder(model_dir, save_period or train_steps, keep_checkpoints) as folder:
+    save = checkpoint_cfg.save
+    with loop.RunFolder(model_dir, save.period, save.keep, save.async_save) as folder:
         example = document_batch(docs[:1], shapes, graph)
         params = jax.device_put(init_params(which, config, shapes, example, seed), replicated)
         state, shardings = train_state.train_state(params, tx, mesh)
@@ -129,7 +142,7 @@ def train_latent_lm(model_dir: str, which: str, config: KGLMConfig, docs: Sequen
         batch_shardings = jax.tree.map(lambda _: data_sharding, batch_at(0))
         step_fn = train_state.compile_step(step, shardings, batch_shardings, mesh)
         context = loop.RunContext(folder.checkpointer, folder.log, meta, jax.random.key(seed + 1), start_step,
-                                  train_steps, log_period, hooks=loop.Hooks(progress=progress, name=f"kglm {which}"))
+                                  total_steps, stats_period,
+                                  hooks=loop.Hooks(progress=options.progress, name=f"kglm {which}"))
         state, logged = loop.run(step_fn, state, batch_at, context)
-    return {"params": jax.tree.map(np.asarray, state["params"]), "train": logged if logged is not None else last,
-            "step": max(train_steps, start_step), "start_step": start_step}
+    return loop.finish(start_step, total_steps, {"params": jax.tree.map(np.asarray, state["params"])}, logged, last)

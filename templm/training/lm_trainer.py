@@ -17,7 +17,7 @@ are part of the checkpointed state, so a run stopped after k steps and resumed t
 optimizer state and memories, bit for bit, as a run of n steps that never stopped. A checkpoint also records the
 seeds, the data order, the batch layout and a fingerprint of the token stream; resuming with other data is an error.
 
-(The default cosine learning-rate schedule spans `train_steps`: resuming with another `train_steps` changes the
+(The default cosine learning-rate schedule spans `total_steps`: resuming with another `total_steps` changes the
 rates of the remaining steps, as it would in any trainer.)
 
 A checkpoint records the model configuration, the corpus, the split and the SentencePiece model (with its SHA-256),
@@ -45,12 +45,12 @@ from jax.sharding import PartitionSpec
 from templm.data.lm_data import (DATA_ORDERS, LMData, load_processor, read_split_documents, split_path,
                                  tokenize_documents)
 from templm.data.readers import resolve_corpus
-from templm.errors import DataError, require_folder, require_macros, require_numbers
+from templm.errors import ConfigError, DataError, require_folder, require_macros, require_numbers
 from templm.io import file_sha256
 from templm.models.transformer_xl import TXL_CONFIGS, TransformerXL, TransformerXLConfig, lm_loss, next_mem_valid
 from templm.training import loop, partitioning, state as train_state
 from templm.training.checkpoints import load_params
-from templm.training.optimizers import learning_rate_schedule, make_optimizer
+from templm.training.configs import CheckpointConfig, CorpusConfig, OptimizerConfig
 
 gin.external_configurable(TransformerXLConfig, module="templm")
 
@@ -183,72 +183,62 @@ def init_state(model: TransformerXL, tx, batch_size: int, mem_len: int, seed: in
 # The training run.
 
 
-# Runs with the same model, mesh and optimizer settings (TIME-STRATIFIED and CONTROL) share one compiled step.
-_STEP_CACHE: Dict[Any, Any] = {}
 # What a resumed run must share with the checkpoint it resumes.
 _RESUME_KEYS = ("seed", "data_seed", "data_order", "batch_size", "tgt_len", "mem_len", "data_fingerprint",
                 "model_config")
 
 
-@gin.configurable(module="templm", denylist=["mesh", "progress", "config_gin"])
-def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_file: Optional[str] = None,
-             spm_model: str = gin.REQUIRED, config: Union[str, TransformerXLConfig] = gin.REQUIRED,
-             train_steps: int = gin.REQUIRED, batch_size: int = gin.REQUIRED, learning_rate: float = 2.5e-4, *,
-             split_dir: Optional[str] = None, split: str = "time_stratified_train",
-             optimizer: Optional[optax.GradientTransformation] = None, warmup_steps: int = 0,
-             schedule: str = "cosine", max_grad_norm: float = 0.25, seed: int = 0, data_seed: Optional[int] = None,
-             data_order: str = "date", corpus_format: str = "auto", on_error: str = "raise",
-             allow_missing_ids: bool = False, save_period: int = 1000, keep_checkpoints: Optional[int] = 3,
-             log_period: int = 10, mesh=None, progress: Union[bool, float] = True,
-             config_gin: Optional[str] = None) -> Dict[str, Any]:
+@gin.configurable(module="templm", denylist=["options"])
+def train_lm(model_dir: str = gin.REQUIRED, config: Union[str, TransformerXLConfig] = gin.REQUIRED,
+             train_dataset_cfg: CorpusConfig = gin.REQUIRED, total_steps: int = gin.REQUIRED,
+             optimizer_cfg: OptimizerConfig = OptimizerConfig(), checkpoint_cfg: CheckpointConfig = CheckpointConfig(),
+             random_seed: int = 0, stats_period: int = 10, optimizer: Optional[optax.GradientTransformation] = None,
+             options: loop.RunOptions = loop.RunOptions()) -> loop.TrainResult:
     """Trains a Transformer-XL language model on one split of a corpus; resumes from `model_dir` if it holds a run.
 
     Args:
       model_dir: run folder: `checkpoints/` (orbax), `metrics.jsonl`, TensorBoard events.
-      corpus: the corpus (one file in any format templm.data reads, a glob pattern or a list); split_file: its split
-        file (`YYYYMMDD<TAB>id` lines), or split_dir + split (`split_dir/split.gz`, or `split_dir/split` where a
-        release folder was gunzipped; e.g. split="control_train").
-      spm_model: the SentencePiece model (T5 ids; EOS separates documents). config.vocab_size must hold its pieces.
       config: a TransformerXLConfig or a TXL_CONFIGS name; tgt_len is the segment length, mem_len the training
-        memory.
-      train_steps, batch_size: segments per row and parallel rows (the global batch is batch_size x tgt_len tokens).
-      learning_rate, warmup_steps, schedule, max_grad_norm: Adam with this schedule (templm.training.optimizers);
+        memory. config.vocab_size must hold the pieces of the data's SentencePiece model.
+      train_dataset_cfg: the corpus, its split and SentencePiece model, the batch (parallel rows; the global batch
+        is batch_size x tgt_len tokens) and the data order (templm.training.configs.CorpusConfig).
+      total_steps: segments per row.
+      optimizer_cfg: Adam with a schedule spanning total_steps (templm.training.configs.OptimizerConfig); an optax
         `optimizer` replaces it.
-      seed: parameter init and dropout; data_seed (default seed): the document shuffle of data_order="shuffle".
-      data_order: "date" (split order) or "shuffle" (documents permuted per epoch); see templm/data/lm_data.py.
-      save_period / keep_checkpoints / log_period: checkpoint every N steps (and at the end, and on SIGTERM), keep
-        the last K; log metrics every N steps.
-      mesh: a ("data", "model") mesh (default `partitioning.make_mesh()`, bindable in gin).
-      progress: print a progress line every log_period steps (True), at most once in that many seconds (a number),
-        or none (False).
-      config_gin: the gin config that made the run (`gin.config_str()`, as `templm train-lm` passes it), written to
-        MODEL_DIR/config.gin as T5X does.
+      checkpoint_cfg: checkpoint every save.period steps (and at the end, and on SIGTERM), keep the last save.keep.
+      random_seed: parameter init and dropout (and the document shuffle, unless the data's own seed is set).
+      stats_period: log metrics every N steps.
+      options: the mesh, progress lines, the gin config written to MODEL_DIR/config.gin (loop.RunOptions).
 
-    Returns {"step", "start_step", "train": last logged metrics, "data": data statistics, "params", "mems"}.
-    Raises Preempted on SIGTERM (after saving), TrainingError on a non-finite loss (naming the last good
-    checkpoint), DataError on bad input (naming the file).
+    Returns a loop.TrainResult (with the data's statistics and the final memories). Raises Preempted on SIGTERM
+    (after saving), TrainingError on a non-finite loss (naming the last good checkpoint), DataError on bad input
+    (naming the file).
     """
     require_macros("templm.train_lm", {
-        "model_dir": ("MODEL_DIR", model_dir), "corpus": ("CORPUS", corpus), "spm_model": ("SPM_MODEL", spm_model),
-        "config": ("MODEL_CONFIG", config), "train_steps": ("TRAIN_STEPS", train_steps),
-        "batch_size": ("BATCH_SIZE", batch_size)})
+        "model_dir": ("MODEL_DIR", model_dir), "config": ("MODEL_CONFIG", config),
+        "total_steps": ("TRAIN_STEPS", total_steps),
+        "train_dataset_cfg": ("the training data: templm.CorpusConfig", train_dataset_cfg)})
+    data_cfg = train_dataset_cfg
+    data_cfg.check("templm.CorpusConfig")
+    optimizer_cfg.check("templm.OptimizerConfig")
+    checkpoint_cfg.check("templm.CheckpointConfig")
     require_numbers("templm.train_lm", {
-        "train_steps": (train_steps, int, 1, "TRAIN_STEPS"), "batch_size": (batch_size, int, 1, "BATCH_SIZE"),
-        "learning_rate": (learning_rate, float, 0, "LEARNING_RATE"), "warmup_steps": (warmup_steps, int, 0, None),
-        "max_grad_norm": (max_grad_norm, float, 0, None), "seed": (seed, int, 0, "SEED"),
-        "data_seed": (data_seed, int, 0, None), "save_period": (save_period, int, 0, "SAVE_PERIOD"),
-        "keep_checkpoints": (keep_checkpoints, int, 1, None), "log_period": (log_period, int, 1, None)},
-        optional=("data_seed", "keep_checkpoints"))
+        "total_steps": (total_steps, int, 1, "TRAIN_STEPS"), "random_seed": (random_seed, int, 0, "SEED"),
+        "stats_period": (stats_period, int, 1, None)})
     require_folder("templm.train_lm", "model_dir", "MODEL_DIR", os.fspath(model_dir))
+    if checkpoint_cfg.restore.path:
+        raise ConfigError("templm.train_lm starts from a random initialisation: unset "
+                          "templm.RestoreCheckpointConfig.path (to go on with a run, train into its MODEL_DIR)")
     config = resolve_config(config)
-    data_seed = seed if data_seed is None else data_seed
-    if data_order not in DATA_ORDERS:
-        raise ValueError(f"data_order must be one of {DATA_ORDERS}, got {data_order!r}")
+    seed, batch_size = random_seed, data_cfg.batch_size
+    data_seed = seed if data_cfg.seed is None else data_cfg.seed
+    if data_cfg.data_order not in DATA_ORDERS:
+        raise ValueError(f"data_order must be one of {DATA_ORDERS}, got {data_cfg.data_order!r}")
     model_dir = os.path.abspath(os.fspath(model_dir))
-    split_file = os.path.abspath(split_path(split_file, split_dir, split))
-    corpus = resolve_corpus(corpus)
-    spm_model = os.path.abspath(os.fspath(spm_model))
-    mesh = mesh or partitioning.make_mesh()
+    split_file = os.path.abspath(split_path(data_cfg.split_file, data_cfg.split_dir, data_cfg.split))
+    corpus = resolve_corpus(data_cfg.corpus)
+    spm_model = os.path.abspath(os.fspath(data_cfg.spm_model))
+    mesh = options.mesh or partitioning.make_mesh()
     rules = partitioning.logical_axis_rules()
     n_data = mesh.shape["data"]
     if batch_size % n_data or batch_size % jax.process_count():
@@ -256,13 +246,15 @@ def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_fi
                          f"of processes ({jax.process_count()})")
 
     # --- Data: the split's documents, tokenised, laid out as batch_size streams. ---------------------------------
-    documents = read_split_documents(corpus, split_file, corpus_format, on_error, allow_missing_ids)
+    documents = read_split_documents(corpus, split_file, data_cfg.corpus_format, data_cfg.on_error,
+                                     data_cfg.allow_missing_ids)
     processor = load_processor(spm_model)
     if processor.get_piece_size() > config.vocab_size:
         raise ValueError(f"TransformerXLConfig.vocab_size={config.vocab_size} cannot hold the "
                          f"{processor.get_piece_size()} pieces of {spm_model}")
     tokens, offsets = tokenize_documents(documents, processor)
-    data = LMData(tokens, offsets, int(processor.eos_id()), batch_size, config.tgt_len, data_order, data_seed)
+    data = LMData(tokens, offsets, int(processor.eos_id()), batch_size, config.tgt_len, data_cfg.data_order,
+                  data_seed)
     if data.segments_per_epoch < 1:
         raise DataError(f"the split's {len(tokens)} tokens do not fill one segment of {config.tgt_len} + 1 tokens "
                         f"on each of {batch_size} rows", split_file)
@@ -275,15 +267,15 @@ def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_fi
 
     model = TransformerXL(config)
     mem_len = config.mem_len
-    tx = optimizer or make_optimizer(
-        "adam", learning_rate_schedule(schedule, learning_rate, warmup_steps, train_steps), max_grad_norm=max_grad_norm)
+    tx = optimizer or optimizer_cfg.build(total_steps)
     meta = {"kind": "transformer_xl_lm", "model_config": config_to_json(config),
             "corpus": _portable(corpus, model_dir) if isinstance(corpus, str) else
                       [_portable(path, model_dir) for path in corpus], "split_file": _portable(split_file, model_dir),
             "spm_model": _portable(spm_model, model_dir), "spm_sha256": file_sha256(spm_model),
-            "seed": seed, "data_seed": data_seed, "data_order": data_order, "batch_size": batch_size,
+            "seed": seed, "data_seed": data_seed, "data_order": data_cfg.data_order, "batch_size": batch_size,
             "tgt_len": config.tgt_len, "mem_len": mem_len, "data_fingerprint": data.fingerprint(), "data": data_stats}
-    with loop.RunFolder(model_dir, save_period, keep_checkpoints, config_gin=config_gin) as folder, \
+    save = checkpoint_cfg.save
+    with loop.RunFolder(model_dir, save.period, save.keep, save.async_save, config_gin=options.config_gin) as folder, \
             train_state.mesh_rules(mesh, rules):
         # --- Model and sharded init: parameters, optimizer state and memories laid out on the mesh. -------------
         state, state_shardings = init_state(model, tx, batch_size, mem_len, seed, mesh, rules)
@@ -293,34 +285,22 @@ def train_lm(model_dir: str = gin.REQUIRED, corpus: str = gin.REQUIRED, split_fi
         if start_step:
             logging.info("resumed from step %d", start_step)
 
-        # --- The update step: one pure function, jitted once, the state donated. --------------------------------
+        # --- The update step: one pure function, jitted once per distinct model, optimizer and mesh. ------------
         batch_shardings = {key: partitioning.data_sharding(mesh) for key in ("inputs", "targets", "reset")}
-        step_key = None if optimizer is not None else (
-            model, mem_len, mesh, tuple(rules), learning_rate, train_steps if schedule == "cosine" else None,
-            warmup_steps, schedule, max_grad_norm)
-        step_fn = _STEP_CACHE.get(step_key) if step_key is not None else None
-        if step_fn is None:
-            step_fn = train_state.compile_step(make_lm_train_step(model, tx, mem_len), state_shardings,
-                                               batch_shardings, mesh)
-            if step_key is not None:
-                _STEP_CACHE.clear()  # keep one: a compiled step holds on to its executable
-                _STEP_CACHE[step_key] = step_fn
+        schedule_steps = total_steps if optimizer_cfg.schedule == "cosine" else None
+        key = (model, mem_len, mesh, tuple(rules),
+               (optimizer_cfg, schedule_steps) if optimizer is None else id(tx))
+        step_fn = loop.STEPS.get(key, lambda: train_state.compile_step(
+            make_lm_train_step(model, tx, mem_len), state_shardings, batch_shardings, mesh), held=tx)
 
         # --- The loop: this process's rows of the segment at each data position. ------------------------------
         local = batch_size // jax.process_count()
         rows = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
-        hooks = loop.Hooks(extra_scalars=lambda step: {"epoch": step / data.segments_per_epoch}, progress=progress,
-                           name=os.path.basename(model_dir), shown=("epoch", "loss", "ppl"))
+        hooks = loop.Hooks(extra_scalars=lambda step: {"epoch": step / data.segments_per_epoch},
+                           progress=options.progress, name=os.path.basename(model_dir), shown=("epoch", "loss", "ppl"))
         context = loop.RunContext(folder.checkpointer, folder.log, meta, jax.random.key(seed + 1), start_step,
-                                  train_steps, log_period, batch_size * config.tgt_len, hooks)
+                                  total_steps, stats_period, batch_size * config.tgt_len, hooks)
         state, logged = loop.run(
             step_fn, state, lambda position: train_state.global_batch(data.batch(position, rows), batch_shardings),
             context)
-    result: Dict[str, Any] = {"start_step": start_step, "data": data_stats}
-    train = logged if logged is not None else last  # a resumed run with nothing left reports its checkpoint's
-    if train is not None:
-        result["train"] = train
-    result["step"] = max(train_steps, start_step)
-    result["params"] = state["params"]
-    result["mems"] = state["mems"]
-    return result
+    return loop.finish(start_step, total_steps, state, logged, last, data=data_stats, mems=state["mems"])

@@ -18,6 +18,7 @@ Each step takes the batch of its data position and applies the step; then
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -196,6 +197,75 @@ class RunContext:
     log_period: int
     tokens_per_step: int = 0
     hooks: Hooks = Hooks()
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """What the caller of a trainer hands it besides the run's config: the ("data", "model") device mesh (None:
+    `partitioning.make_mesh()`, bindable in gin), progress lines (True, a number of seconds between lines, or False:
+    see Hooks), the gin config that made the run (`gin.config_str()`, written to MODEL_DIR/config.gin as T5X does),
+    and the T5 trainer's evaluator (evaluation sits above training: `templm train` passes
+    templm.evaluation.checkpoint_eval.evaluate_params)."""
+
+    mesh: Any = None
+    progress: Union[bool, float] = True
+    config_gin: Optional[str] = None
+    evaluator: Optional[Callable[..., Dict[str, Dict[str, float]]]] = None
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What every trainer returns: the steps it started from and ended at, the parameters, the last logged train
+    metrics (a resumed run with nothing left to do reports its checkpoint's), the last evaluation (the T5 trainer
+    with eval_period: {task: {metric: value}}), the data's statistics and the final memories (Transformer-XL)."""
+
+    start_step: int
+    step: int
+    params: Any
+    train: Optional[Dict[str, float]] = None
+    eval: Optional[Dict[str, Dict[str, float]]] = None
+    data: Optional[Dict[str, Any]] = None
+    mems: Any = None
+
+    def summary(self) -> Dict[str, Any]:
+        """What the command line prints of it: the steps, the metrics and the data's statistics (no arrays)."""
+        return {name: value for name, value in (("start_step", self.start_step), ("step", self.step),
+                                                ("train", self.train), ("eval", self.eval), ("data", self.data))
+                if value is not None}
+
+
+class StepCache:
+    """Compiled update steps by what they compile: a key made of the model's and optimizer's settings, the mesh and
+    the rules (and, for an optimizer object the caller built, that object, held so that its id stays its own), so
+    that every run of the same step in a process (the models of a reproduction, the tests of a session) compiles it
+    once. The `size` most recently used are kept: a compiled step holds on to its executables."""
+
+    def __init__(self, size: int = 4):
+        self.size = size
+        self._entries: "collections.OrderedDict[Any, Tuple[Any, Callable]]" = collections.OrderedDict()
+
+    def get(self, key: Any, build: Callable[[], Callable], held: Any = None) -> Callable:
+        """The step cached under `key`, or build() cached there (None: never cached)."""
+        if key is None:
+            return build()
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            return self._entries[key][1]
+        step = build()
+        self._entries[key] = (held, step)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+        return step
+
+
+STEPS = StepCache()
+
+
+def finish(start_step: int, total_steps: int, state: Any, logged: Optional[Dict[str, float]],
+           last: Optional[Dict[str, float]], **fields: Any) -> TrainResult:
+    """The TrainResult of a run that went from start_step to total_steps (or was already past it)."""
+    return TrainResult(start_step=start_step, step=max(total_steps, start_step), params=state["params"],
+                       train=logged if logged is not None else last, **fields)
 
 
 def run(step_fn: Callable, state: Any, batch_at: Callable[[int], Mapping[str, jax.Array]],

@@ -76,3 +76,10 @@ def logged_learning_rate() -> Optional[Callable[[int], float]]:
     if isinstance(bound, (int, float)) and not isinstance(bound, bool):
         return lambda step: float(bound)
     return None
+
+
+def bound_optimizer() -> str:
+    """What gin binds for `make_optimizer()` and its schedule, as one hashable value: two runs whose optimizers
+    `make_optimizer()` builds with equal bindings compile the same update step (the step cache's key, loop.py)."""
+    return repr([sorted(gin.get_bindings(f"templm.{name}").items(), key=lambda item: item[0])
+                 for name in ("make_optimizer", "learning_rate_schedule")])

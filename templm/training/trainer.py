@@ -24,7 +24,7 @@ import contextlib
 import copy
 import dataclasses
 import os
-from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 import gin
 import jax
@@ -40,23 +40,14 @@ from templm.io import file_sha256
 from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, T5Config, load_hf_checkpoint
 import templm.tasks  # noqa: F401  (registers the SeqIO tasks the configs name)
 from templm.training import loop, partitioning, state as train_state
+from templm.training.configs import CheckpointConfig, DatasetConfig
 from templm.training.checkpoints import load_params
 from templm.training.input_pipeline import TrainingInput
-from templm.training.optimizers import logged_learning_rate, make_optimizer
+from templm.training.optimizers import bound_optimizer, logged_learning_rate, make_optimizer
 
 # The model and its sizes are bound in gin (gin_configs/models/*.gin): `MODEL = @templm.EncoderDecoderModel()`.
 gin.external_configurable(T5Config, module="templm")
 gin.external_configurable(EncoderDecoderModel, module="templm")
-
-# One compiled update step, kept for the next run of the same model object, optimizer object, microbatches and mesh
-# (e.g. the many trainings of one reproduction): {key: (model, optimizer, step)}, the objects held so their ids stay
-# theirs. Only a caller-owned optimizer is cached: one built here from gin is new on every call.
-_STEP_CACHE: Dict[Any, Any] = {}
-
-# evaluator(model, params, mixture_or_task_name, task_feature_lengths, split, num_examples, batch_size, step)
-#   -> {task: {metric: value}}
-Evaluator = Callable[..., Dict[str, Dict[str, float]]]
-
 
 def make_train_step(model, tx, microbatches: int = 1):
     """train_step(state, batch, rng) -> (state, metrics).
@@ -185,111 +176,102 @@ def check_fits(params: Any, model: Any, path: str, sizes: str = "", run_config: 
 CONFIG_GIN = loop.CONFIG_GIN
 
 
-@gin.configurable(module="templm", denylist=["mesh", "evaluator", "progress", "config_gin"])
-def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRED,
-          task_feature_lengths: Mapping[str, int] = gin.REQUIRED, train_steps: int = gin.REQUIRED,
-          batch_size: int = gin.REQUIRED, model: Any = gin.REQUIRED,
-          optimizer: Optional[optax.GradientTransformation] = None, microbatches: int = 1, seed: int = 0,
-          data_seed: Optional[int] = None, pack: bool = True, save_period: int = 1000,
-          keep_checkpoints: Optional[int] = 3, eval_period: int = 0, eval_split: str = "validation",
-          eval_num_examples: Optional[int] = None, eval_batch_size: int = 32,
-          eval_mixture_or_task_name: Optional[str] = None, initial_checkpoint_path: Optional[str] = None,
-          log_period: int = 10, data_shards: int = 0, async_checkpoints: bool = True,
-          final_input_state: bool = True, mesh=None,
-          evaluator: Optional[Evaluator] = None, progress: Union[bool, float] = True,
-          config_gin: Optional[str] = None) -> Dict[str, Any]:
+@gin.configurable(module="templm", denylist=["options"])
+def train(model_dir: str = gin.REQUIRED, model: Any = gin.REQUIRED, train_dataset_cfg: DatasetConfig = gin.REQUIRED,
+          total_steps: int = gin.REQUIRED, checkpoint_cfg: CheckpointConfig = CheckpointConfig(),
+          train_eval_dataset_cfg: Optional[DatasetConfig] = None, eval_period: int = 0, random_seed: int = 0,
+          stats_period: int = 10, optimizer: Optional[optax.GradientTransformation] = None, microbatches: int = 1,
+          options: loop.RunOptions = loop.RunOptions()) -> loop.TrainResult:
     """Trains `model` on a SeqIO task or mixture; resumes from `model_dir` if it holds a run of the same seeds.
 
-    config_gin: the gin config that made the run (`gin.config_str()`, as `templm train` passes it), written to
-    MODEL_DIR/config.gin once the run holds the folder, as T5X writes its own; a resumed run writes its own config.
+    The parameters are T5X's `train` (gin_configs/base.gin binds them to its macros): train_dataset_cfg the
+    training data (`train/templm.DatasetConfig`), checkpoint_cfg how checkpoints are saved and what a new run
+    starts from, train_eval_dataset_cfg (`train_eval/templm.DatasetConfig`; default: the training task's
+    validation split, batches of 32) what is evaluated every `eval_period` steps (0: never) with the options'
+    evaluator, metrics logged every `stats_period` steps. optimizer: an optax transformation (default:
+    `templm.make_optimizer()` as gin binds it). microbatches: the global batch's gradient in that many parts (the
+    same update, less memory). options: the mesh, progress lines, the gin config written to MODEL_DIR/config.gin
+    once the run holds the folder (a resumed run writes its own) and the evaluator.
 
-    data_shards: the number of input pipelines the global batch is drawn from (input_pipeline.py); 0: the
-    checkpoint's when resuming, else the number of processes. async_checkpoints: save while training goes on.
-    final_input_state: the last step's checkpoint holds the input pipelines' states too (False for a run of fixed
-    length: extending it later replays its batches; the states are as large as the shuffle buffers).
-
-    Returns {"start_step", "step", "train": the last logged metrics, "eval": the last evaluation (with eval_period),
-    "params"}. Raises Preempted on SIGTERM (after saving), TrainingError on a non-finite loss.
+    Returns a loop.TrainResult. Raises Preempted on SIGTERM (after saving), TrainingError on a non-finite loss.
     """
     # --- Mesh and checks. ----------------------------------------------------------------------------------------
     require_macros("templm.train", {
-        "model_dir": ("MODEL_DIR", model_dir), "mixture_or_task_name": ("MIXTURE_OR_TASK_NAME", mixture_or_task_name),
-        "task_feature_lengths": ("TASK_FEATURE_LENGTHS", task_feature_lengths),
-        "train_steps": ("TRAIN_STEPS", train_steps), "batch_size": ("BATCH_SIZE", batch_size),
-        "model": ("MODEL", model)})
+        "model_dir": ("MODEL_DIR", model_dir), "total_steps": ("TRAIN_STEPS", total_steps), "model": ("MODEL", model),
+        "train_dataset_cfg": ("the training data: train/templm.DatasetConfig", train_dataset_cfg)})
+    data_cfg = train_dataset_cfg
+    data_cfg.check("train/templm.DatasetConfig")
+    checkpoint_cfg.check("templm.CheckpointConfig")
+    eval_cfg = train_eval_dataset_cfg or DatasetConfig(data_cfg.mixture_or_task_name, data_cfg.task_feature_lengths,
+                                                       32, split="validation")
+    eval_cfg.check("train_eval/templm.DatasetConfig")
     require_numbers("templm.train", {
-        "train_steps": (train_steps, int, 1, "TRAIN_STEPS"), "batch_size": (batch_size, int, 1, "BATCH_SIZE"),
-        "microbatches": (microbatches, int, 1, None), "seed": (seed, int, 0, None),
-        "data_seed": (data_seed, int, 0, None), "save_period": (save_period, int, 0, "SAVE_PERIOD"),
-        "keep_checkpoints": (keep_checkpoints, int, 1, None), "eval_period": (eval_period, int, 0, "EVAL_PERIOD"),
-        "eval_num_examples": (eval_num_examples, int, 1, None), "eval_batch_size": (eval_batch_size, int, 1, None),
-        "log_period": (log_period, int, 1, None), "data_shards": (data_shards, int, 0, None),
-        **{f"task_feature_lengths[{key!r}]": (value, int, 1, "TASK_FEATURE_LENGTHS")
-           for key, value in dict(task_feature_lengths).items()}},
-        optional=("data_seed", "keep_checkpoints", "eval_num_examples"))
+        "total_steps": (total_steps, int, 1, "TRAIN_STEPS"), "microbatches": (microbatches, int, 1, None),
+        "random_seed": (random_seed, int, 0, "SEED"), "eval_period": (eval_period, int, 0, "EVAL_PERIOD"),
+        "stats_period": (stats_period, int, 1, None)})
     require_folder("templm.train", "model_dir", "MODEL_DIR", os.fspath(model_dir))
+    evaluator = options.evaluator
     if eval_period and evaluator is None:
         raise ConfigError("templm.train.eval_period needs an evaluator (templm train passes one; from Python pass "
-                          "evaluator=templm.evaluation.checkpoint_eval.evaluate_params, or set eval_period=0)")
-    mesh = mesh or partitioning.make_mesh()
+                          "options=RunOptions(evaluator=templm.evaluation.checkpoint_eval.evaluate_params), or set "
+                          "eval_period=0)")
+    mesh = options.mesh or partitioning.make_mesh()
     rules = partitioning.logical_axis_rules()
     tx = optimizer or make_optimizer()
     learning_rate = None if optimizer is not None else logged_learning_rate()
+    batch_size, seed, save = data_cfg.batch_size, random_seed, checkpoint_cfg.save
     n_data = mesh.shape["data"]
     if batch_size % (n_data * microbatches) or batch_size % jax.process_count():
         raise ValueError(f"batch_size {batch_size} must divide by the data axis ({n_data}) x microbatches "
                          f"({microbatches}) and by the number of processes ({jax.process_count()})")
-    lengths = dict(task_feature_lengths)
+    lengths = dict(data_cfg.task_feature_lengths)
     inputs = None
-    with loop.RunFolder(model_dir, save_period, keep_checkpoints, async_checkpoints,
-                        config_gin if partitioning.is_lead() else None) as folder, \
+    with loop.RunFolder(model_dir, save.period, save.keep, save.async_save,
+                        options.config_gin if partitioning.is_lead() else None) as folder, \
             train_state.mesh_rules(mesh, rules), _closing(lambda: inputs):
         checkpointer, log = folder.checkpointer, folder.log
         # --- Model and sharded init: parameters are created already laid out on the mesh. -------------------
         loaded = None
-        if initial_checkpoint_path and checkpointer.latest_step() is None:
-            vocabulary = seqio.get_mixture_or_task(mixture_or_task_name).output_features["inputs"].vocabulary
-            loaded = initial_params(initial_checkpoint_path, model, vocabulary)
-            logging.info("initialised from %s", initial_checkpoint_path)
+        start_from = checkpoint_cfg.restore.path
+        if start_from and checkpointer.latest_step() is None:
+            vocabulary = seqio.get_mixture_or_task(data_cfg.mixture_or_task_name).output_features["inputs"].vocabulary
+            loaded = initial_params(start_from, model, vocabulary)
+            logging.info("initialised from %s", start_from)
         state, state_shardings = init_state(model, tx, lengths, seed, mesh, rules, loaded)
 
         # --- Resume. --------------------------------------------------------------------------------------------
-        state, start_step, last, saved = folder.resume(state, {"seed": seed, "data_seed": data_seed},
+        state, start_step, last, saved = folder.resume(state, {"seed": seed, "data_seed": data_cfg.seed},
                                                        ("seed", "data_seed"))
         if start_step:
-            if data_shards and saved.get("data_shards", data_shards) != data_shards:
+            if data_cfg.shards and saved.get("data_shards", data_cfg.shards) != data_cfg.shards:
                 raise DataError(f"checkpoint {saved['step']} drew its batches from {saved['data_shards']} data "
-                                f"shards, this run asks for {data_shards}: set templm.train.data_shards="
-                                f"{saved['data_shards']} (or 0) to resume it", checkpointer.directory)
+                                f"shards, this run asks for {data_cfg.shards}: set train/templm.DatasetConfig."
+                                f"shards={saved['data_shards']} (or 0) to resume it", checkpointer.directory)
             logging.info("resumed from step %d", start_step)
 
         # --- The loop. ----------------------------------------------------------------------------------------
-        result: Dict[str, Any] = {"start_step": start_step}
+        evaluated: Dict[str, Any] = {}
 
         def evaluate(step, current):
-            result["eval"] = evaluator(model, current["params"], eval_mixture_or_task_name or mixture_or_task_name,
-                                       lengths, eval_split, eval_num_examples, eval_batch_size, step)
-            for task, metrics in result["eval"].items():
-                log.write(step, f"{eval_split}/{task}", metrics)
+            evaluated["eval"] = evaluator(model, current["params"], eval_cfg.mixture_or_task_name,
+                                          dict(eval_cfg.task_feature_lengths), eval_cfg.split, eval_cfg.num_examples,
+                                          eval_cfg.batch_size, step)
+            for task, metrics in evaluated["eval"].items():
+                log.write(step, f"{eval_cfg.split}/{task}", metrics)
 
         logged = None
-        if start_step < train_steps:  # a finished run is kept as it is: nothing to train, its input untouched
-            # --- The update step: one pure function, jitted once, the state donated. ------------------------
+        if start_step < total_steps:  # a finished run is kept as it is: nothing to train, its input untouched
+            # --- The update step: one pure function, jitted once per distinct model, optimizer and mesh. -------
             batch_sharding = partitioning.data_sharding(mesh)
-            key = None if optimizer is None else (id(model), id(tx), microbatches, mesh, tuple(rules))
-            if key is not None and key in _STEP_CACHE:
-                step_fn = _STEP_CACHE[key][2]
-            else:
-                step_fn = train_state.compile_step(make_train_step(model, tx, microbatches), state_shardings,
-                                                   batch_sharding, mesh)
-                if key is not None:
-                    _STEP_CACHE.clear()  # keep one: a compiled step holds on to its executable
-                    _STEP_CACHE[key] = (model, tx, step_fn)
+            key = (_model_key(model), bound_optimizer() if optimizer is None else id(tx), microbatches, mesh,
+                   tuple(rules))
+            step_fn = loop.STEPS.get(key, lambda: train_state.compile_step(
+                make_train_step(model, tx, microbatches), state_shardings, batch_sharding, mesh), held=tx)
 
             # --- Data: this process's shards' rows of each global batch, where the checkpoint left them. -----
-            inputs = TrainingInput(mixture_or_task_name, lengths, batch_size,
-                                   data_seed if data_seed is not None else seed, pack,
-                                   data_shards or saved.get("data_shards", 0))
+            inputs = TrainingInput(data_cfg.mixture_or_task_name, lengths, batch_size,
+                                   data_cfg.seed if data_cfg.seed is not None else seed, data_cfg.pack,
+                                   data_cfg.shards or saved.get("data_shards", 0), split=data_cfg.split)
             if start_step:
                 names = tuple(inputs.shard_name(s) for s in inputs.shards)
                 states = checkpointer.restore_inputs(saved["step"], names)
@@ -306,25 +288,26 @@ def train(model_dir: str = gin.REQUIRED, mixture_or_task_name: str = gin.REQUIRE
                                  f"{start_step} batches it had consumed again to get back to its data position")
                     inputs.replay(start_step)
 
-            meta = {"seed": seed, "data_seed": data_seed, "mixture_or_task_name": mixture_or_task_name,
+            meta = {"seed": seed, "data_seed": data_cfg.seed, "mixture_or_task_name": data_cfg.mixture_or_task_name,
                     "batch_size": batch_size, "task_feature_lengths": lengths, "data_shards": inputs.data_shards}
             hooks = loop.Hooks(
                 evaluate=evaluate, eval_period=eval_period, input_state=inputs.state,
-                final_input_state=final_input_state, progress=progress,
+                final_input_state=save.input_state_at_end, progress=options.progress,
                 name=os.path.basename(os.path.normpath(model_dir)),
                 # the rate of the update that made `step` (optax counts updates from 0)
                 extra_scalars=None if learning_rate is None else (
                     lambda step: {"learning_rate": learning_rate(step - 1)}))
-            context = loop.RunContext(checkpointer, log, meta, jax.random.key(seed + 1), start_step, train_steps,
-                                      log_period, batch_size * (lengths["inputs"] + lengths["targets"]), hooks)
+            context = loop.RunContext(checkpointer, log, meta, jax.random.key(seed + 1), start_step, total_steps,
+                                      stats_period, batch_size * (lengths["inputs"] + lengths["targets"]), hooks)
             state, logged = loop.run(
                 step_fn, state, lambda position: train_state.global_batch(inputs.next(), batch_sharding), context)
-    train = logged if logged is not None else last  # a resumed run with nothing left reports its checkpoint's
-    if train is not None:
-        result["train"] = train
-    result["step"] = max(train_steps, start_step)
-    result["params"] = state["params"]
-    return result
+    return loop.finish(start_step, total_steps, state, logged, last, eval=evaluated.get("eval"))
+
+
+def _model_key(model: Any) -> Any:
+    """What a model's compiled step depends on: its class and settings (its config and loss options)."""
+    return (type(model).__qualname__,) + tuple(sorted((name, value) for name, value in vars(model).items()
+                                                      if name != "module"))
 
 
 @contextlib.contextmanager

@@ -25,13 +25,14 @@ from templm.experiments.streaming import choose_rate, prepare_preset_data, strea
 from templm.io import file_sha256, jsonable
 from templm.reports.stream import stream_markdown
 from templm.training import lm_trainer, partitioning
+from templm.training.loop import RunOptions
 from templm_testing import run_templm
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The tiny_test world has 256 pieces; one layer and a short run keep the fixture to seconds.
 TRAIN_BINDINGS = ["VOCAB_SIZE = 256", "TRAIN_STEPS = 12", "BATCH_SIZE = 8", "SAVE_PERIOD = 0",
-                  "templm.TransformerXLConfig.n_layer = 1", "templm.train_lm.warmup_steps = 2",
-                  "templm.train_lm.log_period = 4"]
+                  "templm.TransformerXLConfig.n_layer = 1", "templm.OptimizerConfig.warmup_steps = 2",
+                  "templm.train_lm.stats_period = 4"]
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +49,10 @@ def runs(tmp_path_factory):
                                      f"SPM_MODEL = '{data['spm_models'][name]}'"]
         try:
             parse_gin([f"txl/{name}.gin", "txl/tiny.gin"], bindings)
-            result = lm_trainer.train_lm(mesh=mesh)
+            result = lm_trainer.train_lm(options=RunOptions(mesh=mesh))
         finally:
             gin.clear_config()
-        assert result["step"] == 12
+        assert result.step == 12
     return {**data, **dirs, "root": root}
 
 
@@ -190,7 +191,8 @@ def test_the_outdated_tokenizer_comparison_scores_time_stratified_with_controls_
                                  f"SPM_MODEL = '{runs['spm_models']['control']}'"]
     try:
         parse_gin(["txl/time_stratified.gin", "txl/tiny.gin"], bindings)
-        lm_trainer.train_lm(mesh=partitioning.make_mesh(mesh_shape=(1, 1), devices=jax.devices()[:1]))
+        lm_trainer.train_lm(options=RunOptions(mesh=partitioning.make_mesh(mesh_shape=(1, 1),
+                                                                             devices=jax.devices()[:1])))
     finally:
         gin.clear_config()
     results = stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"], dynamic=[],
@@ -324,10 +326,11 @@ def test_the_increasing_distance_layout_trains_on_its_file_and_streams_the_main_
                                  f"SPM_MODEL = '{runs['spm_models']['time_stratified']}'"]
     try:
         parse_gin(["txl/time_stratified.gin", "txl/tiny.gin"], bindings)
-        result = lm_trainer.train_lm(mesh=partitioning.make_mesh(mesh_shape=(1, 1), devices=jax.devices()[:1]))
+        result = lm_trainer.train_lm(options=RunOptions(mesh=partitioning.make_mesh(mesh_shape=(1, 1),
+                                                                             devices=jax.devices()[:1])))
     finally:
         gin.clear_config()
-    assert result["step"] == 12 and result["data"]["documents"] == len(kept)
+    assert result.step == 12 and result.data["documents"] == len(kept)
     with pytest.raises(DataError, match="test.gz"):  # its own folder has no test split
         stream_evaluation(str(tmp_path / "no_test"), model_dir, runs["control"], dynamic=[], topics=False, pos=False)
     results = stream_evaluation(str(tmp_path / "out"), model_dir, runs["control"], split_dir=runs["split_dir"],

@@ -71,7 +71,7 @@ def test_the_global_batch_is_the_same_for_one_process_or_two(data_dir):
         whole, halves = one.next(), [t.next() for t in two]
         for key in whole:
             np.testing.assert_array_equal(whole[key], np.concatenate([h[key] for h in halves]), err_msg=key)
-    with pytest.raises(ConfigError, match="data_shards 3 must be a multiple of the number of processes"):
+    with pytest.raises(ConfigError, match=r"DatasetConfig.shards 3 must be a multiple of the number of processes"):
         TrainingInput(name, lengths, 8, 3, True, data_shards=3, process=(0, 2))
 
 

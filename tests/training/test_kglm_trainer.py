@@ -11,7 +11,9 @@ import pytest
 from templm.data import linked_mentions as lm
 from templm.errors import DataError
 from templm.models.kglm import KGLMConfig
-from templm.training.kglm_trainer import batch_documents, train_latent_lm
+from templm.training.configs import CheckpointConfig, OptimizerConfig, SaveCheckpointConfig
+from templm.training.kglm_trainer import LinkedDataset, batch_documents, train_latent_lm
+from templm.training.loop import RunOptions
 from templm_testing import MINI_DOCS, write_mini_world
 
 STEPS = 12
@@ -33,9 +35,11 @@ def data(tmp_path_factory):
 def train(data, folder, which, steps, docs=None):
     # a constant learning rate: the default cosine schedule spans train_steps, so a run stopped early by asking for
     # fewer steps would follow another schedule
-    return train_latent_lm(str(folder), which, data["config"], docs or data["docs"], data["graph"], data["shapes"],
-                           train_steps=steps, batch_size=8, learning_rate=1e-2, schedule="constant", seed=3,
-                           log_period=1, save_period=6, progress=False)
+    dataset = LinkedDataset(docs or data["docs"], data["graph"], data["shapes"], batch_size=8)
+    return train_latent_lm(str(folder), which, data["config"], dataset, steps,
+                           OptimizerConfig(learning_rate=1e-2, schedule="constant", max_grad_norm=1.0),
+                           CheckpointConfig(SaveCheckpointConfig(period=6, keep=1)), random_seed=3, stats_period=1,
+                           options=RunOptions(progress=False))
 
 
 def losses(folder):
@@ -49,8 +53,8 @@ def test_the_loss_falls_and_a_resumed_run_ends_where_an_unbroken_one_does(data, 
     assert len(logged) == STEPS and logged[-1] < 0.7 * logged[0]
     train(data, tmp_path / "broken", which, STEPS // 2)
     resumed = train(data, tmp_path / "broken", which, STEPS)
-    assert resumed["start_step"] == STEPS // 2 and resumed["step"] == STEPS
-    for a, b in zip(jax.tree.leaves(whole["params"]), jax.tree.leaves(resumed["params"])):
+    assert resumed.start_step == STEPS // 2 and resumed.step == STEPS
+    for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(resumed.params)):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(DataError, match="written with data_fingerprint=") as err:
         train(data, tmp_path / "broken", which, STEPS + 1, docs=data["docs"][:16])

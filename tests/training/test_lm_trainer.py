@@ -21,13 +21,16 @@ from templm.experiments.streaming import prepare_preset_data
 from templm.models.transformer_xl import TransformerXLConfig
 from templm.training import lm_trainer, partitioning
 from templm.training.checkpoints import load_params
+from templm.training.configs import CheckpointConfig, CorpusConfig, OptimizerConfig, SaveCheckpointConfig
+from templm.training.loop import RunOptions
 
 # Dropout on: resume must also replay the dropout masks (keys fold in the step).
 TINY = TransformerXLConfig(vocab_size=256, d_model=32, n_head=2, d_head=16, d_inner=64, n_layer=2, tgt_len=16,
                            mem_len=16, eval_mem_len=32, dropout=0.1, dropatt=0.1)
 # Settings shared by the runs of several tests, so they share one compiled train step. A constant rate: a cosine
 # schedule spans train_steps, so stopping a run early by asking for fewer steps would change it.
-SHARED = dict(learning_rate=1e-2, schedule="constant", data_order="shuffle", mesh_shape=(2, 2))
+SHARED = dict(optimizer_cfg=OptimizerConfig(learning_rate=1e-2, schedule="constant"), data_order="shuffle",
+              mesh_shape=(2, 2))
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +44,14 @@ def _mesh(shape):
     return partitioning.make_mesh(mesh_shape=shape, devices=jax.devices()[:int(np.prod(shape))])
 
 
-def _train(data, model_dir, steps, mesh_shape=(1, 1), **kwargs):
-    kwargs.setdefault("split_dir", data["split_dir"])
-    return lm_trainer.train_lm(str(model_dir), data["corpus"], spm_model=data["spm_model"], config=TINY,
-                               train_steps=steps, batch_size=kwargs.pop("batch_size", 8),
-                               mesh=_mesh(mesh_shape), log_period=1, **kwargs)
+def _train(data, model_dir, steps, mesh_shape=(1, 1), save_period=1000, seed=0, optimizer_cfg=OptimizerConfig(),
+           optimizer=None, config=TINY, config_gin=None, **corpus):
+    corpus.setdefault("split_dir", data["split_dir"])
+    corpus.setdefault("batch_size", 8)
+    return lm_trainer.train_lm(str(model_dir), config, CorpusConfig(data["corpus"], data["spm_model"], **corpus),
+                               steps, optimizer_cfg, CheckpointConfig(SaveCheckpointConfig(period=save_period)),
+                               random_seed=seed, stats_period=1, optimizer=optimizer,
+                               options=RunOptions(mesh=_mesh(mesh_shape), config_gin=config_gin))
 
 
 def _losses(model_dir):
@@ -58,7 +64,7 @@ def test_loss_falls_on_a_world_split(data, tmp_path):
     result = _train(data, tmp_path, 120, save_period=0, config_gin=config, **SHARED)
     assert (tmp_path / "config.gin").read_text() == config  # MODEL_DIR/config.gin, as T5X writes it
     losses = _losses(tmp_path)
-    assert len(losses) == 120 and result["step"] == 120
+    assert len(losses) == 120 and result.step == 120
     # Below the unigram entropy of the split's tokens: the model uses its context, not only token frequencies.
     docs = read_split_documents(data["corpus"], os.path.join(data["split_dir"], "time_stratified_train.gz"))
     counts = np.bincount(tokenize_documents(docs, load_processor(data["spm_model"]))[0])
@@ -66,7 +72,7 @@ def test_loss_falls_on_a_world_split(data, tmp_path):
     unigram_entropy = float(-(freq * np.log(freq)).sum())
     assert losses[0] > unigram_entropy + 0.5
     assert np.mean(losses[-5:]) < unigram_entropy - 0.5
-    assert result["data"]["documents"] == len(read_split_file(os.path.join(data["split_dir"],
+    assert result.data["documents"] == len(read_split_file(os.path.join(data["split_dir"],
                                                                            "time_stratified_train.gz")))
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "train"))
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["120", "integrity"]  # the end is always saved
@@ -75,7 +81,7 @@ def test_loss_falls_on_a_world_split(data, tmp_path):
     assert model.config == lm_trainer.resolve_config(TINY) and meta["step"] == 120
     assert meta["split_file"].endswith("time_stratified_train.gz") and meta["data_order"] == "shuffle"
     assert meta["mem_len"] == 16 and meta["data_position"] == 120
-    same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), b), result["params"], params)
+    same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), b), result.params, params)
     assert all(jax.tree.leaves(same))
 
 
@@ -87,23 +93,23 @@ def test_resume_is_bitwise_exact_with_memories_across_an_epoch(data, tmp_path):
         f.writelines(f"{d:%Y%m%d}\t{i}\n" for d, i in pairs)
     common = dict(split_file=str(small), seed=4, **SHARED)
     straight = _train(data, tmp_path / "straight", 14, save_period=0, **common)
-    assert 6 < straight["data"]["segments_per_epoch"] < 14
+    assert 6 < straight.data["segments_per_epoch"] < 14
     first = _train(data, tmp_path / "resumed", 6, save_period=3, **common)
-    assert first["step"] == 6
+    assert first.step == 6
     resumed = _train(data, tmp_path / "resumed", 14, save_period=3, **common)
-    assert resumed["start_step"] == 6 and resumed["step"] == 14
+    assert resumed.start_step == 6 and resumed.step == 14
     np.testing.assert_array_equal(_losses(tmp_path / "resumed"), _losses(tmp_path / "straight"))
     for key in ("params", "mems"):
-        same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), straight[key], resumed[key])
+        same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), getattr(straight, key), getattr(resumed, key))
         assert all(jax.tree.leaves(same)), key
     a, _ = load_params(str(tmp_path / "straight" / "checkpoints"))
     b, meta = load_params(str(tmp_path / "resumed" / "checkpoints"))
     assert meta["data_position"] == 14
     assert all(jax.tree.leaves(jax.tree.map(lambda x, y: np.array_equal(np.asarray(x), np.asarray(y)), a, b)))
     # Laid out by the logical-axis rules: (vocab, embed) over "model", memories (batch, length, embed) over "data".
-    assert resumed["params"]["embedding"].sharding.spec == P("model", None)
-    assert resumed["params"]["layer_0"]["mlp"]["wi"]["kernel"].sharding.spec == P(None, "model")
-    assert resumed["mems"][0].sharding.spec == P("data", None, None)
+    assert resumed.params["embedding"].sharding.spec == P("model", None)
+    assert resumed.params["layer_0"]["mlp"]["wi"]["kernel"].sharding.spec == P(None, "model")
+    assert resumed.mems[0].sharding.spec == P("data", None, None)
 
     with pytest.raises(DataError, match="data_order"):  # other data in the same run folder: refused
         _train(data, tmp_path / "resumed", 16, save_period=3, **{**common, "data_order": "date"})
@@ -127,9 +133,7 @@ def test_bad_input_is_named(data, tmp_path):
     with pytest.raises(DataError, match=f"{foreign}: 2 of the 2 document ids .* not in the corpus"):
         _train(data, tmp_path / "run", 2, split_file=str(foreign))
     with pytest.raises(ValueError, match="vocab_size=100 cannot hold the 256 pieces"):
-        lm_trainer.train_lm(str(tmp_path / "run"), data["corpus"], split_dir=data["split_dir"],
-                            spm_model=data["spm_model"], config=dataclasses.replace(TINY, vocab_size=100),
-                            train_steps=2, batch_size=8, mesh=_mesh((1, 1)))
+        _train(data, tmp_path / "run", 2, config=dataclasses.replace(TINY, vocab_size=100))
     with pytest.raises(DataError, match="not a trained Transformer-XL run"):
         lm_trainer.load_lm(str(tmp_path))
     assert not os.path.exists(tmp_path / "run" / "checkpoints")

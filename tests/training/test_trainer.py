@@ -27,14 +27,16 @@ from templm.evaluation.checkpoint_eval import evaluate_checkpoint  # (and regist
 from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, save_hf_checkpoint
 from templm.training import partitioning, trainer
 from templm.training.checkpoints import load_params
+from templm.training.configs import CheckpointConfig, DatasetConfig, RestoreCheckpointConfig, SaveCheckpointConfig
 from templm.training.input_pipeline import TrainingInput
+from templm.training.loop import RunOptions
 from templm_testing import event_tags, lock_holder, run_templm, wait_for_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LENGTHS = {"inputs": 32, "targets": 8}
 CLI_CONFIG = ["--gin_file=gin_configs/temporal.gin", "--gin_file=gin_configs/runs/cpu_demo.gin",
               "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", "--gin.BATCH_SIZE=16",
-              "--gin.EVAL_PERIOD=0", "--gin.templm.train.log_period=1"]
+              "--gin.EVAL_PERIOD=0", "--gin.templm.train.stats_period=1"]
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +50,21 @@ def _model():
     return EncoderDecoderModel(T5_1_1_CONFIGS["tiny"])
 
 
-def _train(model_dir, steps, mesh_shape=(4, 2), optimizer=None, **kwargs):
+# One optimizer object for the module's runs: their compiled steps are shared (loop.STEPS keys a caller's optimizer
+# by the object).
+ADAFACTOR = optax.adafactor(0.01)
+
+
+def _train(model_dir, steps, mesh_shape=(4, 2), optimizer=None, save_period=1000, data_shards=0,
+           initial_checkpoint_path=None, **kwargs):
     devices = jax.devices()[:int(np.prod(mesh_shape))]
     mesh = partitioning.make_mesh(mesh_shape=mesh_shape, devices=devices)
-    return trainer.train(model_dir=str(model_dir), mixture_or_task_name="temporal_mixture",
-                         task_feature_lengths=LENGTHS, train_steps=steps, batch_size=16, model=_model(),
-                         optimizer=optimizer or optax.adafactor(0.01), mesh=mesh, log_period=1,
-                         **kwargs)
+    return trainer.train(model_dir=str(model_dir), model=_model(),
+                         train_dataset_cfg=DatasetConfig("temporal_mixture", LENGTHS, 16, shards=data_shards),
+                         total_steps=steps, optimizer=optimizer or ADAFACTOR, stats_period=1,
+                         checkpoint_cfg=CheckpointConfig(SaveCheckpointConfig(period=save_period),
+                                                         RestoreCheckpointConfig(initial_checkpoint_path)),
+                         options=RunOptions(mesh=mesh), **kwargs)
 
 
 def _losses(model_dir):
@@ -80,7 +90,7 @@ def test_loss_falls_and_metrics_are_written(trained):
     losses = _losses(tmp_path)
     assert len(losses) == 40
     assert np.mean(losses[-5:]) < 0.6 * losses[0]
-    assert result["step"] == 40 and result["train"]["loss"] == pytest.approx(losses[-1])
+    assert result.step == 40 and result.train["loss"] == pytest.approx(losses[-1])
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "train"))  # TensorBoard
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["20", "40", "integrity"]
 
@@ -107,13 +117,13 @@ def test_a_checkpoint_without_input_state_is_resumed_by_replaying_its_batches(tr
     else:
         (checkpoints / "20" / "input" / states[0]).write_bytes(b"\x08\x15not a serialized tensor")
     resumed = _train(old, 40, save_period=20)
-    assert resumed["start_step"] == 20
+    assert resumed.start_step == 20
     err = capsys.readouterr().err
     assert ("holds no input state" if input_state == "absent" else
             "has an input state this TensorFlow cannot read (the input state shard-00000-of-00001") in err
     assert "reading the 20 batches it had consumed again" in err
-    same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), result["params"],
-                        resumed["params"])
+    same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), result.params,
+                        resumed.params)
     assert all(jax.tree.leaves(same))
 
 
@@ -126,9 +136,9 @@ def test_a_finished_run_is_kept_without_touching_its_input(trained, tmp_path, ca
     shutil.rmtree(done / "checkpoints" / "40" / "input")
     (done / "checkpoints" / "integrity" / "40.json").unlink()
     again = _train(done, 40)
-    assert again["start_step"] == again["step"] == 40 and again["train"] == result["train"]
+    assert again.start_step == again.step == 40 and again.train == result.train
     assert "holds no input state" not in capsys.readouterr().err
-    same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), result["params"], again["params"])
+    same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), result.params, again.params)
     assert all(jax.tree.leaves(same))
 
 
@@ -136,7 +146,7 @@ def test_one_device_and_a_4x2_mesh_agree_and_shardings_follow_the_rules(data_dir
     single = _train(tmp_path / "one", 5, mesh_shape=(1, 1))
     sharded = _train(tmp_path / "mesh", 5, mesh_shape=(4, 2))
     np.testing.assert_allclose(_losses(tmp_path / "one"), _losses(tmp_path / "mesh"), rtol=2e-5)
-    params = sharded["params"]
+    params = sharded.params
     assert params["token_embedder"]["embedding"].sharding.spec == P("model", None)  # (vocab, embed)
     layer = params["encoder"]["layers_0"]
     assert layer["mlp"]["wi_0"]["kernel"].sharding.spec == P(None, "model")  # (embed, mlp)
@@ -146,7 +156,7 @@ def test_one_device_and_a_4x2_mesh_agree_and_shardings_follow_the_rules(data_dir
     # Each device holds half of a model-sharded matrix.
     shard = params["token_embedder"]["embedding"].addressable_shards[0]
     assert shard.data.shape[0] * 2 == params["token_embedder"]["embedding"].shape[0]
-    assert single["params"]["token_embedder"]["embedding"].sharding.spec in (P("model", None), P())
+    assert single.params["token_embedder"]["embedding"].sharding.spec in (P("model", None), P())
 
 
 def test_training_starts_from_a_hugging_face_checkpoint_of_its_size_and_vocabulary(trained, data_dir, tmp_path):
@@ -158,7 +168,7 @@ def test_training_starts_from_a_hugging_face_checkpoint_of_its_size_and_vocabula
     save_hf_checkpoint(exported, T5_1_1_CONFIGS["tiny"], str(hf))
     shutil.copy(os.path.join(data_dir, "spm", "vocab.model"), hf / "spiece.model")
     result = _train(tmp_path / "from_hf", 1, optimizer=optax.sgd(0.0), initial_checkpoint_path=str(hf))
-    for got, want in zip(jax.tree.leaves(result["params"]), jax.tree.leaves(exported)):
+    for got, want in zip(jax.tree.leaves(result.params), jax.tree.leaves(exported)):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
     wider = dataclasses.replace(T5_1_1_CONFIGS["tiny"], emb_dim=96)
@@ -317,7 +327,7 @@ def test_two_processes_of_four_devices_match_one_process(data_dir, tmp_path):
                   f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}", env=env)
              for i in range(2)]
     single = _cli(f"--gin.MODEL_DIR='{tmp_path / 'single'}'", "--gin.TRAIN_STEPS=5", "--gin.templm.make_mesh."
-                  "mesh_shape=(1, 1)", "--gin.templm.train.data_shards=2",
+                  "mesh_shape=(1, 1)", "--gin.train/templm.DatasetConfig.shards=2",
                   env={"TEMPLM_DATA_DIR": data_dir, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
     for proc in procs + [single]:
         _, err = proc.communicate(timeout=600)
@@ -365,7 +375,7 @@ def test_a_fractional_or_negative_step_count_is_refused_before_any_work(data_dir
                             env={"TEMPLM_DATA_DIR": data_dir})
         out, err = result.stdout, result.stderr
         assert result.returncode == 1 and out == "", err[-2000:]
-        assert f"templm.train.train_steps (the gin macro TRAIN_STEPS): {message}" in err
+        assert f"templm.train.total_steps (the gin macro TRAIN_STEPS): {message}" in err
         assert not model_dir.exists()
 
 
@@ -381,7 +391,7 @@ def test_misspelled_binding_and_missing_macro_are_named():
 def test_gin_configs_bind_the_t5x_macros(data_dir):
     try:
         parse_gin(["gin_configs/yearly.gin"], ["MODEL_DIR = '/tmp/m'", "YEAR = 2015"])
-        assert gin.query_parameter("templm.train.batch_size").scoped_selector == "BATCH_SIZE/gin.macro"
+        assert gin.query_parameter("train/templm.DatasetConfig.batch_size").scoped_selector == "BATCH_SIZE/gin.macro"
         assert gin.query_parameter("%BATCH_SIZE") == 2048 and gin.query_parameter("%TRAIN_STEPS") == 300000
         assert gin.query_parameter("%DROPOUT_RATE") == 0.1
         assert gin.query_parameter("templm.T5Config.emb_dim") == 512
@@ -436,7 +446,7 @@ def test_a_second_run_on_a_model_dir_in_use_is_refused(data_dir, tmp_path):
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=30)
     assert not (model_dir / "checkpoints").exists()
-    assert _train(model_dir, 2)["step"] == 2  # the holder was killed: its lock went with it
+    assert _train(model_dir, 2).step == 2  # the holder was killed: its lock went with it
 
 
 
