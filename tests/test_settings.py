@@ -78,8 +78,14 @@ def test_a_binding_of_a_setting_that_moved_into_a_config_object_says_where_it_we
 
     from templm.cli.options import MOVED_BINDINGS, parse_gin
 
+    import templm.experiments.calm  # noqa: F401  (registers run_calm and its configs)
+    from templm.experiments.calm import run_calm
+    from templm.experiments.streaming import stream_evaluation
+
     for old, new in [("templm.train.data_shards", "train/templm.DatasetConfig.shards"),
-                     ("templm.train_lm.learning_rate", "templm.OptimizerConfig.learning_rate")]:
+                     ("templm.train_lm.learning_rate", "templm.OptimizerConfig.learning_rate"),
+                     ("templm.stream_evaluation.ms_segments", "templm.DynamicEvalConfig.ms_segments"),
+                     ("templm.run_calm.pretrain_lr", "templm.CalmBaselineConfig.pretrain_lr")]:
         try:
             with pytest.raises(ConfigError, match=re.escape(f"(that setting moved: bind {new} instead")):
                 parse_gin([], [f"{old} = 2"])
@@ -90,6 +96,11 @@ def test_a_binding_of_a_setting_that_moved_into_a_config_object_says_where_it_we
             parse_gin([], [f"{new} = None"])
     finally:
         gin.clear_config()
+    # The two parameters that kept their names but now take a config object: a value of the old kind is named.
+    with pytest.raises(ConfigError, match=re.escape("bind the variants as templm.DynamicEvalConfig.variants")):
+        stream_evaluation("out", "ts", dynamic=[{"name": "d", "rule": "sgd"}])
+    with pytest.raises(ConfigError, match=re.escape("templm.CalmBaselineConfig.baseline = 'init'")):
+        run_calm("out", baseline="init")
 
 
 def test_a_study_of_fractional_or_negative_sizes_is_one_message():

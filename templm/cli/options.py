@@ -126,6 +126,21 @@ MOVED_BINDINGS = {
         ("seed", "templm.train_lm.random_seed"), ("log_period", "templm.train_lm.stats_period"),
         ("save_period", "templm.SaveCheckpointConfig.period"),
         ("keep_checkpoints", "templm.SaveCheckpointConfig.keep"))},
+    **{f"templm.stream_evaluation.{old}": f"templm.{kind}.{new or old}" for old, kind, new in (
+        ("corpus", "StreamData", None), ("split_dir", "StreamData", None), ("test_split_file", "StreamData", None),
+        ("train_split_file", "StreamData", None), ("validation_split_file", "StreamData", None),
+        ("spm_model", "StreamData", None), ("corpus_format", "StreamData", None), ("batch_size", "StreamData", None),
+        ("seg_len", "StreamData", None), ("mem_len", "StreamData", None),
+        ("dynamic_on_control", "DynamicEvalConfig", "on_control"), ("ms_segments", "DynamicEvalConfig", None),
+        ("train_count_documents", "StreamAnalyses", None), ("min_test_count", "StreamAnalyses", None),
+        ("emerging_ratio", "StreamAnalyses", None), ("n_topics", "StreamAnalyses", None),
+        ("topics", "StreamAnalyses", None), ("pos", "StreamAnalyses", None))},
+    **{f"templm.run_calm.{name}": f"templm.{kind}.{name}" for kind, names in (
+        ("CalmStreamConfig", ("corpus_dir", "world_dir", "world", "domains", "model_level", "switch_frequency",
+                              "nswitches", "window_size", "batch_size", "segment_lengths")),
+        ("CalmModelConfig", ("d_model", "n_head", "d_head", "d_inner", "n_layer", "mem_len")),
+        ("OnlineLearnerConfig", ("rule", "lr", "which", "rms_decay", "rms_eps")),
+        ("CalmBaselineConfig", ("pretrain_batches", "pretrain_passes", "pretrain_lr"))) for name in names},
 }
 _NO_PARAMETER = re.compile(r"Configurable '([\w.]+)' doesn't have a parameter named '(\w+)'")
 

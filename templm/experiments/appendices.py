@@ -32,8 +32,8 @@ from templm.data.readers import Corpus, read_documents
 from templm.data.splits import distance_splits, read_split_file
 from templm.data.vocab import train_spm
 from templm.data.world import WorldConfig, generate_world
-from templm.experiments.streaming import (prepare_preset_data, run_stream_experiment, stream_evaluation, stream_preset,
-                                         train_preset_lm)
+from templm.experiments.streaming import (DynamicEvalConfig, StreamAnalyses, StreamData, prepare_preset_data,
+                                         run_stream_experiment, stream_evaluation, stream_preset, train_preset_lm)
 from templm.experiments.studies import StreamPreset
 from templm.io import format_duration, write_json
 from templm.metrics.findings import APPENDICES, judge
@@ -129,8 +129,9 @@ def run_increasing_distance(out_dir: str, preset: Union[str, StreamPreset] = "sm
         runs[f"gap_{g}"] = train(f"gap_{g}", split_file, spm)
     control = train("control", split_path(None, split_dir, "control_train"), data["spm_models"]["control"])
     names = list(runs)
-    results = stream_evaluation(os.path.join(out_dir, "stream"), runs[names[0]], control, split_dir=split_dir,
-                                corpus=data["corpus"], dynamic=(), topics=False, pos=False, seed=seed,
+    results = stream_evaluation(os.path.join(out_dir, "stream"), runs[names[0]], control,
+                                StreamData(corpus=data["corpus"], split_dir=split_dir), DynamicEvalConfig(()),
+                                StreamAnalyses(topics=False, pos=False), seed=seed,
                                 extra_dirs={name: runs[name] for name in names[1:]})
     months_ctl = {m: v["word_ppl"] for m, v in results["runs"]["control"]["static"]["by_month"].items()}
     stored = {name: "time_stratified" if name == names[0] else name for name in names}

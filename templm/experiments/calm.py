@@ -41,6 +41,7 @@ must have at least 100 segments (classes x nswitches), since `compute_metrics` s
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -56,6 +57,7 @@ from templm.data.calm_log import LossLogger, read_loss_log
 from templm.data.calm_stream import CALM, check_segment_law, class_wraps, switch_points
 from templm.evaluation.calm_online import RULES, init_params, make_learner, pretrain, run_online, txl_config_for
 from templm.evaluation.dynamic_eval import adapt_mask, collect_ms
+from templm.errors import ConfigError
 from templm.io import format_duration, write_json
 from templm.metrics.calm import BURN_IN_SEGMENTS, MIN_SEGMENTS, compute_metrics
 from templm.models.transformer_xl import TransformerXL
@@ -69,25 +71,89 @@ def log_metrics(log_file: str) -> Dict[str, float]:
 
 
 @gin.configurable(module="templm")
-def run_calm(out_dir: Optional[str] = None, corpus_dir: Optional[str] = None, world_dir: Optional[str] = None,
-             world: Any = None, domains: Optional[Sequence[str]] = None, model_level: str = "word",
-             switch_frequency: float = 384, nswitches: int = 30, window_size: int = 32, batch_size: int = 4,
-             seed: int = 0, d_model: int = 64, n_head: int = 2, d_head: int = 32, d_inner: int = 128,
-             n_layer: int = 2, mem_len: Optional[int] = None, rule: str = "adam", lr: float = 1e-3,
-             which: str = "all", rms_decay: float = 0.0, rms_eps: float = 1e-3, baseline: str = "pretrained",
-             pretrain_batches: int = 100, pretrain_passes: int = 2, pretrain_lr: float = 3e-3,
-             progress_every: int = 100, segment_lengths: str = "original") -> Dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class CalmStreamConfig:
+    """The CALM stream: the corpus (`corpus_dir`, an existing CALM corpus, or, when it is None, one built from the
+    world at `world_dir` (default `<out_dir>/world`; generated from `world` when missing) into `<out_dir>/corpus`, of
+    the classes `domains` at `model_level` "word" or "char"), then `nswitches` segments per class of about
+    `switch_frequency` tokens each (their lengths drawn by `segment_lengths`: "original" or "exact_mean"), read in
+    batches of `batch_size` windows of `window_size` tokens (templm.data.calm_stream)."""
+
+    corpus_dir: Optional[str] = None
+    world_dir: Optional[str] = None
+    world: Any = None
+    domains: Optional[Sequence[str]] = None
+    model_level: str = "word"
+    switch_frequency: float = 384
+    nswitches: int = 30
+    window_size: int = 32
+    batch_size: int = 4
+    segment_lengths: str = "original"
+
+
+@gin.configurable(module="templm")
+@dataclasses.dataclass(frozen=True)
+class CalmModelConfig:
+    """The Transformer-XL both the learner and the baseline are: its sizes and memory (default: the window)."""
+
+    d_model: int = 64
+    n_head: int = 2
+    d_head: int = 32
+    d_inner: int = 128
+    n_layer: int = 2
+    mem_len: Optional[int] = None
+
+
+@gin.configurable(module="templm")
+@dataclasses.dataclass(frozen=True)
+class OnlineLearnerConfig:
+    """The online learner's update after each batch: `rule` ("sgd", "adam" or "rms") at rate `lr` on the parameters
+    `which` names (templm.evaluation.dynamic_eval.adapt_mask), RMS with `rms_decay` back to the start and `rms_eps`."""
+
+    rule: str = "adam"
+    lr: float = 1e-3
+    which: Any = "all"
+    rms_decay: float = 0.0
+    rms_eps: float = 1e-3
+
+
+@gin.configurable(module="templm")
+@dataclasses.dataclass(frozen=True)
+class CalmBaselineConfig:
+    """The static baseline the learner is compared with: "pretrained" (trained on the first `pretrain_batches` of the
+    burn-in, never scored, for `pretrain_passes` passes at `pretrain_lr`; both models start from it) or "init" (the
+    random initialisation)."""
+
+    baseline: str = "pretrained"
+    pretrain_batches: int = 100
+    pretrain_passes: int = 2
+    pretrain_lr: float = 3e-3
+
+
+@gin.configurable(module="templm")
+def run_calm(out_dir: Optional[str] = None, stream: CalmStreamConfig = CalmStreamConfig(),
+             model: CalmModelConfig = CalmModelConfig(), learner: OnlineLearnerConfig = OnlineLearnerConfig(),
+             baseline: CalmBaselineConfig = CalmBaselineConfig(), seed: int = 0,
+             progress_every: int = 100) -> Dict[str, Any]:
     """Runs the CALM evaluation of a Transformer-XL online learner against a static baseline (module docstring).
 
-    Corpus: `corpus_dir` (an existing CALM corpus) or, when it is None, one built from the world at `world_dir`
-    (default `<out_dir>/world`; generated from `world` when missing) into `<out_dir>/corpus`; `world_dir`, `world`
-    and `domains` apply only to that case. Writes into `out_dir`: learner.jsonl, baseline.jsonl and results.json
-    (report.md and loss.png are `templm.reports.calm.write_calm_report`'s). Returns the results dict (as
-    results.json, where a non-finite number reads null).
+    Writes into `out_dir`: learner.jsonl, baseline.jsonl and results.json (report.md and loss.png are
+    `templm.reports.calm.write_calm_report`'s); the corpus and the world too where `stream` builds them there.
+    Returns the results dict (as results.json, where a non-finite number reads null).
     """
     t0 = time.time()
     if not out_dir:
         raise ValueError("run_calm needs out_dir: bind templm.run_calm.out_dir (or the OUT_DIR macro of the config)")
+    if not isinstance(baseline, CalmBaselineConfig):  # a config written when the baseline's name was bound here
+        raise ConfigError("templm.run_calm.baseline takes @templm.CalmBaselineConfig(): bind its name as "
+                          f"templm.CalmBaselineConfig.baseline = {baseline!r}")
+    corpus_dir, world_dir, world, domains = stream.corpus_dir, stream.world_dir, stream.world, stream.domains
+    model_level, switch_frequency, nswitches = stream.model_level, stream.switch_frequency, stream.nswitches
+    window_size, batch_size, segment_lengths = stream.window_size, stream.batch_size, stream.segment_lengths
+    rule, lr, which, rms_decay, rms_eps = learner.rule, learner.lr, learner.which, learner.rms_decay, learner.rms_eps
+    pretrain_batches, pretrain_passes, pretrain_lr = (baseline.pretrain_batches, baseline.pretrain_passes,
+                                                      baseline.pretrain_lr)
+    sizes, baseline = model, baseline.baseline
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
     check_segment_law(segment_lengths)
@@ -109,7 +175,7 @@ def run_calm(out_dir: Optional[str] = None, corpus_dir: Optional[str] = None, wo
         corpus_info = {"world_dir": world_dir, "world_generated": built["world_generated"]}
         check_corpus(corpus_dir)
     stream = CALM(corpus_dir, model_level, switch_frequency, nswitches, window_size, batch_size, seed,
-                  segment_lengths=segment_lengths)
+                  segment_lengths=segment_lengths)  # from here `stream` is the stream itself
     names = list(stream.class_names)
     n_segments = len(stream.segments)
     if n_segments < MIN_SEGMENTS:
@@ -134,8 +200,8 @@ def run_calm(out_dir: Optional[str] = None, corpus_dir: Optional[str] = None, wo
                 f"{n_batches} batches in {n_segments} segments")
 
     # -- model, pre-training -----------------------------------------------------------------------------------------
-    config = txl_config_for(len(stream.vocab), window_size, mem_len, d_model=d_model, n_head=n_head, d_head=d_head,
-                            d_inner=d_inner, n_layer=n_layer)
+    config = txl_config_for(len(stream.vocab), window_size, sizes.mem_len, d_model=sizes.d_model,
+                            n_head=sizes.n_head, d_head=sizes.d_head, d_inner=sizes.d_inner, n_layer=sizes.n_layer)
     model = TransformerXL(config)
     params = init_params(model, seed, batch_size)
     n_params = int(sum(x.size for x in jax.tree_util.tree_leaves(params)))

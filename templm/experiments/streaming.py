@@ -29,6 +29,7 @@ more pieces than the other's by construction.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -47,7 +48,7 @@ from templm.data.splits import UnsplittableCorpus, make_splits, read_split_file
 from templm.data.token_stream import TokenStream, build_stream, word_counts
 from templm.data.vocab import train_spm
 from templm.data.world import WorldConfig, generate_world
-from templm.errors import ConfigError, DataError, StageSkipped, require_macros
+from templm.errors import ConfigError, DataError, StageSkipped, require_macros, require_numbers
 from templm.evaluation import dynamic_eval
 from templm.evaluation.stream_eval import evaluate_stream
 from templm.experiments.studies import StreamPreset, load_study, study_names
@@ -167,16 +168,66 @@ def _run_tokenizers(loaded: Mapping[str, Any], runs_dirs: Mapping[str, str],
 
 
 @gin.configurable(module="templm")
+@dataclasses.dataclass(frozen=True)
+class StreamData:
+    """The test stream and how it is read; what is None is read from the TIME-STRATIFIED checkpoint's record.
+
+    corpus, split_dir: those of the TIME-STRATIFIED run; test_split_file: `split_dir/test.gz`; train_split_file
+    (word counts for emerging words, gradient statistics for the RMS rule): the TIME-STRATIFIED training split;
+    validation_split_file (where the dynamic variants' rates are chosen): `split_dir/time_stratified_validation.gz`,
+    the months between the cut-off and the test period. spm_model: None, each run reads the test stream with the
+    SentencePiece model it was trained with (the paper's per-setup tokenizers; runs are then compared by word
+    perplexity); a file: every run must have been trained with it (one shared stream). batch_size: parallel streams
+    (1: the paper's single stream, memory carried across every segment and document); seg_len / mem_len: segment
+    and memory length (default: the TIME-STRATIFIED model's tgt_len and evaluation memory length)."""
+
+    corpus: Optional[Union[str, Sequence[str]]] = None
+    split_dir: Optional[str] = None
+    test_split_file: Optional[str] = None
+    train_split_file: Optional[str] = None
+    validation_split_file: Optional[str] = None
+    spm_model: Optional[str] = None
+    corpus_format: str = "auto"
+    batch_size: int = 1
+    seg_len: Optional[int] = None
+    mem_len: Optional[int] = None
+
+
+@gin.configurable(module="templm")
+@dataclasses.dataclass(frozen=True)
+class DynamicEvalConfig:
+    """Dynamic evaluation: `variants`, dicts {"name", "rule": "sgd"|"rms", "which": "all"|"embeddings"|"biases"|regex,
+    "lr", "lrs", "decay", "eps", "normalise_decay"}, run on TIME-STRATIFIED (and on CONTROL too with `on_control`). A
+    variant with "lrs" takes the rate among them that gives the lowest perplexity on the validation stream, then runs
+    the test stream with it (results["dynamic"]["chosen"]). RMS variants use the mean squared gradients of the last
+    `ms_segments` training segments (collect_ms)."""
+
+    variants: Sequence[Mapping[str, Any]] = DEFAULT_DYNAMIC
+    on_control: bool = False
+    ms_segments: int = 64
+
+
+@gin.configurable(module="templm")
+@dataclasses.dataclass(frozen=True)
+class StreamAnalyses:
+    """The analyses' settings (templm.metrics.stream.stream_results): training words counted (Moses) on a seeded
+    sample of `train_count_documents` training documents (None: all); emerging words seen at least `min_test_count`
+    times in the test stream and unseen or `emerging_ratio` times rarer in training; `n_topics` LDA topics; topics and
+    parts of speech (spaCy, when installed) on or off."""
+
+    train_count_documents: Optional[int] = None
+    min_test_count: int = 50
+    emerging_ratio: float = 5.0
+    n_topics: int = 10
+    topics: bool = True
+    pos: bool = True
+
+
+@gin.configurable(module="templm")
 def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gin.REQUIRED,
-                      control_dir: Optional[str] = None, *, corpus: Optional[str] = None,
-                      test_split_file: Optional[str] = None, split_dir: Optional[str] = None,
-                      spm_model: Optional[str] = None, train_split_file: Optional[str] = None,
-                      validation_split_file: Optional[str] = None, batch_size: int = 1,
-                      seg_len: Optional[int] = None, mem_len: Optional[int] = None,
-                      dynamic: Sequence[Mapping[str, Any]] = DEFAULT_DYNAMIC, dynamic_on_control: bool = False,
-                      ms_segments: int = 64, train_count_documents: Optional[int] = None, min_test_count: int = 50,
-                      emerging_ratio: float = 5.0, n_topics: int = 10, topics: bool = True, pos: bool = True,
-                      corpus_format: str = "auto", seed: int = 0, step: Optional[int] = None,
+                      control_dir: Optional[str] = None, data: StreamData = StreamData(),
+                      dynamic: DynamicEvalConfig = DynamicEvalConfig(), analyses: StreamAnalyses = StreamAnalyses(),
+                      seed: int = 0, step: Optional[int] = None,
                       extra_dirs: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
     """Streaming evaluation of a TIME-STRATIFIED (and a CONTROL) checkpoint; writes out_dir/results.json.
 
@@ -184,25 +235,10 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
       out_dir: where results.json goes (and, from the `templm stream` verb, report.md and the figures).
       time_stratified_dir / control_dir: `templm train_lm` run folders (latest checkpoint unless `step`). Without a
         CONTROL run there is no relative increase.
-      corpus, split_dir: default to those of the TIME-STRATIFIED checkpoint's record; test_split_file defaults to
-        `split_dir/test.gz`; train_split_file (word counts for emerging words, gradient statistics for the RMS rule)
-        to the TIME-STRATIFIED training split.
-      spm_model: None (default): each run reads the test stream with the SentencePiece model it was trained with
-        (the paper's per-setup tokenizers); subword perplexities are then each tokenizer's own and the runs are
-        compared by word perplexity. A file: every run must have been trained with it (one shared stream).
-      batch_size: parallel streams (1: the paper's single stream, memory carried across every segment and
-        document); seg_len / mem_len: segment and memory length (default: the TIME-STRATIFIED model's tgt_len and
-        evaluation memory length).
-      dynamic: dynamic-evaluation variants, dicts {"name", "rule": "sgd"|"rms", "which": "all"|"embeddings"|
-        "biases"|regex, "lr", "lrs", "decay", "eps", "normalise_decay"}; run on TIME-STRATIFIED (and on CONTROL too
-        when dynamic_on_control). A variant with "lrs" takes the rate among them that gives the lowest perplexity on
-        the validation stream (`validation_split_file`, default `split_dir/time_stratified_validation.gz`: the
-        months between the cut-off and the test period), then runs the test stream with it; results["dynamic"]
-        ["chosen"] records each choice. RMS variants use the mean squared gradients of the last `ms_segments`
-        training segments (collect_ms).
-      train_count_documents: count training words (Moses) on a seeded sample of this many training documents
-        (None: all).
-      min_test_count, emerging_ratio, n_topics, topics, pos: the analyses' settings (metrics.stream.stream_results).
+      data: the test stream, its neighbouring splits and how they are read (StreamData; gin `templm.StreamData`).
+      dynamic: the dynamic-evaluation variants (DynamicEvalConfig; gin `templm.DynamicEvalConfig`).
+      analyses: the analyses' settings (StreamAnalyses; gin `templm.StreamAnalyses`).
+      seed: the training-word sample and the topic model.
       extra_dirs: {name: run folder} of more runs scored statically on the same stream, each with its own tokenizer;
         one named "time_stratified_control_tokenizer" (TIME-STRATIFIED trained with CONTROL's tokenizer) adds the
         paper's outdated-tokenizer comparison (Appendix E) as results["tokenizer_comparison"].
@@ -218,9 +254,20 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
     except ConfigError as e:
         raise ConfigError(f"{e} (None for a TIME-STRATIFIED run alone)") from None
     started = time.time()
-    variants = _check_variants(dynamic)
-    if batch_size < 1:
-        raise ValueError(f"stream_evaluation.batch_size must be >= 1, got {batch_size}")
+    if not isinstance(dynamic, DynamicEvalConfig):  # a config written when the variants were bound here
+        raise ConfigError("templm.stream_evaluation.dynamic takes @templm.DynamicEvalConfig(): bind the variants as "
+                          "templm.DynamicEvalConfig.variants = [...]")
+    variants = _check_variants(dynamic.variants)
+    require_numbers("templm.StreamData", {"batch_size": (data.batch_size, int, 1, "BATCH_SIZE"),
+                                          "seg_len": (data.seg_len, int, 1, None),
+                                          "mem_len": (data.mem_len, int, 0, None)}, optional=("seg_len", "mem_len"))
+    require_numbers("templm.DynamicEvalConfig", {"ms_segments": (dynamic.ms_segments, int, 1, None)})
+    require_numbers("templm.StreamAnalyses", {
+        "train_count_documents": (analyses.train_count_documents, int, 1, None),
+        "min_test_count": (analyses.min_test_count, int, 1, None),
+        "emerging_ratio": (analyses.emerging_ratio, float, 1, None), "n_topics": (analyses.n_topics, int, 1, None)},
+        optional=("train_count_documents",))
+    batch_size, corpus_format, dynamic_on_control = data.batch_size, data.corpus_format, dynamic.on_control
 
     # --- Checkpoints and the files they name. -----------------------------------------------------------------
     runs_dirs = {"time_stratified": time_stratified_dir}
@@ -232,11 +279,11 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
         runs_dirs[name] = path
     loaded = {name: load_lm(path, step) for name, path in runs_dirs.items()}
     ts_meta = loaded["time_stratified"][2]
-    corpus = corpus or ts_meta["corpus"]
-    split_dir = split_dir or os.path.dirname(ts_meta["split_file"])
-    test_split_file = split_path(test_split_file, split_dir, "test")
-    train_split_file = train_split_file or ts_meta["split_file"]
-    spm_models = _run_tokenizers(loaded, runs_dirs, spm_model)
+    corpus = data.corpus or ts_meta["corpus"]
+    split_dir = data.split_dir or os.path.dirname(ts_meta["split_file"])
+    test_split_file = split_path(data.test_split_file, split_dir, "test")
+    train_split_file = data.train_split_file or ts_meta["split_file"]
+    spm_models = _run_tokenizers(loaded, runs_dirs, data.spm_model)
 
     # --- The test stream, read by each run's tokenizer (one stream for runs that share one). ------------------------
     test_docs = read_split_documents(corpus, test_split_file, corpus_format)
@@ -248,8 +295,8 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
     streams = {name: by_file[path] for name, path in spm_models.items()}
     stream = streams["time_stratified"]
     ts_model = loaded["time_stratified"][0]
-    seg_len = ts_model.config.tgt_len if seg_len is None else int(seg_len)
-    mem_len = ts_model.config.test_mem_len if mem_len is None else int(mem_len)
+    seg_len = ts_model.config.tgt_len if data.seg_len is None else int(data.seg_len)
+    mem_len = ts_model.config.test_mem_len if data.mem_len is None else int(data.mem_len)
     shared = len(set(spm_models.values())) == 1
     console.say(f"stream: {len(test_docs)} test documents ({stream.months[0]} .. {stream.months[-1]}), "
                 f"{len(moses_words(stream))} words, "
@@ -263,7 +310,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
 
     # The validation stream (the months between the cut-off and the test period): where the variants' rates are
     # chosen, so that nothing is tuned on the test stream.
-    validation_split_file = split_path(validation_split_file, split_dir, "time_stratified_validation")
+    validation_split_file = split_path(data.validation_split_file, split_dir, "time_stratified_validation")
     validation_docs = None
     if any(v.get("lrs") for v in variants):
         if os.path.exists(validation_split_file):
@@ -299,7 +346,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
             if v["rule"] == "rms" and ms is None:
                 run_train = train_docs if name == "time_stratified" else \
                     read_split_documents(corpus, meta["split_file"], corpus_format)
-                segments = _training_segments(run_train, processors[name], seg_len, ms_segments)
+                segments = _training_segments(run_train, processors[name], seg_len, dynamic.ms_segments)
                 ms = dynamic_eval.collect_ms(params, segments, model=model, mem_len=mem_len)
 
             passes = console.Ticker(f"stream: {name} {v['name']}: dynamic evaluation", None, "passes")
@@ -324,12 +371,13 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
             done(name, v["name"])
 
     # --- Analyses and results.json. -------------------------------------------------------------------------
-    train_counts = word_counts(_sample_documents(train_docs, train_count_documents, seed))
+    train_counts = word_counts(_sample_documents(train_docs, analyses.train_count_documents, seed))
     settings = {"test_split": os.path.basename(test_split_file),
                 "steps": "/".join(f"{name} {meta['step']}" for name, (_, _, meta) in loaded.items())}
     results = stream_results(stream, lps, seg_len=seg_len, mem_len=mem_len, batch_size=batch_size,
-                             train_counts=train_counts, min_test_count=min_test_count, ratio=emerging_ratio,
-                             n_topics=n_topics, seed=seed, topics=topics, pos=pos, settings=settings,
+                             train_counts=train_counts, min_test_count=analyses.min_test_count,
+                             ratio=analyses.emerging_ratio, n_topics=analyses.n_topics, seed=seed,
+                             topics=analyses.topics, pos=analyses.pos, settings=settings,
                              baseline="control", streams=None if shared else streams)
     results["inputs"] = {"corpus": resolve_corpus(corpus), "test_split_file": os.path.abspath(test_split_file),
                          "train_split_file": os.path.abspath(train_split_file),
@@ -338,7 +386,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
                          "checkpoints": {name: {"dir": os.path.abspath(runs_dirs[name]), "step": meta["step"],
                                                 "split_file": meta["split_file"]}
                                          for name, (_, _, meta) in loaded.items()}}
-    results["dynamic"] = {"variants": variants, "on_control": dynamic_on_control, "ms_segments": ms_segments,
+    results["dynamic"] = {"variants": variants, "on_control": dynamic_on_control, "ms_segments": dynamic.ms_segments,
                           "validation_split_file": (os.path.abspath(validation_split_file) if validation_docs
                                                     else None),
                           "chosen": chosen}
@@ -547,9 +595,11 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
 
     t0 = time.time()
     results = stream_evaluation(os.path.join(out_dir, "stream"), os.path.join(out_dir, "time_stratified"),
-                                os.path.join(out_dir, "control"), dynamic=p.dynamic,
-                                min_test_count=p.min_test_count, n_topics=p.n_topics,
-                                train_count_documents=p.train_count_documents, ms_segments=p.ms_segments, seed=seed,
+                                os.path.join(out_dir, "control"),
+                                dynamic=DynamicEvalConfig(p.dynamic, ms_segments=p.ms_segments),
+                                analyses=StreamAnalyses(train_count_documents=p.train_count_documents,
+                                                        min_test_count=p.min_test_count, n_topics=p.n_topics),
+                                seed=seed,
                                 extra_dirs={name: os.path.join(out_dir, name) for name, *_ in setups[2:]} or None)
     timings["evaluate"] = time.time() - t0
     summary = summarize(results)

@@ -1,6 +1,7 @@
 """The CALM experiment: `run_calm` in process (its results, results.json and the logs, no report), and `templm calm`
 end to end (the experiment, then the report), with bad input answered by a message and a non-zero exit."""
 
+import dataclasses
 import json
 import os
 
@@ -10,7 +11,8 @@ import pytest
 from templm.data.calm_corpus import build_calm_corpus_from_texts
 from templm.data.calm_log import read_loss_log
 from templm.data.world import WorldConfig
-from templm.experiments.calm import log_metrics, run_calm
+from templm.experiments.calm import (CalmBaselineConfig, CalmModelConfig, CalmStreamConfig, OnlineLearnerConfig,
+                                     log_metrics, run_calm)
 from templm.io import jsonable
 from templm.metrics.calm import compute_metrics
 from templm_testing import farm_and_market, run_templm as templm, write_texts
@@ -20,14 +22,17 @@ GIN = "gin_configs/calm/txl_online.gin"
 
 # The smallest run that CALM scores: 2 classes x 50 segments of one batch of 2 x 8 tokens, a one-layer model. The
 # original's segment law at scale m = 4 / 8 / 2 = 0.25 draws from [0.025, 0.65], which rounds to one batch.
-TINY = dict(domains=["sports", "politics"], nswitches=50, switch_frequency=4, window_size=8, batch_size=2,
-            d_model=32, d_head=16, d_inner=64, n_layer=1, mem_len=8, pretrain_batches=20, pretrain_passes=1)
-TINY_RUN = ("--gin.templm.run_calm.domains=['sports', 'politics']", "--gin.templm.run_calm.nswitches=50",
-            "--gin.templm.run_calm.switch_frequency=4", "--gin.templm.run_calm.window_size=8",
-            "--gin.templm.run_calm.batch_size=2", "--gin.templm.run_calm.d_model=32",
-            "--gin.templm.run_calm.d_head=16", "--gin.templm.run_calm.d_inner=64",
-            "--gin.templm.run_calm.n_layer=1", "--gin.templm.run_calm.mem_len=8",
-            "--gin.templm.run_calm.pretrain_batches=20", "--gin.templm.run_calm.pretrain_passes=1",
+TINY_STREAM = CalmStreamConfig(domains=["sports", "politics"], nswitches=50, switch_frequency=4, window_size=8,
+                               batch_size=2)
+TINY = dict(model=CalmModelConfig(d_model=32, d_head=16, d_inner=64, n_layer=1, mem_len=8),
+            baseline=CalmBaselineConfig(pretrain_batches=20, pretrain_passes=1))
+TINY_RUN = ("--gin.templm.CalmStreamConfig.domains=['sports', 'politics']",
+            "--gin.templm.CalmStreamConfig.nswitches=50", "--gin.templm.CalmStreamConfig.switch_frequency=4",
+            "--gin.templm.CalmStreamConfig.window_size=8", "--gin.templm.CalmStreamConfig.batch_size=2",
+            "--gin.templm.CalmModelConfig.d_model=32", "--gin.templm.CalmModelConfig.d_head=16",
+            "--gin.templm.CalmModelConfig.d_inner=64", "--gin.templm.CalmModelConfig.n_layer=1",
+            "--gin.templm.CalmModelConfig.mem_len=8", "--gin.templm.CalmBaselineConfig.pretrain_batches=20",
+            "--gin.templm.CalmBaselineConfig.pretrain_passes=1",
             "--gin.WorldConfig.end_year=2014", "--gin.WorldConfig.docs_per_month=10")
 
 
@@ -37,7 +42,7 @@ TINY_RUN = ("--gin.templm.run_calm.domains=['sports', 'politics']", "--gin.templ
 def test_run_calm_returns_its_results_and_writes_json_and_logs_only(tmp_path, capsys):
     out = tmp_path / "run"
     world = WorldConfig(seed=0, start_year=2014, end_year=2014, subjects_per_relation=10, docs_per_month=10)
-    results = run_calm(out_dir=str(out), world=world, **TINY)
+    results = run_calm(out_dir=str(out), stream=dataclasses.replace(TINY_STREAM, world=world), **TINY)
     assert sorted(os.listdir(out)) == ["baseline.jsonl", "corpus", "learner.jsonl", "results.json", "world"]
     assert results["files"] == {name: str(out / name) for name in ("learner.jsonl", "baseline.jsonl",
                                                                    "results.json")}
@@ -56,11 +61,12 @@ def test_run_calm_refuses_bad_settings_before_writing(tmp_path):
     with pytest.raises(ValueError, match="out_dir"):
         run_calm(out_dir=None)
     with pytest.raises(ValueError, match="rule"):
-        run_calm(out_dir=str(tmp_path / "a"), rule="lbfgs")
+        run_calm(out_dir=str(tmp_path / "a"), learner=OnlineLearnerConfig(rule="lbfgs"))
     with pytest.raises(ValueError, match="baseline='pretrained'"):
-        run_calm(out_dir=str(tmp_path / "a"), rule="rms", baseline="init")
+        run_calm(out_dir=str(tmp_path / "a"), learner=OnlineLearnerConfig(rule="rms"),
+                 baseline=CalmBaselineConfig(baseline="init"))
     with pytest.raises(ValueError, match="segment_lengths"):
-        run_calm(out_dir=str(tmp_path / "a"), segment_lengths="poisson")
+        run_calm(out_dir=str(tmp_path / "a"), stream=CalmStreamConfig(segment_lengths="poisson"))
     assert not (tmp_path / "a").exists()
 
 
@@ -106,7 +112,7 @@ def test_templm_calm_end_to_end(tmp_path):
 @pytest.mark.e2e
 def test_bad_input_is_a_message_and_a_non_zero_exit(tmp_path):
     missing = templm("calm", f"--gin_file={GIN}", f"--gin.OUT_DIR='{tmp_path / 'a'}'",
-                     f"--gin.templm.run_calm.corpus_dir='{tmp_path / 'no_such_corpus'}'")
+                     f"--gin.templm.CalmStreamConfig.corpus_dir='{tmp_path / 'no_such_corpus'}'")
     assert missing.returncode == 1
     assert f"{tmp_path / 'no_such_corpus'}: not a directory; expected a CALM corpus" in missing.stderr
     assert "Traceback" not in missing.stderr
@@ -115,16 +121,16 @@ def test_bad_input_is_a_message_and_a_non_zero_exit(tmp_path):
     build_calm_corpus_from_texts(write_texts(tmp_path / "texts", farm_and_market()), str(corpus), "char")
     os.remove(corpus / "vocab" / "market.vocab")
     no_vocab = templm("calm", f"--gin_file={GIN}", f"--gin.OUT_DIR='{tmp_path / 'b'}'",
-                      f"--gin.templm.run_calm.corpus_dir='{corpus}'")
+                      f"--gin.templm.CalmStreamConfig.corpus_dir='{corpus}'")
     assert no_vocab.returncode == 1
     assert "market.vocab" in no_vocab.stderr and "class 'market'" in no_vocab.stderr
     assert "Traceback" not in no_vocab.stderr
 
     misspelt = templm("calm", f"--gin_file={GIN}", f"--gin.OUT_DIR='{tmp_path / 'c'}'",
-                      "--gin.templm.run_calm.widow_size=8")
+                      "--gin.templm.CalmStreamConfig.widow_size=8")
     assert misspelt.returncode == 1 and "widow_size" in misspelt.stderr
     unclosed = templm("calm", f"--gin_file={GIN}", f"--gin.OUT_DIR='{tmp_path / 'c'}'",
-                      "--gin.templm.run_calm.domains=['sports'")
+                      "--gin.templm.CalmStreamConfig.domains=['sports'")
     assert unclosed.returncode == 1 and "templm calm: error: gin:" in unclosed.stderr
     assert "Traceback" not in unclosed.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not (tmp_path / "c").exists()

@@ -21,13 +21,16 @@ from templm.data.readers import read_documents
 from templm.data.token_stream import build_stream
 from templm.data.vocab import train_spm
 from templm.experiments.streaming import PRESETS as STREAM_PRESETS
-from templm.experiments.streaming import choose_rate, prepare_preset_data, stream_evaluation
+from templm.experiments.streaming import (DynamicEvalConfig, StreamAnalyses, StreamData, choose_rate,
+                                         prepare_preset_data, stream_evaluation)
 from templm.io import file_sha256, jsonable
 from templm.reports.stream import stream_markdown
 from templm.training import lm_trainer, partitioning
 from templm.training.loop import RunOptions
 from templm_testing import run_templm
 
+# Static evaluation and the cheap analyses only: what most tests of stream_evaluation need.
+QUICK = dict(dynamic=DynamicEvalConfig(()), analyses=StreamAnalyses(min_test_count=3, topics=False, pos=False))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The tiny_test world has 256 pieces; one layer and a short run keep the fixture to seconds.
 TRAIN_BINDINGS = ["VOCAB_SIZE = 256", "TRAIN_STEPS = 12", "BATCH_SIZE = 8", "SAVE_PERIOD = 0",
@@ -89,8 +92,8 @@ def test_stream_verb_writes_the_report_for_every_test_month(runs, tmp_path):
     # covers them).
     dynamic = "[{'name': 'dynamic_rms_biases', 'rule': 'rms', 'which': 'biases', 'lr': 1e-4, 'eps': 1e-3}]"
     proc = _stream(f"--gin.TIME_STRATIFIED_DIR='{runs['time_stratified']}'", f"--gin.CONTROL_DIR='{runs['control']}'",
-                   f"--gin.templm.stream_evaluation.dynamic={dynamic}", "--gin.templm.stream_evaluation.ms_segments=4",
-                   "--gin.templm.stream_evaluation.min_test_count=3", "--gin.templm.stream_evaluation.n_topics=3",
+                   f"--gin.templm.DynamicEvalConfig.variants={dynamic}", "--gin.templm.DynamicEvalConfig.ms_segments=4",
+                   "--gin.templm.StreamAnalyses.min_test_count=3", "--gin.templm.StreamAnalyses.n_topics=3",
                    out=tmp_path / "out")
     out, err = proc.stdout, proc.stderr
     assert proc.returncode == 0, err[-3000:]
@@ -130,9 +133,9 @@ def test_bad_input_is_named_and_exits_non_zero(runs, tmp_path):
         f.write("20180501\tworld-2018-05-01-999999\n")
     ts, ctl = f"--gin.TIME_STRATIFIED_DIR='{runs['time_stratified']}'", f"--gin.CONTROL_DIR='{runs['control']}'"
     procs = {
-        "missing": _stream(ts, ctl, f"--gin.templm.stream_evaluation.test_split_file='{missing}'",
+        "missing": _stream(ts, ctl, f"--gin.templm.StreamData.test_split_file='{missing}'",
                            out=tmp_path / "a"),
-        "foreign": _stream(ts, ctl, f"--gin.templm.stream_evaluation.test_split_file='{foreign}'",
+        "foreign": _stream(ts, ctl, f"--gin.templm.StreamData.test_split_file='{foreign}'",
                            out=tmp_path / "b"),
         "train_lm": run_templm(
             "train-lm", "--gin_file=txl/time_stratified.gin", "--gin_file=txl/tiny.gin",
@@ -167,8 +170,7 @@ def test_each_setup_has_a_tokenizer_trained_on_its_own_training_split(runs, tmp_
 
 
 def test_runs_read_the_stream_with_their_own_tokenizers_and_compare_by_words(runs, tmp_path):
-    results = stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"], dynamic=[],
-                                min_test_count=3, topics=False, pos=False)
+    results = stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"], **QUICK)
     test_docs = read_split_documents(runs["corpus"], os.path.join(runs["split_dir"], "test.gz"))
     tokens = {name: build_stream(test_docs, load_processor(runs["spm_models"][name])).n_targets
               for name in ("time_stratified", "control")}
@@ -195,8 +197,8 @@ def test_the_outdated_tokenizer_comparison_scores_time_stratified_with_controls_
                                                                              devices=jax.devices()[:1])))
     finally:
         gin.clear_config()
-    results = stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"], dynamic=[],
-                                min_test_count=3, topics=False, pos=False, extra_dirs={name: other})
+    results = stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"], **QUICK,
+                                extra_dirs={name: other})
     tokens = {run: modes["static"]["overall"]["n_tokens"] for run, modes in results["runs"].items()}
     assert tokens[name] == tokens["control"] != tokens["time_stratified"]  # read with CONTROL's tokenizer
     documents = results["documents"]
@@ -220,9 +222,10 @@ def test_models_with_different_vocabularies_or_no_out_dir_are_refused(runs, tmp_
         original = src.read()
         dst.write(original + b"\n")  # another file: another SHA-256
     with pytest.raises(DataError, match=f"{runs['time_stratified']}: .* one test stream must serve every model"):
-        stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"], spm_model=str(other_spm))
+        stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"],
+                          StreamData(spm_model=str(other_spm)))
     with pytest.raises(DataError, match=f"{runs['control']}: .* one test stream must serve every model"):
-        stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"], spm_model=spm_file)
+        stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"], StreamData(spm_model=spm_file))
     try:
         with open(spm_file, "wb") as f:
             f.write(original + b"\n")
@@ -243,14 +246,13 @@ def test_models_with_different_vocabularies_or_no_out_dir_are_refused(runs, tmp_
         stream_evaluation(str(tmp_path / "out"), str(tmp_path), runs["control"])
     with pytest.raises(ValueError, match=r"dynamic\[0\].*unknown \['learning_rate'\]"):
         stream_evaluation(str(tmp_path / "out"), runs["time_stratified"],
-                          dynamic=[{"name": "d", "rule": "sgd", "learning_rate": 0.1}])
+                          dynamic=DynamicEvalConfig([{"name": "d", "rule": "sgd", "learning_rate": 0.1}]))
     assert not os.path.exists(tmp_path / "out")
 
 
 def test_stream_evaluation_writes_results_json_only(runs, tmp_path):
     """The experiment writes its numbers, nothing for people: report.md and figures are the report's (the verb's)."""
-    results = stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"], dynamic=[],
-                                min_test_count=3, topics=False, pos=False)
+    results = stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"], **QUICK)
     assert os.listdir(tmp_path / "out") == ["results.json"]
     assert results["files"] == {"results.json": str(tmp_path / "out" / "results.json")}
     with open(tmp_path / "out" / "results.json") as f:
@@ -264,8 +266,8 @@ def test_dynamic_rates_are_chosen_on_the_validation_stream(runs, tmp_path):
     stream (the months before the test period) and runs the test stream with it; without candidates, its lr."""
     variants = [{"name": "dynamic", "rule": "sgd", "which": "all", "lr": 0.5, "lrs": [1e-4, 0.3, 3.0]},
                 {"name": "fixed", "rule": "sgd", "which": "biases", "lr": 0.05}]
-    results = stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"], dynamic=variants,
-                                min_test_count=3, topics=False, pos=False)
+    results = stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"],
+                                dynamic=DynamicEvalConfig(variants), analyses=QUICK["analyses"])
     chosen = results["dynamic"]["chosen"]
     assert set(chosen) == {"time_stratified/dynamic"}  # the variant without candidates is not swept
     ppl = chosen["time_stratified/dynamic"]["validation_subword_ppl"]
@@ -274,7 +276,7 @@ def test_dynamic_rates_are_chosen_on_the_validation_stream(runs, tmp_path):
     assert results["dynamic"]["validation_split_file"].endswith("time_stratified_validation.gz")
     with pytest.raises(ValueError, match="lrs must be a list of positive rates"):
         stream_evaluation(str(tmp_path / "bad"), runs["time_stratified"], runs["control"],
-                          dynamic=[{"name": "d", "rule": "sgd", "lrs": [0.1, -1]}])
+                          dynamic=DynamicEvalConfig([{"name": "d", "rule": "sgd", "lrs": [0.1, -1]}]))
 
 
 def test_a_rate_grid_widens_while_the_best_rate_is_at_its_edge():
@@ -332,9 +334,9 @@ def test_the_increasing_distance_layout_trains_on_its_file_and_streams_the_main_
         gin.clear_config()
     assert result.step == 12 and result.data["documents"] == len(kept)
     with pytest.raises(DataError, match="test.gz"):  # its own folder has no test split
-        stream_evaluation(str(tmp_path / "no_test"), model_dir, runs["control"], dynamic=[], topics=False, pos=False)
-    results = stream_evaluation(str(tmp_path / "out"), model_dir, runs["control"], split_dir=runs["split_dir"],
-                                dynamic=[], min_test_count=3, topics=False, pos=False)
+        stream_evaluation(str(tmp_path / "no_test"), model_dir, runs["control"], **QUICK)
+    results = stream_evaluation(str(tmp_path / "out"), model_dir, runs["control"],
+                                StreamData(split_dir=runs["split_dir"]), **QUICK)
     assert results["inputs"]["test_split_file"] == os.path.join(runs["split_dir"], "test.gz")
     assert results["inputs"]["checkpoints"]["time_stratified"]["split_file"] == str(folder / "train.gz")
     test_months = {date.strftime("%Y-%m") for date, _ in read_split_file(os.path.join(runs["split_dir"], "test.gz"))}
@@ -350,7 +352,7 @@ def test_a_moved_folder_of_runs_finds_its_files_where_it_now_is(runs, tmp_path):
     moved = tmp_path / "moved"
     shutil.copytree(runs["root"], moved)
     results = stream_evaluation(str(tmp_path / "out"), str(moved / "time_stratified"), str(moved / "control"),
-                                dynamic=[], min_test_count=3, topics=False, pos=False)
+                                **QUICK)
     inputs = results["inputs"]
     assert inputs["test_split_file"] == str(moved / "data" / "splits" / "test.gz")
     assert inputs["spm_models"] == {name: str(moved / "data" / f"spm_{name}.model")
