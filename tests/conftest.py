@@ -90,23 +90,17 @@ def task_data_for(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def stream_spm(tmp_path_factory):
+def stream_spm():
     """(a tiny SentencePiece processor, the 60-word lexicon it was trained on): the tokenizer of the streaming tests
-    (tests/data/test_token_stream.py, tests/metrics/test_stream.py, tests/reports/test_stream.py)."""
-    import datetime
-    import random
-
+    (tests/data/test_token_stream.py, tests/metrics/test_stream.py, tests/reports/test_stream.py), checked in as
+    tests/fixtures/stream64.model (written by tools/write_test_spm.py)."""
     import sentencepiece
 
-    from templm.data.records import Document
-    from templm.data.vocab import train_spm
+    processor = sentencepiece.SentencePieceProcessor(model_file=os.path.join(REPO, "tests", "fixtures",
+                                                                             "stream64.model"))
+    from templm_testing import stream_lexicon
 
-    rng = random.Random(3)
-    lexicon = ["".join(rng.choice("abcdefghiklmnoprstuvy") for _ in range(rng.randint(2, 7))) for _ in range(60)]
-    docs = [Document(f"t{i}", datetime.date(2019, 1 + i % 12, 1),
-                     " ".join(rng.choice(lexicon) for _ in range(12)) + ". Café, naïve!") for i in range(60)]
-    path = train_spm(docs, str(tmp_path_factory.mktemp("spm") / "spm"), vocab_size=64, seed=0)
-    return sentencepiece.SentencePieceProcessor(model_file=path), lexicon
+    return processor, stream_lexicon()[0]
 
 
 @pytest.fixture(scope="module")

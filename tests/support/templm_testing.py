@@ -196,3 +196,12 @@ def write_mini_world(folder, docs=MINI_DOCS, entities=ENTITIES, facts=FACTS):
                 begin = end + 1
             mentions.write(json.dumps({"id": doc_id, "facts": [], "entities": spans, "sentences": sentences}) + "\n")
     return str(folder)
+
+
+def stream_lexicon():
+    """(the 60 made-up words the streaming tests' tokenizer, tests/fixtures/stream64.model, was trained on, the
+    seeded generator that drew them: tools/write_test_spm.py draws its documents from it)."""
+    import random
+
+    rng = random.Random(3)
+    return ["".join(rng.choice("abcdefghiklmnoprstuvy") for _ in range(rng.randint(2, 7))) for _ in range(60)], rng
