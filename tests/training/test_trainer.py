@@ -247,9 +247,9 @@ def test_nan_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
 
 @pytest.mark.e2e
 def test_kill_minus_9_then_resume_is_bitwise_exact(data_dir, tmp_path):
+    """A training process killed with SIGKILL; the same command resumed (in this process, as the unbroken reference
+    run) ends with the reference's parameters bit for bit."""
     env = {"TEMPLM_DATA_DIR": data_dir}
-    reference = _cli(f"--gin.MODEL_DIR='{tmp_path / 'ref'}'", "--gin.TRAIN_STEPS=24", "--gin.SAVE_PERIOD=24",
-                     env=env)
     killed = _cli(f"--gin.MODEL_DIR='{tmp_path / 'run'}'", "--gin.TRAIN_STEPS=100000", "--gin.SAVE_PERIOD=3",
                   env=env)
     wait_for_path(tmp_path / "run" / "checkpoints" / "6", killed)
@@ -257,12 +257,13 @@ def test_kill_minus_9_then_resume_is_bitwise_exact(data_dir, tmp_path):
     killed.wait()
     last = max(int(s) for s in os.listdir(tmp_path / "run" / "checkpoints") if s.isdigit())
     assert 6 <= last < 24
-    resumed = _cli(f"--gin.MODEL_DIR='{tmp_path / 'run'}'", "--gin.TRAIN_STEPS=24", "--gin.SAVE_PERIOD=3",
-                   env=env)
-    for proc in (reference, resumed):
-        out, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err[-3000:]
-    assert json.loads(out.strip().splitlines()[-1])["start_step"] == last
+    reference = run_templm("train", *CLI_CONFIG, f"--gin.MODEL_DIR='{tmp_path / 'ref'}'", "--gin.TRAIN_STEPS=24",
+                           "--gin.SAVE_PERIOD=24", env=env)
+    resumed = run_templm("train", *CLI_CONFIG, f"--gin.MODEL_DIR='{tmp_path / 'run'}'", "--gin.TRAIN_STEPS=24",
+                         "--gin.SAVE_PERIOD=3", env=env)
+    for result in (reference, resumed):
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(resumed.stdout.strip().splitlines()[-1])["start_step"] == last
     ref_params, _ = load_params(str(tmp_path / "ref" / "checkpoints"))
     run_params, meta = load_params(str(tmp_path / "run" / "checkpoints"))
     assert meta["step"] == 24
@@ -283,11 +284,10 @@ def test_sigterm_saves_exits_as_preempted_and_a_rerun_resumes(data_dir, tmp_path
     stopped = meta["step"]
     assert stopped == meta["data_position"] > 0
     assert f"stopped by SIGTERM at step {stopped}" in err and "run the same command again" in err
-    rerun = _cli(f"--gin.MODEL_DIR='{tmp_path}'", f"--gin.TRAIN_STEPS={stopped + 2}", "--gin.SAVE_PERIOD=1000",
-                 env=env)
-    out, err = rerun.communicate(timeout=300)
-    assert rerun.returncode == 0, err[-3000:]
-    summary = json.loads(out.strip().splitlines()[-1])
+    rerun = run_templm("train", *CLI_CONFIG, f"--gin.MODEL_DIR='{tmp_path}'", f"--gin.TRAIN_STEPS={stopped + 2}",
+                       "--gin.SAVE_PERIOD=1000", env=env)  # the same command again (in this process)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    summary = json.loads(rerun.stdout.strip().splitlines()[-1])
     assert summary["start_step"] == stopped and summary["step"] == stopped + 2
     # TensorBoard as T5X's: MODEL_DIR/train with the rate the gin config sets (cpu_demo.gin: 0.01) and T5X's tags.
     train = event_tags(tmp_path / "train")
