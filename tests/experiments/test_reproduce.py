@@ -4,6 +4,7 @@ is the same pipeline with a bigger world and more steps): every stage runs, repo
 and results.json are there with their keys, and a stage re-run with the same seed repeats exactly (the task data
 example for example, the trained parameters bit for bit, the evaluation's numbers)."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -19,26 +20,29 @@ from templm.experiments.reproduce import PRESETS, ExtraStage, Reproduction, run_
 from templm.metrics.findings import STREAMING, STUDY
 from templm.metrics.statistics import verdict
 from templm.reports import reproduction as report
+from templm_testing import TINY_STUDY
 from templm_testing import run_templm as templm
 
 pytestmark = pytest.mark.e2e
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PRESET = PRESETS["tiny_test"]
+# The study the suite runs once (tests/conftest.py's `tiny_study`): the preset with its batches from two data shards.
+STUDY_PRESET = dataclasses.replace(PRESET, data_shards=2)
 STAGES = ["data", "train uniform and temporal", "train yearly experts", "evaluate", "future probes", "adaptation",
           "extra: streaming"]
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("reproduce") / "run"
-    result = templm("reproduce", "--preset=tiny_test", f"--out={out}", "--seed=0")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"templm reproduce: tiny_test preset, seed 0: {out}/report.md" in result.stdout
+def run_dir(tiny_study):
+    """The suite's tiny reproduction (`templm reproduce` with TINY_STUDY, in-process, shared with the multi-host
+    test); what it printed is checked here."""
+    out, stdout, stderr = tiny_study()
+    assert f"templm reproduce: tiny_test preset, seed 0: {out}/report.md" in stdout
     for finding in STUDY:  # both halves, streaming_gap etc. included
-        assert f"  {finding.name}: " in result.stdout
-    assert "reproduce [1/7] data: starting" in result.stderr and "ETA" in result.stderr  # progress
-    assert "  trained uniform: 6 steps" in result.stderr
+        assert f"  {finding.name}: " in stdout
+    assert "reproduce [1/7] data: starting" in stderr and "ETA" in stderr  # progress
+    assert "  trained uniform: 6 steps" in stderr
     return out
 
 
@@ -56,6 +60,7 @@ def test_report_and_figures(run_dir):
     # each model's folder is shaped as T5X's: the study's operative gin config and the train/ summaries
     config = (run_dir / "models" / "uniform" / "config.gin").read_text()
     assert "Study.name = 'tiny_test'" in config and "Study.steps = 6" in config
+    assert "Study.data_shards = 2" in config  # the command line's binding on top of the preset
     assert any(name.startswith("events.out") for name in os.listdir(run_dir / "models" / "uniform" / "train"))
     text = (run_dir / "report.md").read_text()
     for heading in ("## The run", "## Expected findings", "## TempLAMA F1 and CustomNews F1 and perplexity",
@@ -211,7 +216,7 @@ def test_a_stage_repeats_exactly_with_the_same_seed(run_dir, results, tmp_path):
     from templm.training.checkpoints import load_params
     from templm.evaluation.inference import ModelFns
 
-    again = Reproduction(PRESET, str(tmp_path), seed=0)
+    again = Reproduction(STUDY_PRESET, str(tmp_path), seed=0)
     try:
         data = again.prepare_data()
         compared = 0
@@ -271,7 +276,7 @@ def test_sigterm_stops_the_whole_command_and_a_rerun_resumes_to_the_same_numbers
     """SIGTERM during the run exits with the preemption status and writes no result; the same command run again
     resumes the models and ends with the numbers of the run that never stopped."""
     out = tmp_path / "run"
-    args = [sys.executable, "-m", "templm.cli", "reproduce", "--preset=tiny_test", f"--out={out}", "--seed=0"]
+    args = [sys.executable, "-m", "templm.cli", *TINY_STUDY, f"--out={out}"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     seen = []
     for line in proc.stderr:  # stop it once the first models are trained
@@ -285,7 +290,7 @@ def test_sigterm_stops_the_whole_command_and_a_rerun_resumes_to_the_same_numbers
     assert out_text == "" and not (out / "results.json").exists() and not (out / "report.md").exists()
     assert (out / "models" / "temporal" / "checkpoints").is_dir()
 
-    again = templm("reproduce", "--preset=tiny_test", f"--out={out}", "--seed=0")
+    again = templm(*TINY_STUDY, f"--out={out}")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming the run" in again.stderr
     assert "holds no input state" not in again.stderr  # a finished model is kept without touching its input
@@ -307,7 +312,7 @@ def test_a_rerun_that_fails_on_a_damaged_model_keeps_the_results_and_says_what_t
     target = max(files, key=os.path.getsize)  # the parameters' largest file
     with open(target, "r+b") as f:
         f.truncate(os.path.getsize(target) // 2)
-    result = templm("reproduce", "--preset=tiny_test", f"--out={out}", "--seed=0")
+    result = templm(*TINY_STUDY, f"--out={out}")
     assert result.returncode == 1, result.stderr[-3000:]
     assert "no intact checkpoint to restore" in result.stderr
     assert f"remove {out / 'models' / 'uniform'} and run the same command again to train it afresh" in result.stderr

@@ -1,6 +1,8 @@
 """`templm reproduce` as a multi-host run: two processes (jax.distributed over gloo, one CPU device each) run the
 same command; every training of both halves spans both processes, each process evaluates on its own device, process
-0 alone writes the folder. Its numbers are the one-process run's with the same data shards (float noise apart)."""
+0 alone writes the folder. Its numbers are the one-process run's with the same data shards (float noise apart): that
+run is the suite's tiny reproduction (tests/conftest.py's `tiny_study`, in-process, with two data shards), which
+tests/experiments/test_reproduce.py checks on its own."""
 
 import json
 import math
@@ -38,20 +40,29 @@ def _numbers(tree, path=""):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, tiny_study):
+    """({"multi": the two processes' folder, "single": the one-process run's}, their results, the two processes'
+    (stdout, stderr)). The processes start first; the one-process run is made (or waited for) while they run."""
     root = tmp_path_factory.mktemp("multihost")
     port = 21000 + os.getpid() % 20000
     hosts = [_start(root / "multi", f"--coordinator_address=localhost:{port}", "--num_processes=2",
                     f"--process_id={i}") for i in range(2)]
-    single = _start(root / "single", "--gin.templm.Study.data_shards=2")
-    outputs = [proc.communicate(timeout=1500) for proc in hosts + [single]]
-    for proc, (_, err) in zip(hosts + [single], outputs):
+    try:
+        single = tiny_study()[0]
+    except BaseException:
+        for proc in hosts:
+            proc.kill()
+            proc.communicate()
+        raise
+    outputs = [proc.communicate(timeout=1500) for proc in hosts]
+    for proc, (_, err) in zip(hosts, outputs):
         assert proc.returncode == 0, err[-3000:]
+    folders = {"multi": root / "multi", "single": single}
     results = {}
-    for run in ("multi", "single"):
-        with open(root / run / "results.json", encoding="utf-8") as f:
+    for run, folder in folders.items():
+        with open(folder / "results.json", encoding="utf-8") as f:
             results[run] = json.load(f)
-    return root, results, outputs
+    return folders, results, outputs
 
 
 def test_two_processes_give_the_one_process_numbers(runs):
@@ -80,18 +91,18 @@ def test_two_processes_give_the_one_process_numbers(runs):
 
 
 def test_process_zero_alone_writes_and_both_halves_span_the_processes(runs):
-    root, results, outputs = runs
-    (out0, err0), (out1, err1), _ = outputs
-    assert f"templm reproduce: tiny_test preset, seed 0: {root / 'multi'}/report.md" in out0
+    folders, results, outputs = runs
+    (out0, err0), (out1, err1) = outputs
+    assert f"templm reproduce: tiny_test preset, seed 0: {folders['multi']}/report.md" in out0
     assert "templm reproduce" not in out1 and "reproduce [" not in err1  # no report line, no progress
     assert "reproduce [1/7] data: starting" in err0 and "skipped" not in results["multi"]
     # The same files, but for the record of the streaming data step that process 0 left for the other.
-    assert sorted(os.listdir(root / "multi")) == sorted(os.listdir(root / "single"))
-    streaming = sorted(os.listdir(root / "multi" / "stream_experiment"))
-    assert streaming == sorted(os.listdir(root / "single" / "stream_experiment") + ["data.json"])
+    assert sorted(os.listdir(folders["multi"])) == sorted(os.listdir(folders["single"]))
+    streaming = sorted(os.listdir(folders["multi"] / "stream_experiment"))
+    assert streaming == sorted(os.listdir(folders["single"] / "stream_experiment") + ["data.json"])
     for model in ("time_stratified", "control"):  # the Transformer-XL trainings, step by step, as one process's
         losses = {}
         for run in ("multi", "single"):
-            with open(root / run / "stream_experiment" / model / "metrics.jsonl", encoding="utf-8") as f:
+            with open(folders[run] / "stream_experiment" / model / "metrics.jsonl", encoding="utf-8") as f:
                 losses[run] = [row["loss"] for row in map(json.loads, f) if row.get("split") == "train"]
         assert losses["multi"] and losses["multi"] == pytest.approx(losses["single"], rel=1e-4)

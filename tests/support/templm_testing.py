@@ -10,6 +10,11 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+# The suite's one tiny reproduction (tests/conftest.py's `tiny_study`): the tiny_test preset, seed 0, its batches
+# drawn from two data shards as a run over two processes draws them (tests/experiments/test_reproduce_multihost.py).
+TINY_STUDY = ("reproduce", "--preset=tiny_test", "--seed=0", "--gin.templm.Study.data_shards=2")
+
+
 def run_templm(*args, cwd=REPO, env=None):
     """`templm ARGS` in this process (templm.cli.main) in `cwd` (the repository by default), with `env` added to the
     environment for the call: a CompletedProcess with the exit status and what it wrote to sys.stdout and
