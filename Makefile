@@ -25,9 +25,10 @@ demo: $(STAMP)
 # The whole suite, with its 25 slowest tests; test-fast leaves out the end-to-end runs of the command line (tests
 # marked e2e). Neither reaches the network: the tests that ask the package index are test-network's. Two pytest-xdist
 # workers, a test file each at a time (its module fixtures built once): measured faster than one process on two cores
-# (BENCHMARKS.md, "The suite"); TEST_WORKERS=0 runs it in one process.
+# (BENCHMARKS.md, "The suite"); TEST_WORKERS=0 runs it in one process. The files go out in collection order, which
+# tests/conftest.py starts with the slowest files (SLOWEST_FILES), so that the two workers end together.
 TEST_WORKERS ?= 2
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(XDIST) --durations=25 -m "not network" tests
 
