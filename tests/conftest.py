@@ -77,15 +77,18 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 # The test files that take longest (seconds of one cold `make test --durations=0` at 6183520, each file's tests and
-# fixtures summed, on a loaded 2-core machine), about slowest first, the two files of the session's tiny study side by
-# side: they run before every other file, in this order.
+# fixtures summed, on a loaded 2-core machine), about slowest first: they run before every other file, in this order.
+# The first two are the files of the session's tiny study, one for each worker; the multi-host file has two tests, so
+# xdist hands its worker the third file at once (a worker with two tests or fewer left gets the next file): the
+# trainer's file, whose two-process test then runs after the multi-host processes are done, not beside them (in a
+# loaded run where the two overlapped they took 267 s and 324 s; 112 s and 253 s in a loaded run where they did not).
 # `make test` hands files to two pytest-xdist workers in collection order (--dist loadfile --no-loadscope-reorder);
 # xdist's default order, most tests first, left these files of one or two long tests (the multi-host run, the
 # installed wheel) to the end, where one worker ran them while the other had nothing left to do.
 SLOWEST_FILES = [
-    "tests/training/test_trainer.py",  # 636 s
     "tests/experiments/test_reproduce.py",  # 430 s (builds the session's tiny study, or waits for it)
     "tests/experiments/test_reproduce_multihost.py",  # 253 s
+    "tests/training/test_trainer.py",  # 636 s
     "tests/test_reentrant_cli.py",  # 449 s
     "tests/tasks/test_registry.py",  # 247 s
     "tests/test_cli.py",  # 206 s
