@@ -60,6 +60,14 @@ def test_the_trainers_refuse_a_bad_number_before_touching_their_folder(tmp_path)
                              "templm.CorpusConfig.batch_size (the gin macro BATCH_SIZE)")]:
         with pytest.raises(ConfigError, match=re.escape(binding)):
             lm_trainer.train_lm(**{**txl, **change})
+    for call, binding in [(lambda: trainer.train(**{**t5, "train_dataset_cfg": None}),
+                           "templm.train.train_dataset_cfg takes a DatasetConfig, got nothing: bind "
+                           "templm.train.train_dataset_cfg = @train/templm.DatasetConfig()"),
+                          (lambda: lm_trainer.train_lm(**{**txl, "train_dataset_cfg": "corpus.jsonl"}),
+                           "templm.train_lm.train_dataset_cfg takes a CorpusConfig, got 'corpus.jsonl': bind "
+                           "templm.train_lm.train_dataset_cfg = @templm.CorpusConfig()")]:
+        with pytest.raises(ConfigError, match=f"^{re.escape(binding)}"):  # gin adds the configurable after it
+            call()
     assert not folder.exists()
     a_file = tmp_path / "a_file"
     a_file.write_text("not a run")

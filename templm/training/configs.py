@@ -23,8 +23,16 @@ from typing import Mapping, Optional, Sequence, Union
 import gin
 import optax
 
-from templm.errors import require_macros, require_numbers
+from templm.errors import ConfigError, require_macros, require_numbers
 from templm.training.optimizers import learning_rate_schedule, make_optimizer
+
+
+def require_config(binding: str, value: object, kind: type, reference: str) -> None:
+    """A ConfigError naming `binding` (e.g. "templm.train.train_dataset_cfg") and the gin reference to bind it to,
+    unless `value` is a `kind`: a config object missing (gin's REQUIRED, None) or of another kind."""
+    if not isinstance(value, kind):
+        got = "nothing" if value is None or value is gin.REQUIRED else f"{value!r}"
+        raise ConfigError(f"{binding} takes a {kind.__name__}, got {got}: bind {binding} = {reference}")
 
 
 @gin.configurable(module="templm")

@@ -101,8 +101,8 @@ def train_latent_lm(model_dir: str, which: str, config: KGLMConfig, dataset: Lin
     loop.TrainResult whose params are host arrays. The learning rate follows optimizer_cfg's schedule over
     total_steps: a run resumed with more steps than it was started with follows another schedule from there unless
     it is "constant". Checkpoints every checkpoint_cfg.save.period steps (0: only at the end)."""
-    docs, graph, shapes, batch_size, seed = dataset.docs, dataset.graph, dataset.shapes, dataset.batch_size, \
-        random_seed
+    docs, graph, shapes, batch_size = dataset.docs, dataset.graph, dataset.shapes, dataset.batch_size
+    seed = random_seed
     if which not in WHICH:
         raise ValueError(f"which must be one of {WHICH}, got {which!r}")
     if len(docs) < batch_size:

@@ -50,7 +50,7 @@ from templm.io import file_sha256
 from templm.models.transformer_xl import TXL_CONFIGS, TransformerXL, TransformerXLConfig, lm_loss, next_mem_valid
 from templm.training import loop, partitioning, state as train_state
 from templm.training.checkpoints import load_params
-from templm.training.configs import CheckpointConfig, CorpusConfig, OptimizerConfig
+from templm.training.configs import CheckpointConfig, CorpusConfig, OptimizerConfig, require_config
 
 gin.external_configurable(TransformerXLConfig, module="templm")
 
@@ -216,8 +216,8 @@ def train_lm(model_dir: str = gin.REQUIRED, config: Union[str, TransformerXLConf
     """
     require_macros("templm.train_lm", {
         "model_dir": ("MODEL_DIR", model_dir), "config": ("MODEL_CONFIG", config),
-        "total_steps": ("TRAIN_STEPS", total_steps),
-        "train_dataset_cfg": ("the training data: templm.CorpusConfig", train_dataset_cfg)})
+        "total_steps": ("TRAIN_STEPS", total_steps)})
+    require_config("templm.train_lm.train_dataset_cfg", train_dataset_cfg, CorpusConfig, "@templm.CorpusConfig()")
     data_cfg = train_dataset_cfg
     data_cfg.check("templm.CorpusConfig")
     optimizer_cfg.check("templm.OptimizerConfig")

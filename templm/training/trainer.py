@@ -40,7 +40,7 @@ from templm.io import file_sha256
 from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, T5Config, load_hf_checkpoint
 import templm.tasks  # noqa: F401  (registers the SeqIO tasks the configs name)
 from templm.training import loop, partitioning, state as train_state
-from templm.training.configs import CheckpointConfig, DatasetConfig
+from templm.training.configs import CheckpointConfig, DatasetConfig, require_config
 from templm.training.checkpoints import load_params
 from templm.training.input_pipeline import TrainingInput
 from templm.training.optimizers import bound_optimizer, logged_learning_rate, make_optimizer
@@ -197,8 +197,8 @@ def train(model_dir: str = gin.REQUIRED, model: Any = gin.REQUIRED, train_datase
     """
     # --- Mesh and checks. ----------------------------------------------------------------------------------------
     require_macros("templm.train", {
-        "model_dir": ("MODEL_DIR", model_dir), "total_steps": ("TRAIN_STEPS", total_steps), "model": ("MODEL", model),
-        "train_dataset_cfg": ("the training data: train/templm.DatasetConfig", train_dataset_cfg)})
+        "model_dir": ("MODEL_DIR", model_dir), "total_steps": ("TRAIN_STEPS", total_steps), "model": ("MODEL", model)})
+    require_config("templm.train.train_dataset_cfg", train_dataset_cfg, DatasetConfig, "@train/templm.DatasetConfig()")
     data_cfg = train_dataset_cfg
     data_cfg.check("train/templm.DatasetConfig")
     checkpoint_cfg.check("templm.CheckpointConfig")
