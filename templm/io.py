@@ -10,6 +10,8 @@ import os
 import tempfile
 from typing import Any, Callable, Mapping, Union
 
+from templm import paths
+
 
 def atomic_write(path: str, content: Union[str, bytes, Callable[[str], None]]) -> str:
     """Writes `path` through a temporary file beside it, renamed into place only when complete, so a reader (or a
@@ -23,11 +25,21 @@ def atomic_write(path: str, content: Union[str, bytes, Callable[[str], None]]) -
 def atomic_write_files(contents: Mapping[str, Union[str, bytes, Callable[[str], None]]]) -> None:
     """Writes several files that belong together (a vocabulary's .model and .vocab) as `atomic_write` writes one:
     every one to a temporary file beside its place first, then all renamed, so a failure while writing (a full disk)
-    leaves every path as it was. A failed write names the file it was writing."""
+    leaves every path as it was. A failed write names the file it was writing.
+
+    A URL (gs://) is an object in a store with no rename: its content is made in full first (a callable's in a local
+    temporary file), then uploaded to its place, where the object appears only complete and replaces the old one at
+    once. Several objects are put one after the other: each is whole, but a failure between two leaves the first
+    new and the second old."""
+    contents = {os.fspath(path): content for path, content in contents.items()}
+    remote = {path: content for path, content in contents.items() if paths.is_url(path)}
+    if remote:
+        _put_objects(remote)
     written = {}
     try:
         for path, content in contents.items():
-            path = os.fspath(path)
+            if path in remote:
+                continue
             stem, ext = os.path.splitext(os.path.basename(path))
             fd, written[path] = tempfile.mkstemp(prefix=f".{stem}.", suffix=f"{ext}.tmp",
                                                  dir=os.path.dirname(os.path.abspath(path)))
@@ -54,6 +66,22 @@ def atomic_write_files(contents: Mapping[str, Union[str, bytes, Callable[[str], 
             except OSError:
                 pass
         raise
+
+
+def _put_objects(contents: Mapping[str, Union[str, bytes, Callable[[str], None]]]) -> None:
+    with tempfile.TemporaryDirectory(prefix="templm-put-") as tmp:
+        made = {}
+        for i, (path, content) in enumerate(contents.items()):
+            if callable(content):
+                made[path] = os.path.join(tmp, f"{i}{os.path.splitext(paths.basename(path))[1]}")
+                content(made[path])
+                with open(made[path], "rb") as f:
+                    made[path] = f.read()
+            else:
+                made[path] = content.encode("utf-8") if isinstance(content, str) else content
+        for path, data in made.items():
+            with paths.open(path, "wb") as f:
+                f.write(data)
 
 
 def jsonable(value: Any) -> Any:
@@ -84,7 +112,7 @@ def write_json(path: str, value: Any, sort_keys: bool = False) -> str:
 
 def file_sha256(path: str) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with paths.open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()

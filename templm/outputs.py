@@ -24,6 +24,7 @@ import socket
 import sys
 from typing import Any, Callable, Dict, Iterator, Sequence
 
+from templm import paths, remote
 from templm.errors import ConfigError, DataError, check_interrupted
 from templm.io import atomic_write
 
@@ -43,12 +44,15 @@ _HELD: Dict[str, list] = {}  # lock path -> [open file, depth]: a process may ta
 def kind_of(folder: str) -> str:
     """The kind of templm output `folder` is ("" when none: absent, empty, or something else)."""
     try:
-        with open(os.path.join(folder, MARKER), encoding="utf-8") as f:
+        with paths.open(paths.join(folder, MARKER), encoding="utf-8") as f:
             return str(json.load(f).get("kind", ""))
-    except (OSError, ValueError):
+    except ValueError:  # not JSON: not a marker of ours
         pass
+    except Exception as e:  # absent (OSError locally, TensorFlow's NotFoundError on a URL); a URL's other errors raise
+        if paths.is_url(folder) and not _not_found(e) or not isinstance(e, OSError) and not _not_found(e):
+            raise
     for kind, names in _SIGNATURES.items():
-        if all(os.path.exists(os.path.join(folder, name)) for name in names):
+        if all(paths.exists(paths.join(folder, name)) for name in names):
             return kind
     return ""
 
@@ -56,11 +60,11 @@ def kind_of(folder: str) -> str:
 def check_output_folder(folder: str, kind: str, overwrite: bool = False) -> None:
     """Raises DataError unless templm may write a `kind` output at `folder`: it is absent, empty, a templm output of
     the same kind, or `overwrite` is set. The message names what is there."""
-    if not os.path.lexists(folder):
+    if not paths.lexists(folder):
         return
-    if not os.path.isdir(folder):
+    if not paths.isdir(folder):
         raise DataError(f"is a file, not a folder: choose another output folder for the {kind}", folder)
-    entries = sorted(name for name in os.listdir(folder) if name != LOCK)  # a lock alone: a run starting here
+    entries = sorted(name for name in paths.listdir(folder) if name != LOCK)  # a lock alone: a run starting here
     if not entries or overwrite:
         return
     found = kind_of(folder)
@@ -74,7 +78,7 @@ def check_output_folder(folder: str, kind: str, overwrite: bool = False) -> None
 
 def mark(folder: str, kind: str) -> None:
     """Writes the marker that says `folder` is a templm output of `kind`."""
-    atomic_write(os.path.join(folder, MARKER), json.dumps({"kind": kind, "written_by": "templm"}) + "\n")
+    atomic_write(paths.join(folder, MARKER), json.dumps({"kind": kind, "written_by": "templm"}) + "\n")
 
 
 def _holder() -> Dict[str, Any]:
@@ -162,11 +166,33 @@ def _check_own_lock(lock_path: str) -> None:
 
 
 def lock_inside(folder: str, what: str) -> contextlib.AbstractContextManager:
-    """The lock of a folder a run keeps adding to (MODEL_DIR, a reproduction): `<folder>/.templm.lock`. Folders on
-    other file systems (gs://) are not locked: flock needs a local or NFS path."""
-    if "://" in str(folder):
-        return contextlib.nullcontext()
+    """The lock of a folder a run keeps adding to (MODEL_DIR, a reproduction): `<folder>/.templm.lock`, a flock on
+    a local (or NFS) path, a create-only object with a heartbeat in a bucket (remote.object_lock)."""
+    if paths.is_url(folder):
+        return _nested(paths.join(folder, LOCK), lambda path: remote.object_lock(path, what))
     return locked(os.path.join(folder, LOCK), what)
+
+
+@contextlib.contextmanager
+def _nested(lock: str, take: Callable[[str], Any]) -> Iterator[None]:
+    """`take(lock)` for the block, unless this process holds that lock already (nested stages)."""
+    if lock in _HELD:
+        _HELD[lock][1] += 1
+        try:
+            yield
+        finally:
+            _HELD[lock][1] -= 1
+        return
+    with take(lock):
+        _HELD[lock] = [None, 1]
+        try:
+            yield
+        finally:
+            del _HELD[lock]
+
+
+def _not_found(error: BaseException) -> bool:
+    return isinstance(error, FileNotFoundError) or type(error).__name__ == "NotFoundError"
 
 
 @contextlib.contextmanager
@@ -175,9 +201,10 @@ def writing_into(folder: str, kind: str, overwrite: bool = False) -> Iterator[st
     creates it, holds its lock (lock_inside) and marks it as a `kind` output for the block; yields its absolute
     path. A process may enter it again for the same folder (nested stages)."""
     _require_named(folder)
-    folder = os.path.abspath(folder)
+    folder = paths.absolute(folder)
+    remote.check_location(folder, f"the {kind} folder")
     check_output_folder(folder, kind, overwrite)
-    os.makedirs(folder, exist_ok=True)
+    paths.makedirs(folder)
     with lock_inside(folder, f"the {kind} folder {folder}"):
         mark(folder, kind)
         yield folder

@@ -22,15 +22,15 @@ import collections
 import contextlib
 import dataclasses
 import json
-import os
 import re
+import time
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 import jax
 import numpy as np
 from clu import metric_writers
 
-from templm import console
+from templm import console, paths, remote
 from templm.errors import DataError, Preempted, TrainingError, sigterm_received, watch_sigterm
 from templm.io import atomic_write
 from templm.outputs import lock_inside
@@ -66,29 +66,56 @@ def summary_tags(split: str, scalars: Mapping[str, float]) -> Tuple[str, Dict[st
 
 class MetricsLog:
     """TensorBoard summaries through clu's writers, one folder per split (`summary_tags`), plus `metrics.jsonl` (one
-    row per write, the scalars as given), written by process 0 only."""
+    row per write, the scalars as given), written by process 0 only.
 
-    def __init__(self, model_dir: str):
+    In a bucket, where an object cannot be appended to, metrics.jsonl is put whole again (its earlier rows and the
+    new ones) at most once every `put_period` seconds, at `flush` (each checkpoint save) and at `close`."""
+
+    def __init__(self, model_dir: str, put_period: float = 30.0):
         self.enabled = jax.process_index() == 0
         self.model_dir = model_dir
-        self.path = os.path.join(model_dir, "metrics.jsonl")
+        self.path = paths.join(model_dir, "metrics.jsonl")
         self.writers: Dict[str, Any] = {}
+        self._remote = paths.is_url(model_dir)
+        self._rows: list = []  # in a bucket: the rows not yet put
+        self._put_period = put_period
+        self._last_put = 0.0
 
     def _writer(self, folder: str):
         if folder not in self.writers:
             self.writers[folder] = metric_writers.create_default_writer(
-                os.path.join(self.model_dir, folder), just_logging=not self.enabled, asynchronous=False)
+                paths.join(self.model_dir, folder), just_logging=not self.enabled, asynchronous=False)
         return self.writers[folder]
 
     def write(self, step: int, split: str, scalars: Mapping[str, float]) -> None:
         scalars = {k: float(v) for k, v in scalars.items()}
         folder, tags = summary_tags(split, scalars)
         self._writer(folder).write_scalars(step, tags)
-        if self.enabled:
+        if not self.enabled:
+            return
+        row = json.dumps({"step": step, "split": split, **scalars}) + "\n"
+        if not self._remote:
             with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"step": step, "split": split, **scalars}) + "\n")
+                f.write(row)
+            return
+        self._rows.append(row)
+        if time.monotonic() - self._last_put >= self._put_period:
+            self.flush()
+
+    def flush(self) -> None:
+        """In a bucket: puts metrics.jsonl with the rows written since the last put."""
+        if not (self._remote and self.enabled and self._rows):
+            return
+        earlier = ""
+        if paths.exists(self.path):
+            with paths.open(self.path) as f:
+                earlier = f.read()
+        atomic_write(self.path, earlier + "".join(self._rows))
+        self._rows = []
+        self._last_put = time.monotonic()
 
     def close(self) -> None:
+        self.flush()
         for writer in self.writers.values():
             writer.flush()
             writer.close()
@@ -111,7 +138,7 @@ class RunFolder:
 
     def __init__(self, model_dir: str, save_period: int, keep_checkpoints: Optional[int],
                  async_checkpoints: bool = True, config_gin: Optional[str] = None):
-        self.model_dir = model_dir
+        self.model_dir = paths.absolute(model_dir) if paths.is_url(model_dir) else model_dir
         self._args = (save_period, keep_checkpoints, async_checkpoints)
         self._config_gin = config_gin
         self._held = contextlib.ExitStack()
@@ -119,12 +146,14 @@ class RunFolder:
         self.log: Optional[MetricsLog] = None
 
     def __enter__(self) -> "RunFolder":
-        os.makedirs(self.model_dir, exist_ok=True)
+        if jax.process_index() == 0:
+            remote.check_location(self.model_dir, "MODEL_DIR")
+        paths.makedirs(self.model_dir)
         with contextlib.ExitStack() as held:
             held.enter_context(model_dir_lock(self.model_dir))
             if self._config_gin and jax.process_index() == 0:
-                atomic_write(os.path.join(self.model_dir, CONFIG_GIN), self._config_gin)
-            self.checkpointer = Checkpointer(os.path.join(self.model_dir, "checkpoints"), *self._args)
+                atomic_write(paths.join(self.model_dir, CONFIG_GIN), self._config_gin)
+            self.checkpointer = Checkpointer(paths.join(self.model_dir, "checkpoints"), *self._args)
             held.callback(self.checkpointer.close)
             self.log = MetricsLog(self.model_dir)
             held.callback(self.log.close)
@@ -305,6 +334,7 @@ def run(step_fn: Callable, state: Any, batch_at: Callable[[int], Mapping[str, ja
                     c.checkpointer.save(step, state, {**c.meta, "step": step, "data_position": step,
                                                       "train": last_metrics},
                                         inputs=hooks.input_state() if keep_inputs else None, wait=last or stopping)
+                    c.log.flush()
                 if stopping:
                     raise Preempted(f"at step {step} (checkpoint saved in {c.checkpointer.directory})", step)
                 if hooks.evaluate is not None and hooks.eval_period and (step % hooks.eval_period == 0 or last):

