@@ -185,6 +185,15 @@ def _params_equal(a_dir, b_dir):
     return all(jax.tree.leaves(same)), meta
 
 
+def _upload(folder, url):
+    """A local folder's files copied to `url`, as `gcloud storage cp -r` would; returns `url`."""
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            relative = os.path.relpath(os.path.join(parent, name), folder).replace(os.sep, "/")
+            paths.copy(os.path.join(parent, name), f"{url}/{relative}", overwrite=True)
+    return url
+
+
 def _wait_for_object(gcs, bucket, name, proc, timeout=300):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -198,11 +207,12 @@ def _wait_for_object(gcs, bucket, name, proc, timeout=300):
 
 @pytest.mark.e2e
 def test_train_into_a_bucket_resumes_bitwise_after_kill_9_and_sigterm(gcs, bucket, data_dir, tmp_path):
-    """`templm train` with MODEL_DIR in the bucket: killed with SIGKILL after a checkpoint, run again (its lock,
-    left by the dead process, is taken over), stopped by SIGTERM (exit 75, checkpoint in the bucket), run again to
-    the end: the parameters equal an uninterrupted local run's bit for bit. No folder named after the URL appears
-    where the commands ran."""
-    env = {**os.environ, "TEMPLM_DATA_DIR": data_dir}
+    """`templm train` with MODEL_DIR and the task data (TEMPLM_DATA_DIR) in the bucket: killed with SIGKILL after a
+    checkpoint, run again (its lock, left by the dead process, is taken over), stopped by SIGTERM (exit 75,
+    checkpoint in the bucket), run again to the end: the parameters equal an uninterrupted local run's on the local
+    task data bit for bit. No folder named after the URL appears where the commands ran."""
+    remote_data = _upload(data_dir, f"gs://{bucket}/data")
+    env = {**os.environ, "TEMPLM_DATA_DIR": remote_data}
     model_dir = f"gs://{bucket}/runs/t"
     argv = [sys.executable, "-m", "templm.cli", "train", *CONFIG, f"--gin.MODEL_DIR='{model_dir}'",
             "--gin.TRAIN_STEPS=100000", "--gin.SAVE_PERIOD=3"]
@@ -228,7 +238,7 @@ def test_train_into_a_bucket_resumes_bitwise_after_kill_9_and_sigterm(gcs, bucke
     _, meta = load_params(f"{model_dir}/checkpoints")
     total = meta["step"] + 2
     finished = run_templm("train", *CONFIG, f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={total}",
-                          "--gin.SAVE_PERIOD=3", cwd=work, env={"TEMPLM_DATA_DIR": data_dir})
+                          "--gin.SAVE_PERIOD=3", cwd=work, env={"TEMPLM_DATA_DIR": remote_data})
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert json.loads(finished.stdout.strip().splitlines()[-1])["start_step"] == meta["step"]
     reference = run_templm("train", *CONFIG, f"--gin.MODEL_DIR='{tmp_path / 'ref'}'", f"--gin.TRAIN_STEPS={total}",
@@ -254,3 +264,41 @@ def test_train_refuses_a_missing_bucket_before_any_work(gcs, data_dir, tmp_path)
     assert lines[-1].startswith("templm train: error: gs://no-such-bucket-y/t: MODEL_DIR: cannot write there: the bucket "
                                 "gs://no-such-bucket-y does not exist"), result.stderr[-2000:]
     assert os.listdir(tmp_path) == []  # nothing built locally
+
+
+MISSING = "gs://no-such-bucket-v/x"
+T5 = ["--gin_file=temporal.gin", "--gin_file=runs/cpu_demo.gin"]
+TXL = ["--gin_file=txl/time_stratified.gin", "--gin_file=runs/cpu_demo.gin"]
+# Every verb that writes, with an output (or its input) at a URL; the rest of its arguments as little as it needs.
+EVERY_VERB = {
+    "data world": ["--out", MISSING],
+    "data stats": ["--corpus", f"{MISSING}/news.jsonl"],
+    "data splits": ["--corpus", "news.jsonl", "--out", MISSING],
+    "data spm": ["--corpus", "news.jsonl", "--out", f"{MISSING}/vocab"],
+    "data templama": ["--dump", "dump.json", "--out", MISSING],
+    "data cronquestions": ["--release", "release", "--out", MISSING],
+    "data tasks": ["--out", MISSING],
+    "data calm": ["--out", MISSING],
+    "train": [*T5, f"--gin.MODEL_DIR='{MISSING}'"],
+    "eval": [*T5, f"--gin.MODEL_DIR='{MISSING}'"],
+    "infer": [*T5, "--gin.MODEL_DIR='run'", "--input", "in.jsonl", "--output", f"{MISSING}/out.jsonl"],
+    "reproduce": ["--preset=tiny_test", "--out", MISSING],
+    "calm": ["--gin_file=calm/txl_online.gin", f"--gin.OUT_DIR='{MISSING}'"],
+    "is-eval": ["--out", MISSING],
+    "train-lm": [*TXL, f"--gin.MODEL_DIR='{MISSING}'"],
+    "stream": ["--gin_file=txl/dynamic_eval.gin", "--gin.TIME_STRATIFIED_DIR='a'", "--gin.CONTROL_DIR='b'",
+               f"--gin.OUT_DIR='{MISSING}'"],
+    "appendices": ["--out", MISSING],
+}
+
+
+@pytest.mark.parametrize("verb", sorted(EVERY_VERB))
+def test_no_verb_makes_a_local_folder_named_after_a_url(gcs, verb, tmp_path):
+    """A verb given a URL where it writes either serves it (here: the bucket does not exist, said before any work)
+    or refuses it before any work; either way one line, a non-zero exit, and nothing in the folder it ran in."""
+    result = run_templm(*verb.split(), *EVERY_VERB[verb], cwd=tmp_path)
+    assert result.returncode == 1, (result.returncode, result.stderr[-2000:])
+    last = [line for line in result.stderr.splitlines() if line.strip()][-1]
+    assert last.startswith(f"templm {verb}: error: ") and "gs://no-such-bucket-v" in last, result.stderr[-2000:]
+    assert ("does not exist" in last) or ("does not read or write URLs there yet" in last), last
+    assert os.listdir(tmp_path) == [], os.listdir(tmp_path)

@@ -15,7 +15,8 @@ from absl import flags, logging
 
 from templm import console
 from templm.cli import data_verbs, model_verbs, options, study_verbs
-from templm.cli.options import FLAGS, STATE, Verb, define_gin_flags, load_tensorflow, parse_gin, rewrite_gin_args
+from templm.cli.options import (FLAGS, STATE, Verb, define_gin_flags, load_tensorflow, parse_gin, refuse_unserved_urls,
+                                rewrite_gin_args)
 from templm.settings import Settings
 from templm.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_SYSTEM, EXIT_TRAINING, EXIT_USAGE,
                            SYSTEM_ERRNOS, ConfigError, Preempted, Terminated, TrainingError, check_interrupted,
@@ -298,6 +299,7 @@ def _run_verb(name: str, v: Verb, err: TextIO) -> int:
         if v.takes_gin:
             first = v.gin_first() if v.gin_first else []
             parse_gin(first + list(FLAGS.gin_file), FLAGS.gin_bindings, FLAGS.gin_search_paths)
+        refuse_unserved_urls(name)
         status = v.main() or 0
         check_interrupted()  # a Ctrl-C whose KeyboardInterrupt was dropped on the way
         return status

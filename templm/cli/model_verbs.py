@@ -8,7 +8,7 @@ import sys
 
 from absl import flags
 
-from templm import console
+from templm import console, paths
 from templm.cli.options import (FLAGS, STATE, bounds, configure_tasks, define_distributed, join_processes,
                                 writable_folder)
 from templm.errors import ConfigError
@@ -193,8 +193,8 @@ def main_eval():
         writable_folder(FLAGS.out, "--out")  # before the evaluation, not after it
     result = evaluate_checkpoint(split=FLAGS.split, step=FLAGS.step, num_examples=FLAGS.num_examples,
                                  eval_mixture_or_task_name=FLAGS.eval_task)
-    base = os.path.join(FLAGS.out or result["model_dir"], f"eval_{FLAGS.split}")
-    os.makedirs(os.path.dirname(base), exist_ok=True)
+    base = paths.join(FLAGS.out or result["model_dir"], f"eval_{FLAGS.split}")
+    paths.makedirs(paths.dirname(base))
     write_json(base + ".json", result)
     write_eval_report(result, base + ".md")
     years = (tasks.current().get("manifest") or {}).get("years", ())
@@ -243,9 +243,9 @@ def main_infer():
     from templm.evaluation.checkpoint_eval import infer_checkpoint
     from templm.io import atomic_write
 
-    if os.path.isdir(FLAGS.output):
+    if paths.isdir(FLAGS.output):
         raise ConfigError(f"--output {FLAGS.output} is a folder; expected the path of a JSON lines file")
-    writable_folder(os.path.dirname(os.path.abspath(FLAGS.output)), "--output's folder")  # before the inference
+    writable_folder(paths.dirname(paths.absolute(FLAGS.output)), "--output's folder")  # before the inference
     rows, texts = read_inference_inputs(FLAGS.input, FLAGS.regime)
     configure_tasks()
     predictions = infer_checkpoint(texts, method=FLAGS.method)

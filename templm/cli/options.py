@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import flags
 
-from templm import config_search_paths, console
+from templm import config_search_paths, console, paths, remote
 from templm.errors import ConfigError
 
 
@@ -276,7 +276,10 @@ def corpus_documents():
 
 def writable_folder(folder: str, what: str) -> None:
     """Creates `folder` if needed and checks a file can be written there, so a bad output path fails before the work
-    (ConfigError naming it)."""
+    (ConfigError naming it). A URL (gs://) is checked by a probe object (templm.remote.check_location)."""
+    if paths.is_url(folder):
+        remote.check_location(folder, what)
+        return
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise ConfigError(f"{what} {folder} is a file; expected a folder")
     try:
@@ -287,11 +290,70 @@ def writable_folder(folder: str, what: str) -> None:
         raise ConfigError(f"{what} {folder}: cannot write there: {e.strerror or e}") from None
 
 
+# The paths each verb reads or writes at a URL (gs://, or another scheme of TensorFlow's file system) so far: flags by
+# their name, gin macros and environment variables by theirs. Any other path given as a URL is refused before any work
+# (`refuse_unserved_urls`), so that no verb ever makes a local folder named after a URL.
+URL_SERVED: Dict[str, frozenset] = {
+    "train": frozenset({"MODEL_DIR", "TEMPLM_DATA_DIR"}),
+    "eval": frozenset({"MODEL_DIR", "TEMPLM_DATA_DIR", "--out"}),
+    "infer": frozenset({"MODEL_DIR", "TEMPLM_DATA_DIR", "--input", "--output"}),
+    "plan": frozenset({"MODEL_DIR"}),
+    "data stats": frozenset({"--corpus"}),
+}
+PATH_FLAGS = ("out", "output", "input", "corpus", "stream_corpus", "world_dir", "templama_dir", "split_dir", "texts",
+              "task_data", "release", "dump", "calibration")
+PATH_MACROS = ("MODEL_DIR", "INITIAL_CHECKPOINT_PATH", "OUT_DIR", "SPLIT_DIR", "TIME_STRATIFIED_DIR", "CONTROL_DIR",
+               "CRONQUESTIONS_DIR")
+PATH_VARIABLES = {"data_dir": "TEMPLM_DATA_DIR", "vocabulary": "TEMPLM_VOCABULARY",
+                  "cronquestions_dir": "TEMPLM_CRONQUESTIONS_DIR", "cache_dir": "TEMPLM_CACHE"}
+
+
+def given_urls() -> List[Tuple[str, str]]:
+    """(name, value) of every path of this call given as a URL: flags, the gin macros that name paths, and the
+    environment's settings."""
+    import gin
+
+    found = []
+    for flag in PATH_FLAGS:
+        if flag in FLAGS:
+            value = FLAGS[flag].value
+            for entry in ([value] if isinstance(value, str) else value or []):
+                if paths.is_url(entry):
+                    found.append((f"--{flag}", entry))
+    for macro in PATH_MACROS:
+        try:
+            value = gin.query_parameter(f"%{macro}")
+        except (ValueError, KeyError):
+            continue
+        if isinstance(value, str) and paths.is_url(value):
+            found.append((macro, value))
+    settings = STATE.get("settings")
+    for field, variable in PATH_VARIABLES.items():
+        value = getattr(settings, field, None)
+        if isinstance(value, str) and paths.is_url(value):
+            found.append((variable, value))
+    return found
+
+
+def refuse_unserved_urls(verb: str) -> None:
+    """ConfigError, before any work, for a path given as a URL that `verb` does not serve yet (URL_SERVED)."""
+    served = URL_SERVED.get(verb, frozenset())
+    for name, value in given_urls():
+        if name not in served:
+            can = ", ".join(sorted(served)) or "none of its paths"
+            raise ConfigError(f"{name} {value}: `templm {verb}` does not read or write URLs there yet (at a URL it "
+                              f"takes {can}); nothing was done: use a local path, and copy to or from the bucket "
+                              "with `gcloud storage cp -r`")
+
+
 def configure_tasks():
     """Registers the tasks again now that the configs are parsed: `templm.tasks.configure.*` bindings apply (at
     `import templm.tasks` they were not parsed yet), over the settings this call read from the environment."""
     from templm import tasks
 
+    data_dir = STATE["settings"].data_dir
+    if data_dir and paths.is_url(data_dir):
+        remote.check_location(data_dir, "TEMPLM_DATA_DIR", write=False)
     tasks.configure(settings=STATE["settings"])
 
 

@@ -12,7 +12,6 @@ import binascii
 import bz2
 import datetime
 import email.utils
-import glob
 import gzip
 import hashlib
 import json
@@ -20,7 +19,7 @@ import os
 import zlib
 from typing import Any, Callable, Dict, Iterator, List, Sequence, Union
 
-from templm import console
+from templm import console, paths, remote
 from templm.data.records import MAX_DATE, MIN_DATE, Answer, Document, Query, parse_date
 from templm.errors import DataError, as_os_error
 
@@ -30,15 +29,17 @@ ON_ERROR = ("raise", "skip")
 def open_text(path: str, mode: str = "rb"):
     """Opens `path` for binary reading or writing, through gzip or bz2 when its name ends in `.gz` or `.bz2`."""
     path = os.fspath(path)
-    if "r" in mode and not os.path.exists(path):
+    if "r" in mode and not paths.exists(path):
+        remote.check_location(path, "the file", write=False)  # in a bucket: why not (no bucket, no route, ...)
         raise DataError("no such file", path)
-    if os.path.isdir(path):
+    if paths.isdir(path):
         raise DataError("is a folder; expected a file", path)
+    raw = paths.open(path, mode) if paths.is_url(path) else path
     if path.endswith(".gz"):
-        return gzip.open(path, mode)
+        return gzip.open(raw, mode)
     if path.endswith(".bz2"):
-        return bz2.open(path, mode)
-    return open(path, mode)
+        return bz2.open(raw, mode)
+    return raw if paths.is_url(path) else open(path, mode)
 
 
 def read_failure(error: BaseException, path: str, where: str) -> Exception:
@@ -245,17 +246,18 @@ def templama_split_files(folder: str) -> Dict[str, str]:
     templama.py writes them and the release ships them (JSON lines despite the name), or `.jsonl` (templm's
     builder), optionally gzipped. DataError naming the folder when a split is missing or present twice."""
     folder = os.fspath(folder)
-    if not os.path.isdir(folder):
+    if not paths.isdir(folder):
         raise DataError("no such TempLAMA folder", folder)
     files = {}
+    present = set(paths.listdir(folder))
     for split, stem in TEMPLAMA_SPLITS.items():
-        found = [os.path.join(folder, stem + suffix) for suffix in TEMPLAMA_SUFFIXES
-                 if os.path.isfile(os.path.join(folder, stem + suffix))]
+        found = [paths.join(folder, stem + suffix) for suffix in TEMPLAMA_SUFFIXES
+                 if stem + suffix in present and paths.isfile(paths.join(folder, stem + suffix))]
         if not found:
             raise DataError(f"no TempLAMA {stem} split: expected {stem}.json (as the release ships it) or "
                             f"{stem}.jsonl", folder)
         if len(found) > 1:
-            raise DataError(f"two TempLAMA {stem} splits ({', '.join(os.path.basename(f) for f in found)}): keep "
+            raise DataError(f"two TempLAMA {stem} splits ({', '.join(paths.basename(f) for f in found)}): keep "
                             "one", folder)
         files[split] = found[0]
     return files
@@ -305,7 +307,7 @@ FORMATS: Dict[str, Callable[..., Reader]] = {
 
 def detect_format(path: str) -> str:
     """Guesses a corpus format from the file name, then from its first line (a UTF-8 byte-order mark ignored)."""
-    name = os.path.basename(os.fspath(path))
+    name = paths.basename(os.fspath(path))
     if "news-docs" in name:
         return "wmt"
     first = b""
@@ -343,8 +345,8 @@ def corpus_files(corpus: Corpus) -> List[str]:
     files: List[str] = []
     for entry in entries:
         entry = os.fspath(entry)
-        if any(c in entry for c in _GLOB_CHARS) and not os.path.exists(entry):
-            matches = sorted(m for m in glob.glob(entry) if not os.path.isdir(m))
+        if any(c in entry for c in _GLOB_CHARS) and not paths.exists(entry):
+            matches = [m for m in paths.glob(entry) if not paths.isdir(m)]
             if not matches:
                 raise DataError("no file matches this pattern", entry)
             files.extend(matches)
@@ -352,7 +354,7 @@ def corpus_files(corpus: Corpus) -> List[str]:
             files.append(entry)
     seen: Dict[str, str] = {}
     for path in files:
-        key = os.path.realpath(path)
+        key = path if paths.is_url(path) else os.path.realpath(path)
         if key in seen:
             raise DataError(f"the corpus names this file twice (also as {seen[key]})", path)
         seen[key] = path
@@ -361,7 +363,7 @@ def corpus_files(corpus: Corpus) -> List[str]:
 
 def resolve_corpus(corpus: Corpus) -> Union[str, List[str]]:
     """The corpus as absolute paths, patterns expanded: one str for one file, else the list (what a run records)."""
-    files = [os.path.abspath(path) for path in corpus_files(corpus)]
+    files = [paths.absolute(path) for path in corpus_files(corpus)]
     return files[0] if len(files) == 1 else files
 
 

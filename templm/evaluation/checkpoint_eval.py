@@ -7,13 +7,12 @@ evaluator the trainer calls every `eval_period` steps.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, Mapping, Optional
 
 import gin
 import seqio
 
-from templm import tasks
+from templm import paths, tasks
 from templm.errors import ConfigError
 from templm.evaluation.inference import ModelFns, evaluate, infer_texts
 from templm.metrics.qa import strip_sentinels
@@ -61,7 +60,7 @@ def evaluate_checkpoint(model_dir: str = gin.REQUIRED, mixture_or_task_name: str
             params = place_params(model, initial_params(checkpoint_path, model, tasks.current()["vocabulary"]), mesh)
             meta = {"step": 0}
         else:
-            params, meta = restore_params(model, os.path.join(model_dir, "checkpoints"), step, mesh)
+            params, meta = restore_params(model, paths.join(model_dir, "checkpoints"), step, mesh)
         results = evaluate_params(model, params, name, lengths, split, num_examples, batch_size, meta["step"])
     out = {"model_dir": model_dir, "step": meta["step"], "split": split, "metrics": results}
     if checkpoint_path:
@@ -77,7 +76,7 @@ def infer_checkpoint(inputs, model_dir: str = gin.REQUIRED, task_feature_lengths
     lengths = dict(task_feature_lengths)
     mesh = partitioning.make_mesh()
     with mesh_rules(mesh, partitioning.logical_axis_rules()):
-        params, _ = restore_params(model, os.path.join(model_dir, "checkpoints"), step, mesh)
+        params, _ = restore_params(model, paths.join(model_dir, "checkpoints"), step, mesh)
         fns = ModelFns(model, params, batch_size=batch_size, method=method, num_beams=num_beams,
                        max_decode_length=lengths["targets"])
         return infer_texts(fns, tasks.current()["vocabulary"], list(inputs), lengths["inputs"], strip_sentinels)

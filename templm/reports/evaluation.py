@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from templm import paths
 from templm.io import atomic_write
 from templm.reports.tables import fmt_number, markdown_table
 
@@ -21,7 +21,7 @@ def metrics_table(results: Mapping[str, Mapping[str, float]]) -> str:
 def write_eval_report(result: Mapping[str, Any], path: str) -> Dict[str, str]:
     """Writes the Markdown report of an evaluate_checkpoint result to `path` (atomically)."""
     text = f"# Evaluation of step {result['step']} on {result['split']}\n\n" + metrics_table(result["metrics"]) + "\n"
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    paths.makedirs(paths.dirname(paths.absolute(path)))
     return {"md": atomic_write(path, text)}
 
 

@@ -34,7 +34,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from templm import console
+from templm import console, remote
 from templm.errors import DataError, as_os_error
 from templm.training import partitioning
 
@@ -332,6 +332,7 @@ def load_params(directory: str, step: Optional[int] = None) -> Tuple[Any, dict]:
     pod's checkpoint reads on a laptop)."""
     path = _path(directory)
     if not path.is_dir():
+        remote.check_location(str(directory), "the checkpoint folder", write=False)  # a bucket's cause, if any
         raise DataError("no checkpoint folder here", str(directory))
     manager = ocp.CheckpointManager(str(path), item_names=("state", "meta", INPUT))
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])

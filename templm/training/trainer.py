@@ -34,7 +34,7 @@ import optax
 import seqio
 from absl import logging
 
-from templm import console
+from templm import console, paths
 from templm.errors import ConfigError, DataError, require_folder, require_macros, require_numbers
 from templm.io import file_sha256
 from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, T5Config, load_hf_checkpoint
@@ -333,6 +333,6 @@ def place_params(model, params: Any, mesh=None):
 def restore_params(model, checkpoint_dir: str, step: Optional[int] = None, mesh=None):
     """(parameters, the checkpoint's record) of a templm checkpoint, laid out on `mesh` by the logical-axis rules."""
     params, meta = load_params(checkpoint_dir, step)
-    run_config = os.path.join(os.path.dirname(os.path.normpath(checkpoint_dir)), CONFIG_GIN)
-    check_fits(params, model, checkpoint_dir, run_config=run_config if os.path.exists(run_config) else None)
+    run_config = paths.join(paths.dirname(paths.absolute(checkpoint_dir)), CONFIG_GIN)
+    check_fits(params, model, checkpoint_dir, run_config=run_config if paths.exists(run_config) else None)
     return place_params(model, params, mesh), meta
