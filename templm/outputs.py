@@ -222,6 +222,8 @@ def build_output_folder(out_dir: str, kind: str, build: Callable[[str], Any], ov
     `lock` = False inside a folder that is itself being built under a lock (its partial folder is this run's alone).
     Returns what build returned."""
     _require_named(out_dir)
+    if paths.is_url(out_dir):
+        return _build_in_bucket(paths.absolute(out_dir), kind, build, overwrite, lock)
     out_dir = os.fspath(out_dir).rstrip("/\\") or os.fspath(out_dir)
     if os.path.islink(out_dir):
         out_dir = os.path.realpath(out_dir)
@@ -256,6 +258,75 @@ def build_output_folder(out_dir: str, kind: str, build: Callable[[str], Any], ov
     return result
 
 
+# Copied last into a bucket's output (and removed first from the old one): the files by which a reader knows an
+# output is there and complete.
+_INDEX_FILES = (MARKER, "manifest.json", "stats.json", "run.json", "results.json")
+
+
+def _build_in_bucket(out_dir: str, kind: str, build: Callable[[str], Any], overwrite: bool, lock: bool) -> Any:
+    """build_output_folder for an `out_dir` in a bucket, where nothing can be renamed: build(tmp) runs in a local
+    temporary folder (so every builder writes files as it does locally), the finished folder is uploaded whole to
+    `<out_dir>.partial` (marked as partial while it is uploaded), and only then swapped in: the old output's index
+    files (_INDEX_FILES, the marker first) removed, then the rest of it; the new objects copied in with the index files
+    last; the partial folder removed. A reader never finds a marker or manifest beside files of another build, and a
+    run killed during the swap leaves a complete `<out_dir>.partial` that the next run may replace `out_dir` from
+    (check_output_folder allows an unmarked `out_dir` then)."""
+    remote.check_location(paths.dirname(out_dir), f"the {kind} folder's place")
+    partial = out_dir + ".partial"
+    if not _swap_was_cut(out_dir, partial, kind):
+        check_output_folder(out_dir, kind, overwrite)
+    with (_nested(out_dir + ".lock", lambda path: remote.object_lock(path, f"the {kind} folder {out_dir}"))
+          if lock else contextlib.nullcontext()):
+        _check_own_partial(partial)
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="templm-build-") as local:
+            tmp = os.path.join(local, paths.basename(out_dir))
+            os.makedirs(tmp)
+            result = build(tmp)
+            mark(tmp, kind)
+            check_interrupted()
+            files = sorted((os.path.relpath(os.path.join(parent, name), tmp).replace(os.sep, "/")
+                            for parent, _, names in os.walk(tmp) for name in names), key=_index_last)
+            paths.rmtree(partial)
+            paths.makedirs(partial)
+            with paths.open(paths.join(partial, PARTIAL_MARKER), "w") as f:
+                f.write(json.dumps(_holder()) + "\n")
+            for name in files:
+                paths.copy(os.path.join(tmp, name), paths.join(partial, name), overwrite=True)
+            paths.remove(paths.join(partial, PARTIAL_MARKER))  # complete: the swap may begin
+        check_interrupted()
+        if not _swap_was_cut(out_dir, partial, kind):
+            check_output_folder(out_dir, kind, overwrite)  # still ours to replace after the build
+        _swap_in(partial, out_dir, files)
+    return result
+
+
+def _index_last(name: str):
+    return (paths.basename(name) in _INDEX_FILES, paths.basename(name) == MARKER, name)
+
+
+def _swap_was_cut(out_dir: str, partial: str, kind: str) -> bool:
+    """True when a run died while swapping `partial` into `out_dir`: `partial` is complete and of `kind`, and
+    `out_dir` has lost its marker (the swap removes it first)."""
+    return (paths.exists(paths.join(partial, MARKER)) and not paths.exists(paths.join(partial, PARTIAL_MARKER))
+            and kind_of(partial) == kind and not paths.exists(paths.join(out_dir, MARKER)))
+
+
+def _swap_in(partial: str, out_dir: str, files: Sequence[str]) -> None:
+    if paths.isdir(out_dir):
+        old = []
+        for parent, _, names in paths.gfile().walk(out_dir):
+            old += [paths.join(parent, name) for name in names]
+        for path in sorted(old, key=lambda p: (not paths.basename(p) == MARKER,
+                                               paths.basename(p) not in _INDEX_FILES, p)):
+            paths.remove(path)
+        paths.rmtree(out_dir)
+    for name in files:
+        paths.copy(paths.join(partial, name), paths.join(out_dir, name), overwrite=True)
+    paths.rmtree(partial)
+
+
 def _require_named(folder: str) -> None:
     """An empty output path would build into the working folder's hidden `.partial`: refused before any work."""
     if not os.fspath(folder).strip():
@@ -263,7 +334,14 @@ def _require_named(folder: str) -> None:
 
 
 def _check_own_partial(tmp: str) -> None:
-    """Refuses a `<folder>.partial` that templm did not make (a user's folder or file of that name)."""
+    """Refuses a `<folder>.partial` that templm did not make (a user's folder or file of that name). In a bucket a
+    complete partial folder (marked, a swap that was cut) is templm's too."""
+    if paths.is_url(tmp):
+        if not paths.exists(tmp) or paths.isdir(tmp) and (
+                not paths.listdir(tmp) or any(paths.exists(paths.join(tmp, m)) for m in (PARTIAL_MARKER, MARKER))):
+            return
+        raise DataError("is not a partial folder of templm's (templm builds its output under this name beside it): "
+                        "move it away; nothing was changed", tmp)
     if not os.path.lexists(tmp):
         return
     if os.path.isdir(tmp) and not os.path.islink(tmp) and (

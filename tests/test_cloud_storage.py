@@ -266,6 +266,48 @@ def test_train_refuses_a_missing_bucket_before_any_work(gcs, data_dir, tmp_path)
     assert os.listdir(tmp_path) == []  # nothing built locally
 
 
+def _local_files(folder):
+    return {os.path.relpath(os.path.join(parent, name), folder).replace(os.sep, "/"):
+            open(os.path.join(parent, name), "rb").read()
+            for parent, _, names in os.walk(folder) for name in names}
+
+
+def _bucket_files(gcs, bucket):
+    return {name: gcs.read(bucket, name) for name in gcs.objects(bucket) if not name.endswith("/")}
+
+
+def test_the_data_verbs_read_and_write_a_bucket_as_a_local_folder(gcs, bucket, tmp_path):
+    """data world, splits, spm and stats with every input and output in the bucket: the same bytes (and the same
+    statistics) as the same verbs on local folders; nothing left beside the outputs, nothing made locally; a rerun
+    replaces the bucket's world."""
+    small = ["--seed=3", "--start_year=2015", "--end_year=2018", "--subjects_per_relation=4", "--docs_per_month=8"]
+    here, there = tmp_path / "local", f"gs://{bucket}"
+    work = tmp_path / "cwd"
+    work.mkdir()
+    runs = {}
+    for root in (str(here), there):
+        corpus = f"{root}/world/news.jsonl"
+        for args in (["data", "world", *small, "--out", f"{root}/world"],
+                     ["data", "world", *small, "--out", f"{root}/world"],  # again: replaces its own output
+                     ["data", "splits", "--corpus", corpus, "--out", f"{root}/splits", "--cutoff=2016-12-31",
+                      "--test_months=12", "--allow_degenerate"],
+                     ["data", "spm", "--corpus", corpus, "--split_dir", f"{root}/splits",
+                      "--split=time_stratified_train", "--out", f"{root}/spm/vocab", "--vocab_size=120"],
+                     ["data", "stats", "--corpus", corpus, "--split_dir", f"{root}/splits", "--split=test"]):
+            result = run_templm(*args, cwd=work)
+            assert result.returncode == 0, (args, result.stderr[-3000:])
+        runs[root] = json.loads(result.stdout)
+    assert os.listdir(work) == []
+    local, remote_files = _local_files(here), _bucket_files(gcs, bucket)
+    assert set(remote_files) == set(local)  # nothing more in the bucket: no partial folder, no lock, no probe
+    for name, data in local.items():
+        if name.endswith("stats.json"):  # names the corpus it was built from
+            data = data.replace(str(here).encode(), there.encode())
+        assert remote_files[name] == data, name
+    assert {k: v for k, v in runs[there].items() if k not in ("corpus", "split")} == {
+        k: v for k, v in runs[str(here)].items() if k not in ("corpus", "split")}
+
+
 MISSING = "gs://no-such-bucket-v/x"
 T5 = ["--gin_file=temporal.gin", "--gin_file=runs/cpu_demo.gin"]
 TXL = ["--gin_file=txl/time_stratified.gin", "--gin_file=runs/cpu_demo.gin"]

@@ -8,6 +8,7 @@ import json
 
 from absl import flags
 
+from templm import paths, remote
 from templm.cli.options import (CORPUS_HELP, FLAGS, bounds, corpus_documents, corpus_flag, define_corpus_flags,
                                 define_overwrite)
 from templm.errors import ConfigError
@@ -161,6 +162,8 @@ def define_data_spm():
 def main_data_spm():
     from templm.data.vocab import train_spm
 
+    if paths.is_url(FLAGS.out):
+        remote.check_location(paths.dirname(paths.absolute(FLAGS.out)), "--out's folder")  # before the training
     docs, report = corpus_documents()
     path = train_spm(docs, FLAGS.out, vocab_size=FLAGS.vocab_size, max_sentences=FLAGS.max_sentences,
                      seed=FLAGS.seed)

@@ -298,7 +298,11 @@ URL_SERVED: Dict[str, frozenset] = {
     "eval": frozenset({"MODEL_DIR", "TEMPLM_DATA_DIR", "--out"}),
     "infer": frozenset({"MODEL_DIR", "TEMPLM_DATA_DIR", "--input", "--output"}),
     "plan": frozenset({"MODEL_DIR"}),
-    "data stats": frozenset({"--corpus"}),
+    "data world": frozenset({"--out"}),
+    "data stats": frozenset({"--corpus", "--split_dir"}),
+    "data splits": frozenset({"--corpus", "--out"}),
+    "data spm": frozenset({"--corpus", "--split_dir", "--out"}),
+    "data tasks": frozenset({"--corpus", "--templama_dir", "--out"}),
 }
 PATH_FLAGS = ("out", "output", "input", "corpus", "stream_corpus", "world_dir", "templama_dir", "split_dir", "texts",
               "task_data", "release", "dump", "calibration")

@@ -25,6 +25,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
+from templm import paths
 from templm.data.readers import Corpus, describe_corpus
 from templm.data.records import Document
 from templm.data.splits import apply_split
@@ -41,9 +42,9 @@ def split_path(split_file: Optional[str], split_dir: Optional[str], split: str) 
         return os.fspath(split_file)
     if not split_dir:
         raise ValueError("give a split file (split_file) or a split folder (split_dir) and a split name")
-    compressed = os.path.join(os.fspath(split_dir), f"{split}.gz")
-    plain = os.path.join(os.fspath(split_dir), split)
-    return plain if not os.path.exists(compressed) and os.path.isfile(plain) else compressed
+    compressed = paths.join(os.fspath(split_dir), f"{split}.gz")
+    plain = paths.join(os.fspath(split_dir), split)
+    return plain if not paths.exists(compressed) and paths.isfile(plain) else compressed
 
 
 def read_split_documents(corpus: Corpus, split_file: str, format: str = "auto", on_error: str = "raise",
@@ -54,7 +55,7 @@ def read_split_documents(corpus: Corpus, split_file: str, format: str = "auto", 
     not hold (unless allow_missing: then a warning).
     """
     split_file = os.fspath(split_file)
-    if not os.path.exists(split_file):
+    if not paths.exists(split_file):
         raise DataError("no such split file (write one with `templm data splits`)", split_file)
     where = describe_corpus(corpus)
     docs_iter, report = apply_split(corpus, split_file, format, on_error)

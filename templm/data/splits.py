@@ -37,7 +37,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 from absl import logging
 
-from templm import console
+from templm import console, paths
 from templm.data.filters import DocumentFilter, FilterConfig
 from templm.data.readers import (Corpus, describe_corpus, open_text, read_documents, read_failure,
                                  resolve_corpus)
@@ -267,11 +267,11 @@ def _write_lines(f, dates: np.ndarray, ids: Sequence[str]) -> None:
 
 def _load_stats(out_dir: str) -> dict:
     """The existing stats.json of `out_dir` (sections written by other calls are kept), or {}."""
-    path = os.path.join(out_dir, STATS_FILE)
-    if not os.path.exists(path):
+    path = paths.join(out_dir, STATS_FILE)
+    if not paths.exists(path):
         return {}
     try:
-        with open(path, "r", encoding="utf-8") as f:
+        with paths.open(path, "r", encoding="utf-8") as f:
             stats = json.load(f)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DataError(f"not valid JSON ({e}); delete it to start the statistics afresh", path) from None

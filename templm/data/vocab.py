@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Iterable, List, Tuple
 import sentencepiece
 from sentencepiece import sentencepiece_model_pb2
 
+from templm import paths
 from templm.data.records import Document
 from templm.errors import DataError
 from templm.io import atomic_write_files
@@ -96,7 +97,7 @@ def train_spm(documents: Iterable[Document], model_prefix: str, vocab_size: int 
     if not 0.0 < character_coverage <= 1.0:
         raise ValueError(f"character_coverage must be in (0, 1], got {character_coverage}")
     model_prefix = os.fspath(model_prefix)
-    if not os.path.basename(model_prefix):  # `DIR/` would write the hidden DIR/.model and DIR/.vocab
+    if not paths.basename(model_prefix) or model_prefix.endswith(("/", os.sep)):  # `DIR/` would write the hidden DIR/.model and DIR/.vocab
         raise ValueError(f"the model prefix {model_prefix!r} names a folder, not a file prefix: give one such as "
                          f"{os.path.join(model_prefix, 'spm')!r} (it writes spm.model and spm.vocab there)")
     source = getattr(documents, "path", None)
@@ -107,7 +108,7 @@ def train_spm(documents: Iterable[Document], model_prefix: str, vocab_size: int 
     logging.info("spm: training a %d-piece %s vocabulary on %d of %d sentences", vocab_size, model_type,
                  n_sentences, seen)
 
-    os.makedirs(os.path.dirname(os.path.abspath(model_prefix)), exist_ok=True)
+    paths.makedirs(paths.dirname(paths.absolute(model_prefix)))
     # The trainer reads the sample from memory and hands the model back: it is given no path at all (its options are
     # comma-separated, so a path with a comma broke it), and templm writes every output file itself.
     sentencepiece.set_random_generator_seed(seed)

@@ -132,6 +132,8 @@ class GcsEmulator:
     def _start_proxy(self, cert_pem: str, key_pem: str) -> None:
         log = os.path.join(self.folder, "proxy.log")
         port_file = os.path.join(self.folder, "proxy.port")
+        if os.path.exists(port_file):  # a folder used before: its port is not this proxy's
+            os.remove(port_file)
         with open(log, "ab") as out:
             process = subprocess.Popen(
                 [sys.executable, os.path.join(HERE, "gcs_proxy.py"), str(self.port), cert_pem, key_pem, port_file],
