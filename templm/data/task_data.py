@@ -23,6 +23,7 @@ same time do not both build it; everything is written under `out_dir.partial` an
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import datetime
 import itertools
@@ -40,7 +41,7 @@ from templm.data.filters import FilterConfig
 from templm.data.splits import read_split_file, yearly_buckets
 from templm.data.vocab import train_spm
 from templm.data.world import WORLD_VERSION, WorldConfig, generate_world
-from templm import console
+from templm import console, paths
 from templm.errors import DataError, as_os_error, require_numbers
 from templm.io import write_json
 from templm.outputs import build_output_folder, locked
@@ -159,7 +160,7 @@ def prepare_task_data(config: TaskDataConfig, out_dir: str, overwrite: bool = Fa
     is replaced only when it is absent, empty or templm task data, unless `overwrite`."""
     if config.files_per_year < 1:  # before any work
         raise DataError(f"files_per_year must be at least 1, not {config.files_per_year}")
-    final = os.path.abspath(out_dir)
+    final = paths.absolute(out_dir)
     return build_output_folder(out_dir, "task data", lambda tmp: _prepare(config, tmp, final), overwrite)
 
 
@@ -257,7 +258,7 @@ def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None) -> 
         # Where the data came from, as absolute files (a pattern expanded): the study's later stages read them again.
         "config": _jsonable({**dataclasses.asdict(config),
                              "corpus": None if config.corpus is None else resolve_corpus(config.corpus),
-                             "templama_dir": config.templama_dir and os.path.abspath(config.templama_dir)}),
+                             "templama_dir": config.templama_dir and paths.absolute(config.templama_dir)}),
     }
     with open(os.path.join(root, MANIFEST), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1)
@@ -290,7 +291,10 @@ def ensure_task_data(data_dir: str, config: TaskDataConfig = TaskDataConfig()) -
     manifest = read_manifest(data_dir)
     if manifest is not None:
         return manifest
-    with locked(data_dir.rstrip("/") + ".lock", f"the task data folder {data_dir}", wait=True):
+    # Processes that share a local folder wait for the one that builds it; in a bucket, the build's own lock object
+    # refuses a second builder (build_output_folder).
+    with (contextlib.nullcontext() if paths.is_url(data_dir) else
+          locked(data_dir.rstrip("/") + ".lock", f"the task data folder {data_dir}", wait=True)):
         manifest = read_manifest(data_dir)  # another process may have built it while we waited
         if manifest is None:
             logging.info("preparing task data in %s (first use)", data_dir)

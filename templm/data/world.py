@@ -31,6 +31,7 @@ import os
 import random
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from templm import paths
 from templm.data.records import MAX_DATE, MIN_DATE, Query
 from templm.data.templama import TEMPLATES, Fact, queries_from_facts, split_by_subject, write_queries
 from templm.outputs import build_output_folder, check_output_folder
@@ -675,8 +676,8 @@ def _write_world(builder: _Builder, names: Dict[str, str], tmp: str) -> dict:
 
 def load_world(world_dir: str) -> dict:
     """world.json with dates parsed into datetime.date: entities by id, facts as templama.Fact, coined words."""
-    path = os.path.join(world_dir, "world.json")
-    with open(path, encoding="utf-8") as f:
+    path = paths.join(world_dir, "world.json")
+    with paths.open(path, encoding="utf-8") as f:
         raw = json.load(f)
     parse = lambda s: None if s is None else datetime.date.fromisoformat(s)  # noqa: E731
     entities = {e["id"]: Entity(e["id"], e["name"], e["type"], parse(e["first_date"])) for e in raw["entities"]}

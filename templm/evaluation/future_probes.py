@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import jax
 import numpy as np
 
+from templm import paths
 from templm.data import regimes
 from templm.data.salient_spans import cloze_to_ssm
 from templm.errors import DataError
@@ -143,7 +144,7 @@ def future_degradation(scorer: TextScorer, params, regime: str, queries: Sequenc
 def read_calibration(path: str) -> List[Dict[str, Any]]:
     """Calibration queries of `calibration.jsonl`, one per subject and relation: query, change_class, candidates."""
     seen, out = set(), []
-    with open(path, encoding="utf-8") as f:
+    with paths.open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from templm import tasks
+from templm import paths, tasks
 from templm.metrics import time_analysis
 from templm.training import trainer
 from templm.training.configs import CheckpointConfig, DatasetConfig, RestoreCheckpointConfig
@@ -32,9 +31,9 @@ def curve_from_log(metrics_log: str, eval_task: str, eval_split: str, new_year: 
                    old_years: Sequence[int]) -> List[Dict[str, Any]]:
     """[{step, new_f1, old_f1}] from the trainer's metrics.jsonl rows of `eval_split/eval_task`."""
     curve = []
-    if not os.path.exists(metrics_log):
+    if not paths.exists(metrics_log):
         return curve
-    with open(metrics_log, encoding="utf-8") as f:
+    with paths.open(metrics_log, encoding="utf-8") as f:
         for line in f:
             row = json.loads(line)
             if row.get("split") == f"{eval_split}/{eval_task}":
@@ -59,7 +58,7 @@ def train_with_curve(model_dir: str, data: DatasetConfig, total_steps: int, eval
                            train_eval_dataset_cfg=eval_data,
                            eval_period=(eval_period or total_steps) if in_trainer else 0, **train_kwargs)
     if in_trainer:
-        curve = curve_from_log(os.path.join(model_dir, "metrics.jsonl"), eval_data.mixture_or_task_name,
+        curve = curve_from_log(paths.join(model_dir, "metrics.jsonl"), eval_data.mixture_or_task_name,
                                eval_data.split, new_year, old_years)
     else:
         curve = [{"step": int(result.step), **new_and_old_f1(evaluate(result.params), new_year, old_years)}]
@@ -81,7 +80,7 @@ def fine_tune_alphas(base_checkpoint: str, new_year: int, old_years: Sequence[in
     start_from = dataclasses.replace(checkpoint_cfg, restore=RestoreCheckpointConfig(base_checkpoint))
     for alpha in alphas:
         name = tasks.adapt_mixture(new_year, alpha, regime)
-        runs[f"{alpha:g}"] = train_with_curve(os.path.join(out_dir, name),
+        runs[f"{alpha:g}"] = train_with_curve(paths.join(out_dir, name),
                                               dataclasses.replace(data, mixture_or_task_name=name), total_steps,
                                               eval_data, new_year, old_years, eval_period, evaluate=evaluate,
                                               checkpoint_cfg=start_from, **train_kwargs)

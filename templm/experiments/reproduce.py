@@ -56,7 +56,6 @@ import datetime
 import json
 import os
 import platform
-import shutil
 import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -64,7 +63,7 @@ import gin
 import jax
 import seqio
 
-from templm import console, tasks
+from templm import console, paths, tasks
 from templm.data.regimes import SHARED_MODEL
 from templm.data.readers import Corpus, TemplamaReader, resolve_corpus, templama_split_files
 from templm.data.task_data import TaskDataConfig, prepare_task_data, read_manifest
@@ -150,7 +149,7 @@ class StudyData:
     def record(self) -> Dict[str, Any]:
         """What run.json keeps of the data (absolute paths, patterns expanded): another source starts afresh."""
         def path(value):
-            return None if value is None else os.path.abspath(value)
+            return None if value is None else paths.absolute(value)
 
         return {"corpus": None if self.corpus is None else resolve_corpus(self.corpus),
                 "templama_dir": path(self.templama_dir), "task_data": path(self.task_data),
@@ -295,9 +294,9 @@ def _data_summary(source: str, data_dir: str, manifest: Mapping[str, Any]) -> Di
     seen = set(manifest["seen_years"])
     config = manifest.get("config") or {}
     documents = None
-    stats_path = os.path.join(data_dir, "splits", "stats.json")
-    if os.path.exists(stats_path):
-        with open(stats_path, encoding="utf-8") as f:
+    stats_path = paths.join(data_dir, "splits", "stats.json")
+    if paths.exists(stats_path):
+        with paths.open(stats_path, encoding="utf-8") as f:
             documents = (json.load(f).get("yearly") or {}).get("corpus_documents")
     templama = counts.get("templama") or {}
     splits = {name: sum((templama.get(split) or {}).values())
@@ -336,8 +335,8 @@ class Reproduction:
         self.model_config = {k: getattr(config, k) for k in ("vocab_size", "emb_dim", "num_heads", "head_dim",
                                                              "mlp_dim", "num_encoder_layers", "num_decoder_layers")}
         self.lengths = {"inputs": preset.inputs_length, "targets": preset.targets_length}
-        self.data_dir = os.path.abspath(data.task_data) if data.task_data else os.path.join(out_dir, "data")
-        self.models_dir = os.path.join(out_dir, "models")
+        self.data_dir = paths.absolute(data.task_data) if data.task_data else paths.join(out_dir, "data")
+        self.models_dir = paths.join(out_dir, "models")
 
     def header(self) -> Dict[str, Any]:
         """The results every run starts from, before any stage: the preset, the seed and the model's shape."""
@@ -369,7 +368,7 @@ class Reproduction:
 
     def train(self, name: str, regime: str, mixture: str, steps: int, init: str = "scratch") -> "TrainedModel":
         start = time.time()
-        result = trainer.train(model_dir=os.path.join(self.models_dir, name), train_dataset_cfg=self.train_data(mixture),
+        result = trainer.train(model_dir=paths.join(self.models_dir, name), train_dataset_cfg=self.train_data(mixture),
                                total_steps=steps, eval_period=0, **self.train_kwargs())
         params = partitioning.host_local(result.params)  # each process evaluates on its own device
         return self.trained(name, regime, mixture, int(result.step), (result.train or {}).get("loss"), init,
@@ -405,7 +404,7 @@ class Reproduction:
             if manifest is None:
                 raise DataError("not task data (no manifest.json): build it with `templm data tasks`", self.data_dir)
         if source == "embedded world":
-            with open(os.path.join(self.data_dir, "world", "stats.json"), encoding="utf-8") as f:
+            with paths.open(paths.join(self.data_dir, "world", "stats.json"), encoding="utf-8") as f:
                 summary = _world_summary(json.load(f), manifest)
         else:
             summary = _data_summary(source, self.data_dir, manifest)
@@ -423,7 +422,7 @@ class Reproduction:
             if d.templama_dir is None:
                 raise StageSkipped("no TempLAMA release (--templama_dir): the time-aware half asks its queries")
             return "corpus", TaskDataConfig(corpus=resolve_corpus(d.corpus),
-                                            templama_dir=os.path.abspath(d.templama_dir), vocab_size=p.vocab_size,
+                                            templama_dir=paths.absolute(d.templama_dir), vocab_size=p.vocab_size,
                                             exact_vocab_size=False, future_years=p.future_years, seed=self.seed,
                                             heldout_fraction=p.heldout_fraction)
         if d.stream_corpus is not None:
@@ -439,8 +438,8 @@ class Reproduction:
         """The calibration relations: the given file, or the embedded world's; None without either."""
         if self.data.calibration:
             return self.data.calibration
-        world = os.path.join(self.data_dir, "world", "calibration.jsonl")
-        return world if os.path.exists(world) else None
+        world = paths.join(self.data_dir, "world", "calibration.jsonl")
+        return world if paths.exists(world) else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -476,7 +475,7 @@ class TaskData:
         folder = (self.manifest.get("config") or {}).get("templama_dir")
         if folder:
             return templama_split_files(folder)["test"]
-        return os.path.join(self.data_dir, "world", "templama", "test.jsonl")
+        return paths.join(self.data_dir, "world", "templama", "test.jsonl")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -516,9 +515,9 @@ def run_extra_stage(run: Reproduction, stage: ExtraStage, data: Optional[TaskDat
     """Runs an extra stage (see the HOOK above) on what the earlier stages found (`results`, read only) and returns
     what it returned, for results["extra"][name]."""
     context = StageContext(run.preset, run.seed, run.out_dir, run.data_dir,
-                           dict(data.manifest) if data is not None else {}, os.path.join(run.out_dir, "figures"),
+                           dict(data.manifest) if data is not None else {}, paths.join(run.out_dir, "figures"),
                            dict(results), run.data, run.stream_preset)
-    os.makedirs(context.figures_dir, exist_ok=True)
+    paths.makedirs(context.figures_dir)
     return dict(stage.run(context))
 
 
@@ -634,9 +633,9 @@ def world_fact_spans(data: "TaskData") -> Optional[List[Tuple[str, str, str, Opt
     """(subject, relation, object name, first year, last year) of every fact of the embedded world the TempLAMA
     test split was drawn from, for answer durations from the facts' own spans (a fact still holding at the world's
     end lasts to its last year); None for a TempLAMA release, whose rows carry no fact spans."""
-    world_dir = os.path.join(data.data_dir, "world")
-    if data.templama_test_file() != os.path.join(world_dir, "templama", "test.jsonl") or \
-            not os.path.exists(os.path.join(world_dir, "world.json")):
+    world_dir = paths.join(data.data_dir, "world")
+    if data.templama_test_file() != paths.join(world_dir, "templama", "test.jsonl") or \
+            not paths.exists(paths.join(world_dir, "world.json")):
         return None
     world = load_world(world_dir)
     end = int(world["config"]["end_year"])
@@ -735,7 +734,7 @@ def adapt(run: Reproduction, data: TaskData, base: Evaluation) -> StageOutput:
         for regime in ("temporal", "uniform"):
             _stop_if_asked(f"the {regime} model retrained from scratch")
             name = RETRAINED_MODEL[regime]
-            r = adaptation.train_with_curve(os.path.join(run.models_dir, name), run.train_data(f"{regime}_mixture"),
+            r = adaptation.train_with_curve(paths.join(run.models_dir, name), run.train_data(f"{regime}_mixture"),
                                             p.retrain_steps, run.eval_data(f"templama_{regime}"), new_year, seen,
                                             period(p.retrain_steps, p.retrain_eval_points),
                                             evaluate=evaluate_on(f"templama_{regime}"), **kwargs)
@@ -751,8 +750,8 @@ def adapt(run: Reproduction, data: TaskData, base: Evaluation) -> StageOutput:
         for regime in ("temporal", "uniform"):
             base_evaluations = base.base[regime]
             base_f1 = adaptation.new_and_old_f1(base_evaluations["templama"].metrics, new_year, seen)
-            runs = adaptation.fine_tune_alphas(os.path.join(run.models_dir, regime, "checkpoints"), new_year, seen,
-                                               p.alphas, p.adapt_steps, os.path.join(run.models_dir, "adapt"),
+            runs = adaptation.fine_tune_alphas(paths.join(run.models_dir, regime, "checkpoints"), new_year, seen,
+                                               p.alphas, p.adapt_steps, paths.join(run.models_dir, "adapt"),
                                                run.train_data(f"{regime}_mixture"), run.eval_data(f"templama_{regime}"),
                                                period(p.adapt_steps, p.adapt_eval_points),
                                                evaluate_on(f"templama_{regime}"), regime=regime, **kwargs)
@@ -784,12 +783,13 @@ def adapt(run: Reproduction, data: TaskData, base: Evaluation) -> StageOutput:
 def _name_the_model(error: DataError, models_dir: str) -> None:
     """A model of the study whose checkpoints cannot be restored (every step damaged): raises the error again with
     what to do, naming the model's folder; any other DataError goes on as it is."""
-    path = os.path.abspath(error.path or "")
-    models_dir = os.path.abspath(models_dir)
-    if not path.startswith(models_dir + os.sep):
+    path = paths.absolute(error.path or ".")
+    models_dir = paths.absolute(models_dir)
+    sep = "/" if paths.is_url(models_dir) else os.sep
+    if not path.startswith(models_dir + sep):
         return
-    parts = os.path.relpath(path, models_dir).split(os.sep)
-    folder = os.path.join(models_dir, *parts[:2 if parts[0] == "adapt" and len(parts) > 1 else 1])
+    parts = path[len(models_dir) + 1:].split(sep)
+    folder = paths.join(models_dir, *parts[:2 if parts[0] == "adapt" and len(parts) > 1 else 1])
     raise DataError(f"{error.reason}. The study cannot go on from this model: remove {folder} and run the same "
                     "command again to train it afresh (the other models are kept, and the results of the earlier "
                     "run stay until the new ones replace them)", error.path) from None
@@ -821,19 +821,19 @@ def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[Ex
         record["data"] = data.record()
     if stream_preset is not None and any(stage.name == "streaming" for stage in extra):
         record["stream_preset"] = dataclasses.asdict(stream_preset)
-    path = os.path.join(out_dir, RUN_RECORD)
+    path = paths.join(out_dir, RUN_RECORD)
     previous = None
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
+    if paths.exists(path):
+        with paths.open(path, encoding="utf-8") as f:
             previous = json.load(f)
     resuming = previous == jsonable(record)
     stale = [] if resuming else ["models", "stream_experiment"]
     for name in stale:
-        target = os.path.join(out_dir, name)
-        if os.path.isdir(target):
-            shutil.rmtree(target)
-        elif os.path.exists(target):
-            os.remove(target)
+        target = paths.join(out_dir, name)
+        if paths.isdir(target):
+            paths.rmtree(target)
+        elif paths.exists(target):
+            paths.remove(target)
     write_json(path, record)
     partitioning.barrier("reproduce: run.json")
     return resuming
@@ -844,7 +844,7 @@ def reproduction_folder(out_dir: str, overwrite: bool = False) -> Iterator[str]:
     """The reproduction's folder (absolute), checked, created and locked by process 0 (templm.outputs.writing_into);
     the other processes of a multi-host run use the folder process 0 holds."""
     if not partitioning.is_lead():
-        yield os.path.abspath(os.fspath(out_dir))
+        yield paths.absolute(out_dir)
         return
     with writing_into(out_dir, REPRODUCTION, overwrite) as folder:
         yield folder
@@ -976,7 +976,7 @@ def _reproduce(preset: Preset, out_dir: str, seed: int, extra: List[ExtraStage],
     results["findings"].update(found)
     partitioning.barrier("reproduce: done")  # every process has finished its part before process 0 writes
     if partitioning.is_lead():
-        write_json(os.path.join(out_dir, "results.json"), results, sort_keys=True)
+        write_json(paths.join(out_dir, "results.json"), results, sort_keys=True)
     return results
 
 
@@ -988,7 +988,7 @@ PER_ITEM_KEYS = frozenset({"per_query", "items", "documents"})
 
 
 def seed_dir(out_dir: str, seed: int) -> str:
-    return os.path.join(out_dir, f"seed_{seed}")
+    return paths.join(out_dir, f"seed_{seed}")
 
 
 def reproduce_seeds(preset: Union[str, Preset], out_dir: str, seeds: Sequence[int],
@@ -1013,7 +1013,7 @@ def reproduce_seeds(preset: Union[str, Preset], out_dir: str, seeds: Sequence[in
         results["timing"] = {"total_s": time.time() - t0, "machine": _machine(),
                              "per_seed_s": {s: r["timing"]["total_s"] for s, r in per_seed.items()}}
         if partitioning.is_lead():
-            write_json(os.path.join(out_dir, "results.json"), results, sort_keys=True)
+            write_json(paths.join(out_dir, "results.json"), results, sort_keys=True)
     return results
 
 

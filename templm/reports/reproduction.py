@@ -15,9 +15,9 @@ appear the report says so.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from templm import paths as storage  # `paths` names the files a writer returns
 from templm.data.regimes import ORDER as REGIME_TABLE_ORDER, label as regime_label
 from templm.io import atomic_write, jsonable, lookup
 from templm.metrics.findings import CHANGE_CLASSES, STUDY, STUDY_HALVES, TIME_AWARE, judge
@@ -44,10 +44,10 @@ def _streaming_section(summary: Mapping[str, Any], fig_dir: Optional[str]) -> st
         return stream.streaming_section({**summary, "results": None}, "figures")
     path = summary.get("results")
     if path:
-        path = os.path.join(os.path.dirname(os.path.abspath(fig_dir)), path)
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                stream.write_stream_report(json.load(f), os.path.dirname(path))
+        path = storage.join(storage.dirname(storage.absolute(fig_dir)), path)
+        if storage.exists(path):
+            with storage.open(path, encoding="utf-8") as f:
+                stream.write_stream_report(json.load(f), storage.dirname(path))
     return stream.streaming_section({**summary, "results": path}, fig_dir)
 
 
@@ -619,7 +619,7 @@ def write_figures(results: Mapping[str, Any], fig_dir: str) -> Dict[str, str]:
     """Draws every figure into `fig_dir` (PNG, written atomically); returns {name: path}."""
     results = jsonable(results)
     plt = pyplot()
-    os.makedirs(fig_dir, exist_ok=True)
+    storage.makedirs(fig_dir)
     out = {}
     for name in FIGURES:
         if name == "adaptation":
@@ -630,17 +630,17 @@ def write_figures(results: Mapping[str, Any], fig_dir: str) -> Dict[str, str]:
             {"yearly_gap": _figure_yearly_gap, "answer_duration": _figure_duration, "future_loglik": _figure_loglik,
              "future_entropy": _figure_entropy}[name](results, ax)
         fig.tight_layout(rect=(0, 0.17, 1, 1) if name == "adaptation" else (0, 0, 1, 1))
-        out[name] = save_figure(fig, os.path.join(fig_dir, f"{name}.png"))
+        out[name] = save_figure(fig, storage.join(fig_dir, f"{name}.png"))
     return out
 
 
 def write_report(results: Mapping[str, Any], out_dir: str) -> Dict[str, Any]:
     """Writes report.md and figures/*.png into `out_dir` (beside the experiment's results.json); returns their
     paths."""
-    os.makedirs(out_dir, exist_ok=True)
-    fig_dir = os.path.join(out_dir, "figures")
+    storage.makedirs(out_dir)
+    fig_dir = storage.join(out_dir, "figures")
     paths: Dict[str, Any] = {"figures": write_figures(results, fig_dir)}
-    paths["report"] = atomic_write(os.path.join(out_dir, "report.md"), markdown(results, fig_dir))
+    paths["report"] = atomic_write(storage.join(out_dir, "report.md"), markdown(results, fig_dir))
     return paths
 
 
@@ -687,13 +687,13 @@ def _section_seeds(results: Mapping[str, Any]) -> str:
 def write_seeds_report(results: Mapping[str, Any], out_dir: str) -> Dict[str, Any]:
     """The report of a run over several seeds: each seed's own report in out_dir/seed_<S>, and out_dir/report.md
     with figures/*.png from `seeds_view` (means with their intervals over the seeds). Returns the paths."""
-    per_seed = {s: write_report(results["per_seed"][str(s)], os.path.join(out_dir, f"seed_{s}"))
+    per_seed = {s: write_report(results["per_seed"][str(s)], storage.join(out_dir, f"seed_{s}"))
                 for s in results["seeds"]}
     view = seeds_view(results)
-    fig_dir = os.path.join(out_dir, "figures")
+    fig_dir = storage.join(out_dir, "figures")
     paths: Dict[str, Any] = {"figures": write_figures(view, fig_dir), "per_seed": per_seed}
     title, _, rest = markdown(view).partition("\n\n")
     title = title.replace(" preset)", f" preset, {len(results['seeds'])} seeds)")
-    paths["report"] = atomic_write(os.path.join(out_dir, "report.md"),
+    paths["report"] = atomic_write(storage.join(out_dir, "report.md"),
                                    "\n\n".join([title, _section_seeds(results), rest]))
     return paths
