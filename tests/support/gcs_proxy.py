@@ -29,6 +29,7 @@ class Forwarder(http.server.BaseHTTPRequestHandler):
     """One TLS connection from TensorFlow: its requests, forwarded one by one to the emulator."""
 
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # else each answer's second write waits ~40 ms for the client's delayed ACK
 
     def log_message(self, format, *args):  # the suite's output stays the suite's
         pass
@@ -84,6 +85,7 @@ class Forwarder(http.server.BaseHTTPRequestHandler):
 
 class Proxy(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
 
     def log_message(self, format, *args):
         pass
