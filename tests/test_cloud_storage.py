@@ -308,6 +308,53 @@ def test_the_data_verbs_read_and_write_a_bucket_as_a_local_folder(gcs, bucket, t
         k: v for k, v in runs[str(here)].items() if k not in ("corpus", "split")}
 
 
+def test_templama_and_cronquestions_from_and_into_a_bucket_as_from_local_files(gcs, bucket, tmp_path):
+    """data templama (a Wikidata dump) and data cronquestions (a release's pickles) read from the bucket and written
+    into it: the same files as from and into local folders (the recorded source aside)."""
+    import pickle
+
+    fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+    release = tmp_path / "release" / "data" / "wikidata_big"
+    (release / "questions").mkdir(parents=True)
+    (release / "kg").mkdir()
+    question = {"question": "Who held the seat in 2001", "answers": {"Q1"}, "answer_type": "entity",
+                "template": "Who held {tail} in {time}", "entities": {"Q2"}, "times": {2001}, "relations": ["P39"],
+                "type": "simple_entity", "annotation": {"tail": "Q2", "time": 2001}, "uniq_id": 7, "paraphrases": []}
+    for name in ("train.pickle", "valid.pickle", "test.pickle"):
+        with open(release / "questions" / name, "wb") as f:
+            pickle.dump([question], f, protocol=3)
+    (release / "kg" / "wd_id2entity_text.txt").write_text("Q1\tAda Lovelace\nQ2\tthe seat\n", encoding="utf-8")
+    _upload(tmp_path / "release", f"gs://{bucket}/release")
+    paths.copy(os.path.join(fixtures, "wikidata_dump.json"), f"gs://{bucket}/dump.json")
+    work = tmp_path / "cwd"
+    work.mkdir()
+    for args in (["data", "templama", "--dump", os.path.join(fixtures, "wikidata_dump.json"), "--out",
+                  str(tmp_path / "templama"), "--start_year=2010", "--end_year=2020"],
+                 ["data", "templama", "--dump", f"gs://{bucket}/dump.json", "--out", f"gs://{bucket}/templama",
+                  "--start_year=2010", "--end_year=2020"],
+                 ["data", "cronquestions", "--release", str(tmp_path / "release"), "--out", str(tmp_path / "cq")],
+                 ["data", "cronquestions", "--release", f"gs://{bucket}/release", "--out", f"gs://{bucket}/cq"]):
+        result = run_templm(*args, cwd=work)
+        assert result.returncode == 0, (args, result.stderr[-3000:])
+    assert os.listdir(work) == []
+    there = _bucket_files(gcs, bucket)
+    for folder in ("templama", "cq"):
+        for name, data in _local_files(tmp_path / folder).items():
+            if name in ("stats.json", "manifest.json"):  # the source's name and the time it took aside
+                data = data.replace(os.path.join(fixtures, "wikidata_dump.json").encode(),
+                                    f"gs://{bucket}/dump.json".encode())
+                data = data.replace(str(tmp_path).encode(), f"gs://{bucket}".encode())
+                assert _timeless(json.loads(there[f"{folder}/{name}"])) == _timeless(json.loads(data)), name
+            else:
+                assert there[f"{folder}/{name}"] == data, name
+
+
+def _timeless(value):
+    if isinstance(value, dict):
+        return {k: _timeless(v) for k, v in value.items() if k not in ("seconds", "elapsed_s")}
+    return value
+
+
 MISSING = "gs://no-such-bucket-v/x"
 T5 = ["--gin_file=temporal.gin", "--gin_file=runs/cpu_demo.gin"]
 TXL = ["--gin_file=txl/time_stratified.gin", "--gin_file=runs/cpu_demo.gin"]
@@ -344,3 +391,4 @@ def test_no_verb_makes_a_local_folder_named_after_a_url(gcs, verb, tmp_path):
     assert last.startswith(f"templm {verb}: error: ") and "gs://no-such-bucket-v" in last, result.stderr[-2000:]
     assert ("does not exist" in last) or ("does not read or write URLs there yet" in last), last
     assert os.listdir(tmp_path) == [], os.listdir(tmp_path)
+

@@ -303,6 +303,8 @@ URL_SERVED: Dict[str, frozenset] = {
     "data splits": frozenset({"--corpus", "--out"}),
     "data spm": frozenset({"--corpus", "--split_dir", "--out"}),
     "data tasks": frozenset({"--corpus", "--templama_dir", "--out"}),
+    "data templama": frozenset({"--dump", "--out"}),
+    "data cronquestions": frozenset({"--release", "--out"}),
 }
 PATH_FLAGS = ("out", "output", "input", "corpus", "stream_corpus", "world_dir", "templama_dir", "split_dir", "texts",
               "task_data", "release", "dump", "calibration")

@@ -32,6 +32,7 @@ import os
 import pickle
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from templm import paths, remote
 from templm.errors import DataError
 
 QUESTION_FILES = {"train": "train.pickle", "validation": "valid.pickle", "test": "test.pickle"}
@@ -60,7 +61,9 @@ class PlainUnpickler(pickle.Unpickler):
 def load_plain_pickle(path: str) -> Any:
     """The plain data in the pickle at `path` (`PlainUnpickler`); a DataError naming the file otherwise."""
     try:
-        with open(path, "rb") as f:
+        if not paths.exists(path):
+            raise FileNotFoundError(path)
+        with paths.open(path, "rb") as f:
             data = f.read()
     except FileNotFoundError:
         raise DataError("no such file", path) from None
@@ -74,7 +77,9 @@ def read_entity_names(path: str) -> Dict[str, str]:
     """{Wikidata id: name} from `wd_id2entity_text.txt` ("Q76<TAB>Barack Obama" per line; blank lines skipped)."""
     names: Dict[str, str] = {}
     try:
-        f = open(path, encoding="utf-8")
+        if not paths.exists(path):
+            raise FileNotFoundError(path)
+        f = paths.open(path, encoding="utf-8")
     except FileNotFoundError:
         raise DataError("no such file (the release's entity names: kg/wd_id2entity_text.txt)", path) from None
     with f:
@@ -129,11 +134,14 @@ def question_record(item: Any, names: Mapping[str, str], index: int) -> Dict[str
 def _locate(release_dir: str) -> Dict[str, str]:
     """The release's question folder and entity-name file, given the release root, `data/wikidata_big/` or its
     `questions/` folder."""
-    candidates = [release_dir, os.path.join(release_dir, "data", "wikidata_big"), os.path.dirname(release_dir)]
+    release_dir = paths.absolute(release_dir)
+    if paths.is_url(release_dir) and not paths.exists(release_dir):
+        remote.check_location(release_dir, "the release", write=False)  # why not: no bucket, no route, ...
+    candidates = [release_dir, paths.join(release_dir, "data", "wikidata_big"), paths.dirname(release_dir)]
     for base in candidates:
-        questions = os.path.join(base, "questions")
-        if all(os.path.exists(os.path.join(questions, f)) for f in QUESTION_FILES.values()):
-            return {"questions": questions, "names": os.path.join(base, "kg", ENTITY_NAMES)}
+        questions = paths.join(base, "questions")
+        if all(paths.exists(paths.join(questions, f)) for f in QUESTION_FILES.values()):
+            return {"questions": questions, "names": paths.join(base, "kg", ENTITY_NAMES)}
     missing = ", ".join(f"questions/{f}" for f in QUESTION_FILES.values())
     raise DataError(f"not a CronQuestions release: expected {missing} and kg/{ENTITY_NAMES} here or under "
                     "data/wikidata_big/", release_dir)
@@ -178,7 +186,7 @@ def convert_release(release_dir: str, out_dir: str, max_questions: Optional[int]
     names = read_entity_names(where["names"])
     splits = {}
     for split, filename in QUESTION_FILES.items():
-        records = read_questions(os.path.join(where["questions"], filename), names)
+        records = read_questions(paths.join(where["questions"], filename), names)
         splits[split] = records if max_questions is None else records[:max_questions]
     os.makedirs(out_dir, exist_ok=True)
     counts = {}
@@ -188,7 +196,7 @@ def convert_release(release_dir: str, out_dir: str, max_questions: Optional[int]
                 writer.write(_example(tf, record))
         counts[split] = {"questions": len(records),
                          **{t: sum(r["answer_type"] == t for r in records) for t in ANSWER_TYPES}}
-    manifest = {"source": os.path.abspath(release_dir), "splits": counts,
+    manifest = {"source": paths.absolute(release_dir), "splits": counts,
                 "first_answer": "entity names alphabetically, years ascending (the release's answers are sets)"}
     with open(os.path.join(out_dir, MANIFEST), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)

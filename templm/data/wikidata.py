@@ -40,7 +40,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set,
 
 from absl import logging
 
-from templm import console
+from templm import console, paths, remote
 from templm.data.readers import open_text
 from templm.data.records import MAX_DATE, MIN_DATE
 from templm.data.templama import SPLITS, TEMPLATES, Fact, queries_from_facts, split_by_subject, write_queries
@@ -95,7 +95,7 @@ class _Dump:
         self.path = path
         self.what = what
         self.lines = 0
-        self.size = os.path.getsize(path) if os.path.exists(path) else 0
+        self.size = paths.size(path) if paths.exists(path) else 0
 
     def raw_lines(self) -> Iterator[Tuple[int, bytes]]:
         started = time.monotonic()
@@ -314,7 +314,8 @@ def build_templama(dump_path: str, out_dir: str, start_year: int = 2010, end_yea
                          f"{MAX_DATE.year} only, so the queries must lie within them")
     if max_subjects is not None and max_subjects < 1:
         raise ValueError(f"max_subjects must be at least 1 (or None for all), got {max_subjects}")
-    if not os.path.exists(dump_path):
+    if not paths.exists(dump_path):
+        remote.check_location(dump_path, "the dump", write=False)  # in a bucket: why not
         raise DataError("no such file", dump_path)
     begun = time.monotonic()
     stats: Dict[str, Any] = {
