@@ -355,6 +355,21 @@ def _timeless(value):
     return value
 
 
+def test_a_hugging_face_checkpoint_in_a_bucket_starts_a_training_as_a_local_one(gcs, bucket, tmp_path):
+    """INITIAL_CHECKPOINT_PATH at a URL: the parameters trainer.initial_params reads (checked against the model) are
+    the local folder's."""
+    from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, save_hf_checkpoint
+    from templm.training.trainer import initial_params
+
+    model = EncoderDecoderModel(T5_1_1_CONFIGS["tiny"])
+    params = model.init(jax.random.PRNGKey(3))
+    local = save_hf_checkpoint(params, T5_1_1_CONFIGS["tiny"], str(tmp_path / "hf"))
+    remote_dir = _upload(local, f"gs://{bucket}/hf")
+    here, there = initial_params(local, model), initial_params(remote_dir, model)
+    same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), here, there)
+    assert all(jax.tree.leaves(same)) and len(jax.tree.leaves(same)) > 10
+
+
 MISSING = "gs://no-such-bucket-v/x"
 T5 = ["--gin_file=temporal.gin", "--gin_file=runs/cpu_demo.gin"]
 TXL = ["--gin_file=txl/time_stratified.gin", "--gin_file=runs/cpu_demo.gin"]
@@ -391,4 +406,5 @@ def test_no_verb_makes_a_local_folder_named_after_a_url(gcs, verb, tmp_path):
     assert last.startswith(f"templm {verb}: error: ") and "gs://no-such-bucket-v" in last, result.stderr[-2000:]
     assert ("does not exist" in last) or ("does not read or write URLs there yet" in last), last
     assert os.listdir(tmp_path) == [], os.listdir(tmp_path)
+
 

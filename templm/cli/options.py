@@ -294,7 +294,7 @@ def writable_folder(folder: str, what: str) -> None:
 # their name, gin macros and environment variables by theirs. Any other path given as a URL is refused before any work
 # (`refuse_unserved_urls`), so that no verb ever makes a local folder named after a URL.
 URL_SERVED: Dict[str, frozenset] = {
-    "train": frozenset({"MODEL_DIR", "TEMPLM_DATA_DIR"}),
+    "train": frozenset({"MODEL_DIR", "TEMPLM_DATA_DIR", "INITIAL_CHECKPOINT_PATH"}),
     "eval": frozenset({"MODEL_DIR", "TEMPLM_DATA_DIR", "--out"}),
     "infer": frozenset({"MODEL_DIR", "TEMPLM_DATA_DIR", "--input", "--output"}),
     "plan": frozenset({"MODEL_DIR"}),

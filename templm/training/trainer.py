@@ -24,6 +24,7 @@ import contextlib
 import copy
 import dataclasses
 import os
+import tempfile
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 import gin
@@ -119,10 +120,11 @@ def initial_params(path: str, model: Any = None, vocabulary: Any = None):
     mean something with the ids they were trained on.
     """
     hf_config = None
-    if os.path.exists(os.path.join(path, "config.json")):
-        hf_config, params = load_hf_checkpoint(path)
-        spiece = os.path.join(path, "spiece.model")
-        if vocabulary is not None and os.path.exists(spiece):
+    if paths.exists(paths.join(path, "config.json")):
+        with _local_folder(path) as local:  # safetensors reads local files: a bucket's folder is copied first
+            hf_config, params = load_hf_checkpoint(local)
+        spiece = paths.join(path, "spiece.model")
+        if vocabulary is not None and paths.exists(spiece):
             vocabulary.sp_model  # noqa: B018  (a prepared vocabulary builds its file on first use)
             used = getattr(vocabulary, "sentencepiece_model_file", None)
             if used is None or file_sha256(used) != file_sha256(spiece):
@@ -138,6 +140,19 @@ def initial_params(path: str, model: Any = None, vocabulary: Any = None):
             f"vocab_size {hf_config.vocab_size})")
         check_fits(params, model, path, sizes)
     return params
+
+
+@contextlib.contextmanager
+def _local_folder(path: str):
+    """`path` itself when local; else a temporary local copy of the files directly in it (a Hugging Face folder)."""
+    if not paths.is_url(path):
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="templm-checkpoint-") as tmp:
+        for name in paths.listdir(path):
+            if not paths.isdir(paths.join(path, name)):
+                paths.copy(paths.join(path, name), os.path.join(tmp, name), overwrite=True)
+        yield tmp
 
 
 def _shapes(tree: Any) -> Dict[str, Tuple[int, ...]]:
