@@ -228,8 +228,12 @@ def as_os_error(error: BaseException, path: str, doing: str) -> Optional[OSError
 def read_json(path: str, missing: str) -> Any:
     """The JSON value of the file `path`; a DataError naming it where it is absent (`missing`: what that means) or
     is not JSON (ValueError covers a decoding error of either kind)."""
+    from templm import paths
+
     try:
-        with open(path, encoding="utf-8") as f:
+        if paths.is_url(path) and not paths.exists(path):
+            raise FileNotFoundError(path)
+        with paths.open(path, encoding="utf-8") as f:
             return json.load(f)
     except FileNotFoundError:
         raise DataError(missing, path) from None

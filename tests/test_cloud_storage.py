@@ -370,6 +370,21 @@ def test_a_hugging_face_checkpoint_in_a_bucket_starts_a_training_as_a_local_one(
     assert all(jax.tree.leaves(same)) and len(jax.tree.leaves(same)) > 10
 
 
+def test_is_eval_into_a_bucket_as_into_a_local_folder(gcs, bucket, tmp_path):
+    """`templm is-eval` (the HMM check) with --out in the bucket: the local run's is_eval.json, and its report."""
+    small = ["--seed=1", "--ks=1,4", "--temperatures=0.5", "--repeats=2", "--num_docs=3", "--doc_length=8"]
+    work = tmp_path / "cwd"
+    work.mkdir()
+    for out in (str(tmp_path / "is"), f"gs://{bucket}/is"):
+        result = run_templm("is-eval", f"--out={out}", *small, cwd=work)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert os.listdir(work) == []
+    local = json.loads((tmp_path / "is" / "is_eval.json").read_text())
+    there = json.loads(gcs.read(bucket, "is/is_eval.json"))
+    assert _timeless(there) == _timeless(local)
+    assert {"is/is_eval.md", "is/is_eval.png"} <= set(gcs.objects(bucket))
+
+
 MISSING = "gs://no-such-bucket-v/x"
 T5 = ["--gin_file=temporal.gin", "--gin_file=runs/cpu_demo.gin"]
 TXL = ["--gin_file=txl/time_stratified.gin", "--gin_file=runs/cpu_demo.gin"]

@@ -305,6 +305,7 @@ URL_SERVED: Dict[str, frozenset] = {
     "data tasks": frozenset({"--corpus", "--templama_dir", "--out"}),
     "data templama": frozenset({"--dump", "--out"}),
     "data cronquestions": frozenset({"--release", "--out"}),
+    "is-eval": frozenset({"--out", "--world_dir"}),
 }
 PATH_FLAGS = ("out", "output", "input", "corpus", "stream_corpus", "world_dir", "templama_dir", "split_dir", "texts",
               "task_data", "release", "dump", "calibration")

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 from absl import flags
 
+from templm import paths as storage, remote
 from templm.cli.data_verbs import world_configurable
 from templm.cli.options import (CORPUS_HELP, FLAGS, STATE, bounds, corpus_flag, corpus_value, define_distributed,
                                 define_overwrite, join_processes, load_tensorflow)
@@ -82,6 +83,9 @@ def main_is_eval():
 
     ks = None if FLAGS.ks is None else [int(k) for k in FLAGS.ks]
     temperatures = [float(t) for t in FLAGS.temperatures]
+    remote.check_location(FLAGS.out, "--out")  # a bucket, before the work (nothing for a local folder)
+    if FLAGS.world_dir:
+        remote.check_location(FLAGS.world_dir, "--world_dir", write=False)
     if FLAGS.model == "kglm":
         load_tensorflow(quiet=STATE["verbosity"] < 1)  # the trainer's summary writers load it
         result = run_latent_is_eval(FLAGS.out, FLAGS.seed, world_dir=FLAGS.world_dir,
@@ -94,8 +98,8 @@ def main_is_eval():
                              temperatures=temperatures, repeats=FLAGS.repeats or 8, num_states=FLAGS.num_states,
                              vocab_size=FLAGS.vocab_size, num_docs=FLAGS.num_docs, doc_length=FLAGS.doc_length,
                              mean_sentence_length=FLAGS.mean_sentence_length, peakedness=FLAGS.peakedness)
-    paths = write_is_report(result, FLAGS.out)
-    with open(paths["md"], encoding="utf-8") as f:
+    written = write_is_report(result, FLAGS.out)
+    with storage.open(written["md"], encoding="utf-8") as f:
         print(f.read())
 
 

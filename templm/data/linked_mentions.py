@@ -29,12 +29,12 @@ import collections
 import dataclasses
 import datetime
 import json
-import os
 import re
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from templm import paths
 from templm.errors import DataError, read_json
 
 # Decision kinds, per token position.
@@ -148,7 +148,7 @@ class KnowledgeGraph:
 
 
 def read_graph(world_dir: str) -> KnowledgeGraph:
-    path = os.path.join(world_dir, "world.json")
+    path = paths.join(world_dir, "world.json")
     raw = read_json(path, "no world.json: not a world folder (templm data world)")
     if not isinstance(raw, dict) or "entities" not in raw or "facts" not in raw:
         raise DataError("expected an object with 'entities' and 'facts'", path)
@@ -246,10 +246,12 @@ def read_linked_documents(world_dir: str) -> Tuple[List[Dict[str, object]], List
     """(news records, mention records) of a world folder, in file order, checked to pair up by id."""
     out = []
     for name in ("news.jsonl", "mentions.jsonl"):
-        path = os.path.join(world_dir, name)
+        path = paths.join(world_dir, name)
         rows = []
         try:
-            with open(path, encoding="utf-8") as f:
+            if paths.is_url(path) and not paths.exists(path):
+                raise FileNotFoundError(path)
+            with paths.open(path, encoding="utf-8") as f:
                 for n, line in enumerate(f, 1):
                     if not line.strip():
                         continue
@@ -263,7 +265,7 @@ def read_linked_documents(world_dir: str) -> Tuple[List[Dict[str, object]], List
     news, mentions = out
     if len(news) != len(mentions) or any(a.get("id") != b.get("id") for a, b in zip(news, mentions)):
         raise DataError("mentions.jsonl does not list news.jsonl's documents in the same order",
-                        os.path.join(world_dir, "mentions.jsonl"))
+                        paths.join(world_dir, "mentions.jsonl"))
     return news, mentions
 
 

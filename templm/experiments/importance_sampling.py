@@ -15,14 +15,13 @@ Markdown report and the figure are `templm.reports.importance_sampling`.
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
 
-from templm import console
+from templm import console, paths
 from templm.data import linked_mentions as lm
 from templm.data.world import WorldConfig, generate_world
 from templm.evaluation.latent_lm_perplexity import exact_log_marginals, sample_token_log_weights, truncate_documents
@@ -97,7 +96,7 @@ def run_is_eval(out_dir: str, seed: int = 0, *, ks: Sequence[int] = tuple(2 ** i
     start = time.time()
     prob = make_is_eval_problem(seed, num_states, vocab_size, num_docs, doc_length, mean_sentence_length,
                                 peakedness)  # checks its sizes before anything is written
-    os.makedirs(out_dir, exist_ok=True)
+    paths.makedirs(out_dir)
     hmm, tokens, counts, seg = prob["hmm"], prob["tokens"], prob["token_counts"], prob["segment_ids"]
     proposals: List[Tuple[str, float]] = [("prior", 1.0)] + [("tempered", float(t)) for t in temperatures] + \
         [("posterior", 1.0)]
@@ -156,7 +155,7 @@ def run_is_eval(out_dir: str, seed: int = 0, *, ks: Sequence[int] = tuple(2 ** i
                         f"ETA {format_duration(timing['eta_sec'])}")
 
     config["seconds"] = round(time.time() - start, 3)
-    path = write_json(os.path.join(out_dir, "is_eval.json"), {"config": config, "rows": rows})
+    path = write_json(paths.join(out_dir, "is_eval.json"), {"config": config, "rows": rows})
     console.say(f"is-eval: wrote {path} in {format_duration(time.time() - start)}")
     return {"config": config, "rows": rows, "files": {"json": path}}
 
@@ -222,14 +221,14 @@ def run_latent_is_eval(out_dir: str, seed: int = 0, *, world_dir: Optional[str] 
         if not tau > 0:
             raise ValueError(f"temperatures must be > 0, got {tau}")
     start = time.time()
-    os.makedirs(out_dir, exist_ok=True)
+    paths.makedirs(out_dir)
     say = console.say if progress else (lambda message: None)
 
     # --- The world: its graph, its documents linked to it; the latest documents evaluated. -----------------------
     if world_dir is None:
         world = world or WorldConfig(seed=seed, start_year=2014, end_year=2018, subjects_per_relation=8,
                                      docs_per_month=10)
-        world_dir = os.path.join(out_dir, "world")
+        world_dir = paths.join(out_dir, "world")
         generate_world(world, world_dir)
     graph = lm.read_graph(world_dir)
     news, mentions = lm.read_linked_documents(world_dir)
@@ -237,7 +236,7 @@ def run_latent_is_eval(out_dir: str, seed: int = 0, *, world_dir: Optional[str] 
         raise ValueError(f"{world_dir} holds {len(news)} documents: not enough for {test_docs} test documents and a "
                          f"training batch of {batch_size}")
     vocab = lm.build_vocabulary(news[:-test_docs])
-    docs = lm.link_documents(news, mentions, graph, vocab, os.path.join(world_dir, "mentions.jsonl"))
+    docs = lm.link_documents(news, mentions, graph, vocab, paths.join(world_dir, "mentions.jsonl"))
     train, test = docs[:-test_docs], docs[-test_docs:]
     shapes = lm.Shapes.covering(docs)
     config = KGLMConfig(len(vocab), graph.num_entities, graph.num_labels, hidden, hidden, hidden)
@@ -248,7 +247,7 @@ def run_latent_is_eval(out_dir: str, seed: int = 0, *, world_dir: Optional[str] 
     trained = {}
     for which in ("model", "proposal"):
         trained[which] = train_latent_lm(
-            os.path.join(out_dir, which), which, config, LinkedDataset(train, graph, shapes, batch_size), train_steps,
+            paths.join(out_dir, which), which, config, LinkedDataset(train, graph, shapes, batch_size), train_steps,
             OptimizerConfig(learning_rate=learning_rate, max_grad_norm=1.0), random_seed=seed,
             stats_period=max(1, train_steps // 4), options=RunOptions(progress=progress))
     p_params, q_params = trained["model"].params, trained["proposal"].params
@@ -319,7 +318,7 @@ def run_latent_is_eval(out_dir: str, seed: int = 0, *, world_dir: Optional[str] 
             f"{n_docs} prefixes of {exact_sentences} sentence(s)")
 
     results = {
-        "config": {"model": "kglm", "seed": seed, "world_dir": os.path.abspath(world_dir), "ks": ks,
+        "config": {"model": "kglm", "seed": seed, "world_dir": paths.absolute(world_dir), "ks": ks,
                    "repeats": repeats, "temperatures": [float(t) for t in temperatures], "gold_weight": gold_weight,
                    "test_docs": test_docs, "train_docs": len(train), "train_steps": train_steps,
                    "batch_size": batch_size, "learning_rate": learning_rate, "hidden": hidden,
@@ -334,6 +333,6 @@ def run_latent_is_eval(out_dir: str, seed: int = 0, *, world_dir: Optional[str] 
     }
     results["findings"] = judge(results, IMPORTANCE_SAMPLING)
     results["config"]["seconds"] = round(time.time() - start, 3)
-    path = write_json(os.path.join(out_dir, "is_eval.json"), results)
+    path = write_json(paths.join(out_dir, "is_eval.json"), results)
     say(f"is-eval: wrote {path} in {format_duration(time.time() - start)}")
     return {**results, "files": {"json": path}}

@@ -6,9 +6,9 @@ prefixes, and perplexity against K, one panel per aggregation level plus the exa
 
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, List, Sequence
 
+from templm import paths as storage  # `paths` names the files the report writes
 from templm.io import atomic_write
 from templm.metrics.importance_sampling import LEVELS
 from templm.reports.figures import pyplot, save_figure
@@ -185,9 +185,9 @@ def write_is_report(results: Dict[str, Any], out_dir: str) -> Dict[str, str]:
     """Writes out_dir/is_eval.md and out_dir/is_eval.png from the results of `run_is_eval` or, when
     results["config"]["model"] is "kglm", of `run_latent_is_eval` (each through a temporary file renamed into
     place). Returns {"md": path, "png": path}."""
-    os.makedirs(out_dir, exist_ok=True)
+    storage.makedirs(out_dir)
     rows = results["rows"]
-    paths = {name: os.path.join(out_dir, f"is_eval.{name}") for name in ("md", "png")}
+    paths = {name: storage.join(out_dir, f"is_eval.{name}") for name in ("md", "png")}
     if results["config"].get("model") == "kglm":
         atomic_write(paths["md"], latent_markdown(results))
         plot_latent_is_eval(results, paths["png"])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 from typing import Any, Dict, Sequence
 
 import jax
@@ -19,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from templm import paths
 from templm.data.linked_mentions import RELATED, WORD, KnowledgeGraph, LinkedDocument, Shapes, document_batch
 from templm.models.kglm import (KGLMConfig, KnowledgeGraphLM, MentionProposal, gold_options, init_generative,
                                 init_proposal, log_joint_terms, proposal_scan)
@@ -110,7 +110,7 @@ def train_latent_lm(model_dir: str, which: str, config: KGLMConfig, dataset: Lin
     mesh = options.mesh or partitioning.make_mesh()
     if batch_size % mesh.shape["data"]:
         raise ValueError(f"batch_size {batch_size} must divide by the mesh's data axis ({mesh.shape['data']})")
-    model_dir = os.path.abspath(model_dir)
+    model_dir = paths.absolute(model_dir)
     replicated = partitioning.replicated(mesh)
     data_sharding = partitioning.data_sharding(mesh)
 
