@@ -253,6 +253,29 @@ def test_train_into_a_bucket_resumes_bitwise_after_kill_9_and_sigterm(gcs, bucke
     with paths.open(f"{model_dir}/metrics.jsonl") as f:
         logged = [json.loads(line)["step"] for line in f if '"train"' in line]
     assert logged[-1] == total
+    # eval and infer of the checkpoint in the bucket (queries from it, predictions into it) give the numbers and
+    # predictions of the same steps trained locally.
+    queries = '{"query": "Ann Lee plays for _X_.", "date": "2014"}\n{"inputs": "year: 2015 <extra_id_0> is it."}\n'
+    with paths.open(f"gs://{bucket}/queries.jsonl", "w") as f:
+        f.write(queries)
+    (tmp_path / "queries.jsonl").write_text(queries)
+    outputs = {}
+    for where, model, inputs, out in ((work, model_dir, f"gs://{bucket}/queries.jsonl", f"gs://{bucket}/eval"),
+                                      (work, str(tmp_path / "ref"), str(tmp_path / "queries.jsonl"),
+                                       str(tmp_path / "eval"))):
+        common = [*CONFIG, f"--gin.MODEL_DIR='{model}'"]
+        env_here = {"TEMPLM_DATA_DIR": remote_data if model == model_dir else data_dir}
+        result = run_templm("eval", *common, "--split=validation", "--num_examples=4", f"--out={out}", cwd=where,
+                            env=env_here)
+        assert result.returncode == 0, result.stderr[-3000:]
+        result = run_templm("infer", *common, f"--input={inputs}", f"--output={out}/predictions.jsonl", cwd=where,
+                            env=env_here)
+        assert result.returncode == 0, result.stderr[-3000:]
+        with paths.open(f"{out}/eval_validation.json") as f:
+            report = json.load(f)
+        with paths.open(f"{out}/predictions.jsonl") as f:
+            outputs[model] = (report["metrics"], report["step"], f.read())
+    assert outputs[model_dir] == outputs[str(tmp_path / "ref")]
     assert os.listdir(work) == []  # no ./gs:/... folder where the commands ran
 
 
