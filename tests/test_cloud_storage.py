@@ -82,6 +82,19 @@ def test_urls_are_never_made_local_names():
     assert paths.absolute("rel/x") == os.path.join(os.getcwd(), "rel", "x")
 
 
+def test_the_table_of_docs_cloud_md_is_what_the_verbs_serve():
+    from templm.cli.options import URL_SERVED
+
+    page = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "cloud.md"),
+                encoding="utf-8").read()
+    rows = {}
+    for line in page.splitlines():
+        if line.startswith("| `templm "):
+            verb, names = line.strip("| ").split(" | ")
+            rows[verb.strip("`")[len("templm "):]] = {n.strip(" `") for n in names.split(",")}
+    assert rows == {verb: set(names) for verb, names in URL_SERVED.items()}
+
+
 def test_files_in_a_bucket_through_every_client(gcs, bucket):
     """The path layer (TensorFlow's file system), io's atomic writes and google-cloud-storage see one bucket."""
     root = f"gs://{bucket}/run"
