@@ -292,6 +292,28 @@ def test_train_into_a_bucket_resumes_bitwise_after_kill_9_and_sigterm(gcs, bucke
     assert os.listdir(work) == []  # no ./gs:/... folder where the commands ran
 
 
+@pytest.mark.parametrize("cause", ["no route", "no credentials"])
+def test_data_tasks_refuses_an_unreachable_bucket_before_any_work(gcs, cause, tmp_path, monkeypatch):
+    """The same command, with the storage host unreachable or no credentials on the machine: one line naming the
+    output and the cause, exit 1, nothing built (locally or anywhere)."""
+    port = _closed_port()
+    if cause == "no route":
+        env = {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}"}
+        words = f"cannot reach http://127.0.0.1:{port}: no route to the storage host"
+    else:
+        env = {"STORAGE_EMULATOR_HOST": None, "GOOGLE_APPLICATION_CREDENTIALS": None, "GOOGLE_CLOUD_PROJECT": None,
+               "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"), "HOME": str(tmp_path / "home"),
+               "GCE_METADATA_HOST": f"127.0.0.1:{port}", "GCE_METADATA_IP": f"127.0.0.1:{port}"}
+        words = "no Google Cloud credentials on this machine"
+    work = tmp_path / "cwd"
+    work.mkdir()
+    result = run_templm("data", "tasks", "--out", "gs://some-bucket/task_data", cwd=work, env=env)
+    assert result.returncode == 1, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("templm data tasks: error: gs://some-bucket: ") and words in lines[0]
+    assert os.listdir(work) == []
+
+
 def test_train_refuses_a_missing_bucket_before_any_work(gcs, data_dir, tmp_path):
     result = run_templm("train", *CONFIG, "--gin.MODEL_DIR='gs://no-such-bucket-y/t'", "--gin.TRAIN_STEPS=2",
                         cwd=tmp_path, env={"TEMPLM_DATA_DIR": data_dir})
