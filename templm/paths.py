@@ -55,6 +55,36 @@ def join(base, *parts) -> str:
     return posixpath.join(base, *map(os.fspath, parts)) if is_url(base) else os.path.join(base, *parts)
 
 
+def relpath(path, start) -> str:
+    """`path` relative to the folder `start`: both local, or both URLs of one scheme and bucket (ValueError
+    otherwise)."""
+    path, start = absolute(path), absolute(start)
+    if not is_url(path) and not is_url(start):
+        return os.path.relpath(path, start)
+    if (scheme(path), bucket(path)) != (scheme(start), bucket(start)) or not (is_url(path) and is_url(start)):
+        raise ValueError(f"{path} is not in the store of {start}")
+    return posixpath.relpath("/" + _key(path), "/" + _key(start))
+
+
+def resolve(base, relative) -> str:
+    """`relative` (a path relative to the folder `base`, as `relpath` gives it) as a path, normalised; a URL or an
+    absolute local path as it is. Under a URL `..` stops at the bucket."""
+    relative = os.fspath(relative)
+    if is_url(relative) or os.path.isabs(relative):
+        return relative
+    base = absolute(base)
+    if not is_url(base):
+        return os.path.normpath(os.path.join(base, relative))
+    key = posixpath.normpath(posixpath.join("/" + _key(base), relative)).lstrip("/")
+    return f"{base.split('://', 1)[0]}://{bucket(base)}" + (f"/{key}" if key else "")
+
+
+def _key(url: str) -> str:
+    """"x/y" of gs://b/x/y (the object name or prefix in its bucket)."""
+    rest = absolute(url).split("://", 1)[1]
+    return rest.split("/", 1)[1] if "/" in rest else ""
+
+
 def dirname(path) -> str:
     path = os.fspath(path)
     if is_url(path):

@@ -280,7 +280,7 @@ def main_stream():
     from templm.reports.stream import write_stream_report
 
     results = stream_evaluation()
-    out_dir = os.path.dirname(results["files"]["results.json"])
+    out_dir = paths.dirname(results["files"]["results.json"])
     files = {**results["files"], **write_stream_report(results, out_dir)}
     print(json.dumps({**summarize(results), "files": files}, indent=1))
     return 0

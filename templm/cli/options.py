@@ -306,11 +306,13 @@ URL_SERVED: Dict[str, frozenset] = {
     "data templama": frozenset({"--dump", "--out"}),
     "data cronquestions": frozenset({"--release", "--out"}),
     "is-eval": frozenset({"--out", "--world_dir"}),
+    "train-lm": frozenset({"MODEL_DIR", "CORPUS", "SPLIT_DIR", "SPM_MODEL"}),
+    "stream": frozenset({"OUT_DIR", "TIME_STRATIFIED_DIR", "CONTROL_DIR"}),
 }
 PATH_FLAGS = ("out", "output", "input", "corpus", "stream_corpus", "world_dir", "templama_dir", "split_dir", "texts",
               "task_data", "release", "dump", "calibration")
 PATH_MACROS = ("MODEL_DIR", "INITIAL_CHECKPOINT_PATH", "OUT_DIR", "SPLIT_DIR", "TIME_STRATIFIED_DIR", "CONTROL_DIR",
-               "CRONQUESTIONS_DIR")
+               "CRONQUESTIONS_DIR", "CORPUS", "SPM_MODEL")
 PATH_VARIABLES = {"data_dir": "TEMPLM_DATA_DIR", "vocabulary": "TEMPLM_VOCABULARY",
                   "cronquestions_dir": "TEMPLM_CRONQUESTIONS_DIR", "cache_dir": "TEMPLM_CACHE"}
 

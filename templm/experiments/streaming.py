@@ -41,7 +41,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from templm import console
+from templm import console, paths, remote
 from templm.data.lm_data import load_processor, read_split_documents, split_path, tokenize_documents
 from templm.data.readers import Corpus, read_documents, resolve_corpus
 from templm.data.splits import UnsplittableCorpus, make_splits, read_split_file
@@ -152,7 +152,7 @@ def _run_tokenizers(loaded: Mapping[str, Any], runs_dirs: Mapping[str, str],
     files = {}
     for name, (_, _, meta) in loaded.items():
         path = spm_model or meta["spm_model"]
-        if not os.path.exists(path):
+        if not paths.exists(path):
             raise DataError("no such SentencePiece model file" + ("" if spm_model else
                             f" (the {name} model's, {runs_dirs[name]})"), path)
         if meta.get("spm_sha256") != file_sha256(path):
@@ -163,7 +163,7 @@ def _run_tokenizers(loaded: Mapping[str, Any], runs_dirs: Mapping[str, str],
                                 runs_dirs[name])
             raise DataError(f"the {name} model's SentencePiece model has changed since it was trained "
                             f"(SHA-256 differs from the one recorded in {runs_dirs[name]})", path)
-        files[name] = os.path.abspath(path)
+        files[name] = paths.absolute(path)
     return files
 
 
@@ -232,9 +232,10 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
     """Streaming evaluation of a TIME-STRATIFIED (and a CONTROL) checkpoint; writes out_dir/results.json.
 
     Args:
-      out_dir: where results.json goes (and, from the `templm stream` verb, report.md and the figures).
-      time_stratified_dir / control_dir: `templm train_lm` run folders (latest checkpoint unless `step`). Without a
-        CONTROL run there is no relative increase.
+      out_dir: where results.json goes (and, from the `templm stream` verb, report.md and the figures); a folder
+        or a URL (gs://), checked before any work.
+      time_stratified_dir / control_dir: `templm train_lm` run folders (latest checkpoint unless `step`), local or
+        URLs; the files their records name may be URLs too. Without a CONTROL run there is no relative increase.
       data: the test stream, its neighbouring splits and how they are read (StreamData; gin `templm.StreamData`).
       dynamic: the dynamic-evaluation variants (DynamicEvalConfig; gin `templm.DynamicEvalConfig`).
       analyses: the analyses' settings (StreamAnalyses; gin `templm.StreamAnalyses`).
@@ -268,6 +269,9 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
         "emerging_ratio": (analyses.emerging_ratio, float, 1, None), "n_topics": (analyses.n_topics, int, 1, None)},
         optional=("train_count_documents",))
     batch_size, corpus_format, dynamic_on_control = data.batch_size, data.corpus_format, dynamic.on_control
+    out_dir = paths.absolute(out_dir) if paths.is_url(out_dir) else os.fspath(out_dir)
+    if partitioning.is_lead():  # an output bucket that cannot be written is said before the models are read
+        remote.check_location(out_dir, "OUT_DIR")
 
     # --- Checkpoints and the files they name. -----------------------------------------------------------------
     runs_dirs = {"time_stratified": time_stratified_dir}
@@ -280,7 +284,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
     loaded = {name: load_lm(path, step) for name, path in runs_dirs.items()}
     ts_meta = loaded["time_stratified"][2]
     corpus = data.corpus or ts_meta["corpus"]
-    split_dir = data.split_dir or os.path.dirname(ts_meta["split_file"])
+    split_dir = data.split_dir or paths.dirname(ts_meta["split_file"])
     test_split_file = split_path(data.test_split_file, split_dir, "test")
     train_split_file = data.train_split_file or ts_meta["split_file"]
     spm_models = _run_tokenizers(loaded, runs_dirs, data.spm_model)
@@ -313,7 +317,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
     validation_split_file = split_path(data.validation_split_file, split_dir, "time_stratified_validation")
     validation_docs = None
     if any(v.get("lrs") for v in variants):
-        if os.path.exists(validation_split_file):
+        if paths.exists(validation_split_file):
             validation_docs = read_split_documents(corpus, validation_split_file, corpus_format)
         else:
             console.warn(f"no validation split {validation_split_file}: the dynamic-evaluation variants keep their "
@@ -372,22 +376,22 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
 
     # --- Analyses and results.json. -------------------------------------------------------------------------
     train_counts = word_counts(_sample_documents(train_docs, analyses.train_count_documents, seed))
-    settings = {"test_split": os.path.basename(test_split_file),
+    settings = {"test_split": paths.basename(test_split_file),
                 "steps": "/".join(f"{name} {meta['step']}" for name, (_, _, meta) in loaded.items())}
     results = stream_results(stream, lps, seg_len=seg_len, mem_len=mem_len, batch_size=batch_size,
                              train_counts=train_counts, min_test_count=analyses.min_test_count,
                              ratio=analyses.emerging_ratio, n_topics=analyses.n_topics, seed=seed,
                              topics=analyses.topics, pos=analyses.pos, settings=settings,
                              baseline="control", streams=None if shared else streams)
-    results["inputs"] = {"corpus": resolve_corpus(corpus), "test_split_file": os.path.abspath(test_split_file),
-                         "train_split_file": os.path.abspath(train_split_file),
-                         "spm_models": {name: os.path.abspath(path) for name, path in spm_models.items()},
+    results["inputs"] = {"corpus": resolve_corpus(corpus), "test_split_file": paths.absolute(test_split_file),
+                         "train_split_file": paths.absolute(train_split_file),
+                         "spm_models": {name: paths.absolute(path) for name, path in spm_models.items()},
                          "shared_tokenizer": shared,
-                         "checkpoints": {name: {"dir": os.path.abspath(runs_dirs[name]), "step": meta["step"],
+                         "checkpoints": {name: {"dir": paths.absolute(runs_dirs[name]), "step": meta["step"],
                                                 "split_file": meta["split_file"]}
                                          for name, (_, _, meta) in loaded.items()}}
     results["dynamic"] = {"variants": variants, "on_control": dynamic_on_control, "ms_segments": dynamic.ms_segments,
-                          "validation_split_file": (os.path.abspath(validation_split_file) if validation_docs
+                          "validation_split_file": (paths.absolute(validation_split_file) if validation_docs
                                                     else None),
                           "chosen": chosen}
     results["findings"] = judge(results, STREAMING)
@@ -395,9 +399,9 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
     if comparison is not None:
         results["tokenizer_comparison"] = comparison
     results["timings_sec"] = {**timings, "total": time.time() - started}
-    path = os.path.join(out_dir, "results.json")
+    path = paths.join(out_dir, "results.json")
     if partitioning.is_lead():  # a multi-host run: every process evaluated alike, process 0 writes
-        os.makedirs(out_dir, exist_ok=True)
+        paths.makedirs(out_dir)
         write_json(path, results)
     results["files"] = {"results.json": path}
     return results

@@ -21,7 +21,7 @@ from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
-from templm import console
+from templm import console, paths
 from templm.data.token_stream import month_number
 from templm.io import atomic_write, jsonable
 from templm.metrics.stream import LARGER_MODEL_RUN, OCCURRENCE_CATEGORIES, relative_increase
@@ -259,8 +259,8 @@ def write_stream_report(results: Mapping[str, Any], out_dir: str) -> Dict[str, s
         png = draw(clean)
         if png is not None:
             files[name] = png
-    os.makedirs(out_dir, exist_ok=True)
-    return {name: atomic_write(os.path.join(out_dir, name), content) for name, content in files.items()}
+    paths.makedirs(out_dir)  # a URL (gs://): each object uploaded whole (templm.io.atomic_write)
+    return {name: atomic_write(paths.join(out_dir, name), content) for name, content in files.items()}
 
 
 def streaming_section(summary: Mapping[str, Any], figures_dir: str) -> str:
@@ -299,17 +299,18 @@ def _draw_summary_figures(summary: Mapping[str, Any], figures_dir: str) -> Dict[
     path = summary.get("results")
     if not path:
         return {}
-    if not os.path.exists(path):
+    if not paths.exists(path):
         console.warn(f"the streaming results {path} are missing: the report's streaming section has no figures")
         return {}
-    with open(path, encoding="utf-8") as f:
+    with paths.open(path, encoding="utf-8") as f:
         results = json.load(f)
-    link_dir = os.path.basename(os.path.normpath(figures_dir))
+    link_dir = (paths.basename(figures_dir) if paths.is_url(figures_dir)
+                else os.path.basename(os.path.normpath(figures_dir)))
     links = {}
     for name, target, _ in _FIGURES:
         png = _DRAW[name](results)
         if png is not None:
-            os.makedirs(figures_dir, exist_ok=True)
-            atomic_write(os.path.join(figures_dir, target), png)
+            paths.makedirs(figures_dir)
+            atomic_write(paths.join(figures_dir, target), png)
             links[name] = f"{link_dir}/{target}"
     return links

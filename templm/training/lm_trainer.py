@@ -42,6 +42,7 @@ import optax
 from absl import logging
 from jax.sharding import PartitionSpec
 
+from templm import paths, remote
 from templm.data.lm_data import (DATA_ORDERS, LMData, load_processor, read_split_documents, split_path,
                                  tokenize_documents)
 from templm.data.readers import resolve_corpus
@@ -94,27 +95,36 @@ def config_from_json(values: Dict[str, Any], where: str = "") -> TransformerXLCo
 
 
 def load_lm(model_dir: str, step: Optional[int] = None) -> Tuple[TransformerXL, Any, Dict[str, Any]]:
-    """(model, params as host arrays, checkpoint record) of a `train_lm` run folder (latest step unless `step`)."""
-    directory = os.path.join(os.fspath(model_dir), "checkpoints")
-    if not os.path.isdir(directory):
+    """(model, params as host arrays, checkpoint record) of a `train_lm` run folder (latest step unless `step`);
+    a local folder or a URL (gs://)."""
+    model_dir = paths.absolute(model_dir)
+    directory = paths.join(model_dir, "checkpoints")
+    if not paths.isdir(directory):
+        remote.check_location(model_dir, "the Transformer-XL run", write=False)  # a bucket's cause, if any
         raise DataError("no checkpoints folder: not a trained Transformer-XL run (templm train_lm)", model_dir)
     params, meta = load_params(directory, step)
     if "model_config" not in meta:
         raise DataError("the checkpoint records no model_config: not a Transformer-XL run (templm train_lm)",
                         directory)
     model = TransformerXL(config_from_json(meta["model_config"], directory))
-    return model, jax.tree.map(np.asarray, params), _paths_here(meta, os.path.abspath(os.fspath(model_dir)))
+    return model, jax.tree.map(np.asarray, params), _paths_here(meta, model_dir)
 
 
 # The files a run's record names: each relative to the run's folder where it lies in the folder that holds the run
 # (a study's vocabulary, splits and world beside its models), so the whole folder can be moved or renamed; absolute
-# otherwise (a corpus of the user's, elsewhere).
+# otherwise (a corpus of the user's, elsewhere). In a bucket the same holds within the bucket: a run at
+# gs://b/runs/ts records gs://b/runs/spm.model as ../spm.model, and a local file (or another bucket's) as it is.
 _RECORDED_PATHS = ("corpus", "split_file", "spm_model")
 
 
 def _portable(path: str, model_dir: str) -> str:
-    path = os.path.abspath(path)
-    return os.path.relpath(path, model_dir) if path.startswith(os.path.dirname(model_dir) + os.sep) else path
+    path = paths.absolute(path)
+    parent = paths.dirname(model_dir)
+    if paths.is_url(path) != paths.is_url(model_dir) or (paths.is_url(path) and (
+            paths.scheme(path), paths.bucket(path)) != (paths.scheme(model_dir), paths.bucket(model_dir))):
+        return path
+    inside = path.startswith(parent.rstrip("/") + "/") if paths.is_url(path) else path.startswith(parent + os.sep)
+    return paths.relpath(path, model_dir) if inside else path
 
 
 def _paths_here(meta: Mapping[str, Any], model_dir: str) -> Dict[str, Any]:
@@ -122,7 +132,7 @@ def _paths_here(meta: Mapping[str, Any], model_dir: str) -> Dict[str, Any]:
     def here(value):
         if isinstance(value, (list, tuple)):
             return [here(v) for v in value]
-        return value if os.path.isabs(value) else os.path.normpath(os.path.join(model_dir, value))
+        return paths.resolve(model_dir, value)
 
     return {**meta, **{key: here(meta[key]) for key in _RECORDED_PATHS if isinstance(meta.get(key), (str, list))}}
 
@@ -197,7 +207,8 @@ def train_lm(model_dir: str = gin.REQUIRED, config: Union[str, TransformerXLConf
     """Trains a Transformer-XL language model on one split of a corpus; resumes from `model_dir` if it holds a run.
 
     Args:
-      model_dir: run folder: `checkpoints/` (orbax), `metrics.jsonl`, TensorBoard events.
+      model_dir: run folder: `checkpoints/` (orbax), `metrics.jsonl`, TensorBoard events; a local folder or a URL
+        (gs://, checked before the data is read). The corpus, split files and SentencePiece model may be URLs too.
       config: a TransformerXLConfig or a TXL_CONFIGS name; tgt_len is the segment length, mem_len the training
         memory. config.vocab_size must hold the pieces of the data's SentencePiece model.
       train_dataset_cfg: the corpus, its split and SentencePiece model, the batch (parallel rows; the global batch
@@ -225,7 +236,8 @@ def train_lm(model_dir: str = gin.REQUIRED, config: Union[str, TransformerXLConf
     require_numbers("templm.train_lm", {
         "total_steps": (total_steps, int, 1, "TRAIN_STEPS"), "random_seed": (random_seed, int, 0, "SEED"),
         "stats_period": (stats_period, int, 1, None)})
-    require_folder("templm.train_lm", "model_dir", "MODEL_DIR", os.fspath(model_dir))
+    if not paths.is_url(model_dir):
+        require_folder("templm.train_lm", "model_dir", "MODEL_DIR", os.fspath(model_dir))
     if checkpoint_cfg.restore.path:
         raise ConfigError("templm.train_lm starts from a random initialisation: unset "
                           "templm.RestoreCheckpointConfig.path (to go on with a run, train into its MODEL_DIR)")
@@ -234,10 +246,12 @@ def train_lm(model_dir: str = gin.REQUIRED, config: Union[str, TransformerXLConf
     data_seed = seed if data_cfg.seed is None else data_cfg.seed
     if data_cfg.data_order not in DATA_ORDERS:
         raise ValueError(f"data_order must be one of {DATA_ORDERS}, got {data_cfg.data_order!r}")
-    model_dir = os.path.abspath(os.fspath(model_dir))
-    split_file = os.path.abspath(split_path(data_cfg.split_file, data_cfg.split_dir, data_cfg.split))
+    model_dir = paths.absolute(model_dir)
+    if jax.process_index() == 0:  # a bucket that cannot be written is said before the data is read
+        remote.check_location(model_dir, "MODEL_DIR")
+    split_file = paths.absolute(split_path(data_cfg.split_file, data_cfg.split_dir, data_cfg.split))
     corpus = resolve_corpus(data_cfg.corpus)
-    spm_model = os.path.abspath(os.fspath(data_cfg.spm_model))
+    spm_model = paths.absolute(data_cfg.spm_model)
     mesh = options.mesh or partitioning.make_mesh()
     rules = partitioning.logical_axis_rules()
     n_data = mesh.shape["data"]
@@ -297,7 +311,7 @@ def train_lm(model_dir: str = gin.REQUIRED, config: Union[str, TransformerXLConf
         local = batch_size // jax.process_count()
         rows = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
         hooks = loop.Hooks(extra_scalars=lambda step: {"epoch": step / data.segments_per_epoch},
-                           progress=options.progress, name=os.path.basename(model_dir), shown=("epoch", "loss", "ppl"))
+                           progress=options.progress, name=paths.basename(model_dir), shown=("epoch", "loss", "ppl"))
         context = loop.RunContext(folder.checkpointer, folder.log, meta, jax.random.key(seed + 1), start_step,
                                   total_steps, stats_period, batch_size * config.tgt_len, hooks)
         state, logged = loop.run(
