@@ -555,3 +555,31 @@ def test_train_lm_and_stream_read_and_write_a_bucket_as_a_local_folder(gcs, buck
         # The record names the bucket's files beside the run relative to it, as a local run's record does.
         assert (meta["split_file"], meta["spm_model"]) == (f"../data/splits/{run}_train.gz", f"../data/spm_{run}.model")
     assert not [n for n in names if ".templm.lock" in n or ".templm-probe" in n or ".partial" in n]
+
+
+def _comparable(text, out):
+    """A results.json with its folder's name replaced and its timings left out."""
+    results = json.loads(text.replace(out, "<OUT>"))
+    results.pop("timing", None)
+    return results
+
+
+@pytest.mark.e2e
+def test_the_study_into_a_bucket_gives_the_local_study_s_results(gcs, bucket, tiny_study, tmp_path):
+    """The suite's tiny study (both halves) with --out in the bucket: results.json equal to the session's local run
+    of the same command (timings and the folder's own name aside), report.md and the figures in the bucket, nothing
+    in the folder the command ran in."""
+    from templm_testing import TINY_STUDY
+
+    out = f"gs://{bucket}/study"
+    result = run_templm(*TINY_STUDY, f"--out={out}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert os.listdir(tmp_path) == []
+    local_dir, _, _ = tiny_study()
+    with open(os.path.join(local_dir, "results.json"), encoding="utf-8") as f:
+        local = _comparable(f.read(), str(local_dir))
+    there = _comparable(gcs.read(bucket, "study/results.json").decode("utf-8"), out)
+    assert there == local
+    names = set(gcs.objects(bucket))
+    assert {"study/report.md", "study/run.json", "study/figures/future_loglik.png"} <= names
+    assert not any(".partial" in n or n.endswith(".lock") or ".templm-probe" in n for n in names), sorted(names)

@@ -306,6 +306,7 @@ URL_SERVED: Dict[str, frozenset] = {
     "data templama": frozenset({"--dump", "--out"}),
     "data cronquestions": frozenset({"--release", "--out"}),
     "is-eval": frozenset({"--out", "--world_dir"}),
+    "reproduce": frozenset({"--out"}),
     "train-lm": frozenset({"MODEL_DIR", "CORPUS", "SPLIT_DIR", "SPM_MODEL"}),
     "stream": frozenset({"OUT_DIR", "TIME_STRATIFIED_DIR", "CONTROL_DIR"}),
 }

@@ -42,6 +42,7 @@ import numpy as np
 from absl import logging
 
 from templm import console, paths, remote
+from templm.outputs import build_output_folder
 from templm.data.lm_data import load_processor, read_split_documents, split_path, tokenize_documents
 from templm.data.readers import Corpus, read_documents, resolve_corpus
 from templm.data.splits import UnsplittableCorpus, make_splits, read_split_file
@@ -425,9 +426,9 @@ def published_split_stats(split_dir: str) -> Dict[str, Any]:
     """The sizes and date ranges of the split files in `split_dir` (a published release's or `templm data splits`'
     folder: NAME.gz as the release ships them, or NAME where a copy was gunzipped), read from the files themselves;
     DataError naming the folder for a missing file."""
-    split_dir = os.path.abspath(os.fspath(split_dir))
+    split_dir = paths.absolute(split_dir)
     files = {name: split_path(None, split_dir, name) for name in STREAM_SPLIT_FILES}
-    missing = [f"{name}.gz" for name, path in files.items() if not os.path.isfile(path)]
+    missing = [f"{name}.gz" for name, path in files.items() if not paths.isfile(path)]
     if missing:
         raise DataError(f"not a TIME-STRATIFIED / CONTROL split folder: {', '.join(missing)} missing (expected "
                         f"{', '.join(n + '.gz' for n in STREAM_SPLIT_FILES)}, as the paper's release and `templm data "
@@ -438,7 +439,7 @@ def published_split_stats(split_dir: str) -> Dict[str, Any]:
         if not dates:
             raise DataError("names no document", path)
         splits[name] = {"documents": len(dates), "first_date": min(dates).isoformat(),
-                        "last_date": max(dates).isoformat(), "file": os.path.basename(path)}
+                        "last_date": max(dates).isoformat(), "file": paths.basename(path)}
     return {"split_dir": split_dir, "published": True, "cutoff": splits["time_stratified_train"]["last_date"],
             "splits": splits}
 
@@ -458,28 +459,33 @@ def prepare_stream_data(out_dir: str, *, corpus: Optional[Corpus] = None, world:
 
     Returns {"corpus", "split_dir", "spm_models": {"time_stratified": file, "control": file}, "spm_model": the
     TIME-STRATIFIED one, "shared_tokenizer", "splits": stats}."""
-    out_dir = os.path.abspath(os.fspath(out_dir))
-    os.makedirs(out_dir, exist_ok=True)
+    out_dir = paths.absolute(out_dir)
+    paths.makedirs(out_dir)
     if corpus is None:
         if split_dir is not None:
             raise ValueError("split files need the corpus they split (corpus)")
         world = world if world is not None else WorldConfig(seed=seed)
-        generate_world(world, os.path.join(out_dir, "world"))
-        corpus = os.path.join(out_dir, "world", "news.jsonl")
+        generate_world(world, paths.join(out_dir, "world"))
+        corpus = paths.join(out_dir, "world", "news.jsonl")
     if split_dir is not None:
         stats = published_split_stats(split_dir)
         split_dir = stats["split_dir"]
     else:
-        split_dir = os.path.join(out_dir, "splits")
-        stats = make_splits(corpus, split_dir, cutoff=cutoff, test_months=test_months,
-                            test_docs_per_month=test_docs_per_month, seed=seed)
+        split_dir = paths.join(out_dir, "splits")
+
+        def split(folder):
+            return make_splits(corpus, folder, cutoff=cutoff, test_months=test_months,
+                               test_docs_per_month=test_docs_per_month, seed=seed)
+
+        # In a bucket the split files are written locally and put in place whole (they name no folder).
+        stats = build_output_folder(split_dir, "splits", split) if paths.is_url(split_dir) else split(split_dir)
     groups = {"shared": ("time_stratified_train", "control_train")} if shared_tokenizer else \
         {"time_stratified": ("time_stratified_train",), "control": ("control_train",)}
     files = {}
     for group, splits in groups.items():
         ids = {doc_id for name in splits for _, doc_id in read_split_file(split_path(None, split_dir, name))}
         docs = (d for d in read_documents(corpus) if d.id in ids)
-        prefix = os.path.join(out_dir, "spm" if shared_tokenizer else f"spm_{group}")
+        prefix = paths.join(out_dir, "spm" if shared_tokenizer else f"spm_{group}")
         files[group] = train_spm(docs, prefix, vocab_size=vocab_size, max_sentences=max_spm_sentences, seed=seed,
                                  exact_size=exact_vocab_size)
     spm_models = {name: files["shared" if shared_tokenizer else name] for name in ("time_stratified", "control")}
@@ -567,12 +573,12 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
     "preset" and "timings_sec".
     """
     p = stream_preset(preset)
-    out_dir = os.path.abspath(os.fspath(out_dir))
+    out_dir = paths.absolute(out_dir)
     timings: Dict[str, float] = {}
     t0 = time.time()
     if world_dir is not None and corpus is None:
-        corpus = os.path.join(world_dir, "news.jsonl")
-        if not os.path.exists(corpus):
+        corpus = paths.join(world_dir, "news.jsonl")
+        if not paths.exists(corpus):
             raise DataError("no news.jsonl here: not an embedded world (templm data world)", world_dir)
     data = _prepared_once(out_dir, lambda: prepare_preset_data(out_dir, preset, seed, corpus=corpus,
                                                                shared_tokenizer=shared_tokenizer, split_dir=split_dir,
@@ -592,19 +598,19 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
                        TransformerXLConfig(vocab_size=p.model_vocab_size, **p.larger_model_config)))
     for name, split, tokenizer, run_config in setups:
         t0 = time.time()
-        train_preset_lm(os.path.join(out_dir, name), run_config, p, seed, mesh, corpus=data["corpus"],
+        train_preset_lm(paths.join(out_dir, name), run_config, p, seed, mesh, corpus=data["corpus"],
                         split_dir=data["split_dir"], split=split, spm_model=data["spm_models"][tokenizer])
         timings[f"train_{name}"] = time.time() - t0
         console.say(f"stream experiment: {name} model trained ({timings[f'train_{name}']:.1f}s)")
 
     t0 = time.time()
-    results = stream_evaluation(os.path.join(out_dir, "stream"), os.path.join(out_dir, "time_stratified"),
-                                os.path.join(out_dir, "control"),
+    results = stream_evaluation(paths.join(out_dir, "stream"), paths.join(out_dir, "time_stratified"),
+                                paths.join(out_dir, "control"),
                                 dynamic=DynamicEvalConfig(p.dynamic, ms_segments=p.ms_segments),
                                 analyses=StreamAnalyses(train_count_documents=p.train_count_documents,
                                                         min_test_count=p.min_test_count, n_topics=p.n_topics),
                                 seed=seed,
-                                extra_dirs={name: os.path.join(out_dir, name) for name, *_ in setups[2:]} or None)
+                                extra_dirs={name: paths.join(out_dir, name) for name, *_ in setups[2:]} or None)
     timings["evaluate"] = time.time() - t0
     summary = summarize(results)
     summary.update(out_dir=out_dir, results=results["files"]["results.json"],
@@ -613,7 +619,7 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
     if "tokenizer_comparison" in results:
         summary["tokenizer_comparison"] = results["tokenizer_comparison"]
     if partitioning.is_lead():
-        write_json(os.path.join(out_dir, "summary.json"), summary)
+        write_json(paths.join(out_dir, "summary.json"), summary)
     return summary
 
 
@@ -626,7 +632,7 @@ def _prepared_once(out_dir: str, prepare: Callable[[], Dict[str, Any]]) -> Dict[
     processes read that once process 0 is done."""
     if jax.process_count() == 1:
         return prepare()
-    path = os.path.join(out_dir, DATA_RECORD)
+    path = paths.join(out_dir, DATA_RECORD)
 
     def record():
         try:
@@ -637,7 +643,7 @@ def _prepared_once(out_dir: str, prepare: Callable[[], Dict[str, Any]]) -> Dict[
 
     partitioning.on_lead(record, lambda: DataError("process 0 could not prepare the streaming half's data (its "
                                                    "messages say why)", out_dir))
-    with open(path, encoding="utf-8") as f:
+    with paths.open(path, encoding="utf-8") as f:
         outcome = json.load(f)
     if "unsplittable" in outcome:
         raise UnsplittableCorpus(outcome["unsplittable"], outcome.get("path"))
@@ -683,11 +689,11 @@ def reproduce_stage(context: Any) -> Dict[str, Any]:
     preset = getattr(context, "stream_preset", None) or (name if name in PRESETS else "smoke")
     corpus, split_dir, cutoff = _stream_data(context)
     try:
-        summary = run_stream_experiment(os.path.join(context.out_dir, "stream_experiment"), preset=preset,
+        summary = run_stream_experiment(paths.join(context.out_dir, "stream_experiment"), preset=preset,
                                         seed=int(context.seed), corpus=corpus, split_dir=split_dir, cutoff=cutoff,
                                         preset_name=name)
     except UnsplittableCorpus as e:
         raise StageSkipped(f"the corpus cannot be split: {e.reason}") from None
-    base = os.path.abspath(context.out_dir)
-    return {**summary, "out_dir": os.path.relpath(summary["out_dir"], base),
-            "results": os.path.relpath(os.path.abspath(summary["results"]), base)}
+    base = paths.absolute(context.out_dir)
+    return {**summary, "out_dir": paths.relpath(summary["out_dir"], base),
+            "results": paths.relpath(summary["results"], base)}
