@@ -38,7 +38,7 @@ _SIGNATURES: Dict[str, Sequence[str]] = {
     "CALM corpus": ("vocab",),
     "reproduction": ("run.json",),
 }
-_HELD: Dict[str, list] = {}  # lock path -> [open file, depth]: a process may take its own lock again
+_HELD: Dict[str, int] = {}  # lock path -> depth: a process may take its own lock again (nested stages)
 
 
 def kind_of(folder: str) -> str:
@@ -119,13 +119,12 @@ def locked(lock_path: str, what: str, wait: bool = False) -> Iterator[None]:
     is removed when the lock is released (still holding it, so that no one else can take a stale copy)."""
     lock_path = os.path.abspath(lock_path)
     _check_own_lock(lock_path)
-    if lock_path in _HELD:
-        _HELD[lock_path][1] += 1
-        try:
-            yield
-        finally:
-            _HELD[lock_path][1] -= 1
-        return
+    with _nested(lock_path, lambda path: _flocked(path, what, wait)):
+        yield
+
+
+@contextlib.contextmanager
+def _flocked(lock_path: str, what: str, wait: bool) -> Iterator[None]:
     os.makedirs(os.path.dirname(lock_path), exist_ok=True)
     f = _acquire(lock_path, what, wait)
     try:
@@ -133,11 +132,9 @@ def locked(lock_path: str, what: str, wait: bool = False) -> Iterator[None]:
         f.truncate()
         f.write(json.dumps(_holder()) + "\n")
         f.flush()
-        _HELD[lock_path] = [f, 1]
         try:
             yield
         finally:
-            del _HELD[lock_path]
             try:
                 os.unlink(lock_path)
             except FileNotFoundError:
@@ -177,14 +174,14 @@ def lock_inside(folder: str, what: str) -> contextlib.AbstractContextManager:
 def _nested(lock: str, take: Callable[[str], Any]) -> Iterator[None]:
     """`take(lock)` for the block, unless this process holds that lock already (nested stages)."""
     if lock in _HELD:
-        _HELD[lock][1] += 1
+        _HELD[lock] += 1
         try:
             yield
         finally:
-            _HELD[lock][1] -= 1
+            _HELD[lock] -= 1
         return
     with take(lock):
-        _HELD[lock] = [None, 1]
+        _HELD[lock] = 1
         try:
             yield
         finally:
