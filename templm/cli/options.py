@@ -306,7 +306,8 @@ URL_SERVED: Dict[str, frozenset] = {
     "data templama": frozenset({"--dump", "--out"}),
     "data cronquestions": frozenset({"--release", "--out"}),
     "is-eval": frozenset({"--out", "--world_dir"}),
-    "reproduce": frozenset({"--out"}),
+    "reproduce": frozenset({"--out", "--corpus", "--templama_dir", "--split_dir", "--task_data", "--stream_corpus",
+                            "--calibration"}),
     "train-lm": frozenset({"MODEL_DIR", "CORPUS", "SPLIT_DIR", "SPM_MODEL"}),
     "stream": frozenset({"OUT_DIR", "TIME_STRATIFIED_DIR", "CONTROL_DIR"}),
 }
