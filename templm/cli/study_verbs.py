@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from typing import List, Optional
 
 from absl import flags
@@ -233,7 +232,7 @@ def main_appendices():
 
     results = run_appendices(FLAGS.out, FLAGS.which, FLAGS.preset, FLAGS.seed, [int(s) for s in FLAGS.shifts],
                              [int(g) for g in FLAGS.gaps], corpus_flag())
-    paths = write_appendices_report(results, os.path.abspath(FLAGS.out))
-    with open(paths["report.md"], encoding="utf-8") as f:
+    written = write_appendices_report(results, storage.absolute(FLAGS.out))
+    with storage.open(written["report.md"], encoding="utf-8") as f:
         print(f.read())
     return 0

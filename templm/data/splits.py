@@ -203,7 +203,8 @@ os.umask(_UMASK)
 
 
 class _AtomicOutputs:
-    """Files written to temporary names in their folder and renamed into place together by `commit`."""
+    """Files written to temporary names in their folder and renamed into place together by `commit`. A file whose
+    place is a URL (gs://) is written to a local temporary file and put as one object at `commit`."""
 
     def __init__(self):
         self._pending: List[Tuple[str, str]] = []
@@ -212,9 +213,12 @@ class _AtomicOutputs:
         return self
 
     def temp_path(self, final_path: str) -> str:
-        folder, name = os.path.split(final_path)
-        os.makedirs(folder or ".", exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder or ".")
+        if paths.is_url(final_path):
+            fd, tmp = tempfile.mkstemp(prefix="templm-split-", suffix=".tmp")
+        else:
+            folder, name = os.path.split(final_path)
+            os.makedirs(folder or ".", exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder or ".")
         os.close(fd)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; give them the usual mode
         self._pending.append((tmp, final_path))
@@ -222,7 +226,11 @@ class _AtomicOutputs:
 
     def commit(self) -> None:
         for tmp, final in self._pending:
-            os.replace(tmp, final)
+            if paths.is_url(final):
+                paths.copy(tmp, final, overwrite=True)
+                os.remove(tmp)
+            else:
+                os.replace(tmp, final)
         self._pending = []
 
     def __exit__(self, *exc) -> None:

@@ -22,11 +22,10 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
 import time
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from templm import console
+from templm import console, paths, remote
 from templm.data.lm_data import split_path
 from templm.data.readers import Corpus, read_documents
 from templm.data.splits import distance_splits, read_split_file
@@ -61,9 +60,9 @@ def _world_corpus(out_dir: str, preset: StreamPreset, seed: int, corpus: Optiona
         return corpus
     world = WorldConfig(seed=seed, start_year=preset.start_year, end_year=preset.end_year,
                         subjects_per_relation=preset.subjects_per_relation, docs_per_month=preset.docs_per_month)
-    folder = os.path.join(out_dir, "world")
+    folder = paths.join(out_dir, "world")
     generate_world(world, folder)
-    return os.path.join(folder, "news.jsonl")
+    return paths.join(folder, "news.jsonl")
 
 
 def run_shifted_periods(out_dir: str, preset: Union[str, StreamPreset] = "smoke", seed: int = 0,
@@ -80,9 +79,9 @@ def run_shifted_periods(out_dir: str, preset: Union[str, StreamPreset] = "smoke"
             raise ValueError(f"shifts must be whole years of at least 0, got {k}")
         cutoff = shift_years(p.cutoff, k)
         started = time.time()
-        summary = run_stream_experiment(os.path.join(out_dir, f"shift_{k}"), corpus=corpus, preset=p, seed=seed,
+        summary = run_stream_experiment(paths.join(out_dir, f"shift_{k}"), corpus=corpus, preset=p, seed=seed,
                                         cutoff=cutoff, mesh=mesh)
-        with open(summary["results"], encoding="utf-8") as f:
+        with paths.open(summary["results"], encoding="utf-8") as f:
             results = json.load(f)
         word = {run: results["runs"][run]["static"]["overall"]["word_ppl"] for run in ("time_stratified", "control")}
         relative = results["relative"]["static"]
@@ -114,7 +113,7 @@ def run_increasing_distance(out_dir: str, preset: Union[str, StreamPreset] = "sm
 
     def train(name: str, split_file: str, spm_model: str) -> str:
         started = time.time()
-        folder = os.path.join(out_dir, name)
+        folder = paths.join(out_dir, name)
         train_preset_lm(folder, config, p, seed, mesh, corpus=data["corpus"], split_file=split_file,
                         spm_model=spm_model)
         console.say(f"appendices: {name} trained ({format_duration(time.time() - started)})")
@@ -122,14 +121,14 @@ def run_increasing_distance(out_dir: str, preset: Union[str, StreamPreset] = "sm
 
     runs = {}
     for g, info in section["gaps"].items():
-        split_file = os.path.join(info["split_dir"], "train.gz")
+        split_file = paths.join(info["split_dir"], "train.gz")
         ids = {doc_id for _, doc_id in read_split_file(split_file)}
         spm = train_spm((d for d in read_documents(data["corpus"]) if d.id in ids),
-                        os.path.join(out_dir, f"spm_gap_{g}"), vocab_size=p.vocab_size, seed=seed, exact_size=False)
+                        paths.join(out_dir, f"spm_gap_{g}"), vocab_size=p.vocab_size, seed=seed, exact_size=False)
         runs[f"gap_{g}"] = train(f"gap_{g}", split_file, spm)
     control = train("control", split_path(None, split_dir, "control_train"), data["spm_models"]["control"])
     names = list(runs)
-    results = stream_evaluation(os.path.join(out_dir, "stream"), runs[names[0]], control,
+    results = stream_evaluation(paths.join(out_dir, "stream"), runs[names[0]], control,
                                 StreamData(corpus=data["corpus"], split_dir=split_dir), DynamicEvalConfig(()),
                                 StreamAnalyses(topics=False, pos=False), seed=seed,
                                 extra_dirs={name: runs[name] for name in names[1:]})
@@ -140,7 +139,7 @@ def run_increasing_distance(out_dir: str, preset: Union[str, StreamPreset] = "sm
                            "ends": {g: info["end"] for g, info in section["gaps"].items()},
                            "control_word_ppl": results["runs"]["control"]["static"]["overall"]["word_ppl"],
                            "word_ppl": {}, "relative_per_month": {}, "documents": {},
-                           "results": os.path.join(out_dir, "stream", "results.json")}
+                           "results": paths.join(out_dir, "stream", "results.json")}
     for name in names:
         g = name[len("gap_"):]
         run = results["runs"][stored[name]]["static"]
@@ -160,7 +159,8 @@ def run_appendices(out_dir: str, which: Sequence[str] = WHICH, preset: Union[str
     if unknown or not which:
         raise ValueError(f"which must name some of {WHICH}, got {list(which)}")
     started = time.time()
-    out_dir = os.path.abspath(out_dir)
+    out_dir = paths.absolute(out_dir)
+    remote.check_location(out_dir, "--out")  # a bucket, before the work
     p = _static(preset)
     results: Dict[str, Any] = {"config": {"preset": preset if isinstance(preset, str) else "custom", "seed": seed,
                                           "which": list(which), "shifts": sorted({int(s) for s in shifts}),
@@ -168,10 +168,10 @@ def run_appendices(out_dir: str, which: Sequence[str] = WHICH, preset: Union[str
                                           "cutoff": p.cutoff.isoformat(), "test_months": p.test_months,
                                           "train_steps": p.train_steps}}
     if "shifted" in which:
-        results["periods"] = run_shifted_periods(os.path.join(out_dir, "shifted"), p, seed, shifts, corpus, mesh)
+        results["periods"] = run_shifted_periods(paths.join(out_dir, "shifted"), p, seed, shifts, corpus, mesh)
     if "distance" in which:
-        results["distance"] = run_increasing_distance(os.path.join(out_dir, "distance"), p, seed, gaps, corpus, mesh)
+        results["distance"] = run_increasing_distance(paths.join(out_dir, "distance"), p, seed, gaps, corpus, mesh)
     results["findings"] = judge(results, APPENDICES)
     results["config"]["seconds"] = round(time.time() - started, 1)
-    write_json(os.path.join(out_dir, "results.json"), results)
+    write_json(paths.join(out_dir, "results.json"), results)
     return results

@@ -6,11 +6,11 @@ period, with the CONTROL model's, Figure 9)."""
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Dict, Mapping
 
 import numpy as np
 
+from templm import paths as storage  # `paths` names the files the report writes
 from templm.io import atomic_write
 from templm.reports.figures import pyplot, save_figure
 from templm.reports.tables import finding_line, fmt_number, fmt_percent, markdown_table
@@ -103,14 +103,14 @@ def appendix_c_png(results: Mapping[str, Any], path: str) -> None:
 def write_appendices_report(results: Mapping[str, Any], out_dir: str) -> Dict[str, str]:
     """out_dir/report.md and out_dir/figures/appendix_{b,c}.png (those the results hold), each written through a
     temporary file. Returns {name: path}."""
-    figures = os.path.join(out_dir, "figures")
-    os.makedirs(figures, exist_ok=True)
-    paths = {"report.md": os.path.join(out_dir, "report.md")}
+    figures = storage.join(out_dir, "figures")
+    storage.makedirs(figures)
+    paths = {"report.md": storage.join(out_dir, "report.md")}
     if results.get("periods"):
-        paths["appendix_b.png"] = os.path.join(figures, "appendix_b.png")
+        paths["appendix_b.png"] = storage.join(figures, "appendix_b.png")
         appendix_b_png(results, paths["appendix_b.png"])
     if results.get("distance"):
-        paths["appendix_c.png"] = os.path.join(figures, "appendix_c.png")
+        paths["appendix_c.png"] = storage.join(figures, "appendix_c.png")
         appendix_c_png(results, paths["appendix_c.png"])
     atomic_write(paths["report.md"], appendices_markdown(results))
     return paths

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from templm import paths
-from cloud_testing import params_equal, upload
+from cloud_testing import params_equal, timeless, upload
 from templm_testing import run_templm
 
 
@@ -83,3 +83,25 @@ def test_train_lm_and_stream_read_and_write_a_bucket_as_a_local_folder(gcs, buck
         # The record names the bucket's files beside the run relative to it, as a local run's record does.
         assert (meta["split_file"], meta["spm_model"]) == (f"../data/splits/{run}_train.gz", f"../data/spm_{run}.model")
     assert not [n for n in names if ".templm.lock" in n or ".templm-probe" in n or ".partial" in n]
+
+
+@pytest.mark.e2e
+def test_the_appendices_into_a_bucket_as_into_a_local_folder(gcs, bucket, tmp_path):
+    """`templm appendices` (C: appendix B's shifted periods are streaming experiments, as the study's) with --out in
+    the bucket: its world, splits (the increasing-distance split files put as objects), models and stream there, and
+    the local run's results.json (folder names and timings aside)."""
+    args = ["--preset=tiny_test", "--which=distance", "--gaps=0,6,12"]
+    work = tmp_path / "cwd"
+    work.mkdir()
+    local, there = str(tmp_path / "app"), f"gs://{bucket}/app"
+    for out in (local, there):
+        result = run_templm("appendices", f"--out={out}", *args, cwd=work)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert os.listdir(work) == []
+    with open(os.path.join(local, "results.json"), encoding="utf-8") as f:
+        expected = timeless(json.loads(f.read().replace(local, "<OUT>")))
+    found = timeless(json.loads(gcs.read(bucket, "app/results.json").decode().replace(there, "<OUT>")))
+    assert found == expected
+    names = set(gcs.objects(bucket))
+    assert {"app/report.md", "app/figures/appendix_c.png"} <= names
+    assert any("increasing_distance/split_" in n and n.endswith("train.gz") for n in names)

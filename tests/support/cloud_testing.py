@@ -48,6 +48,8 @@ def timeless(value):
     """A JSON value without the time things took (keys `seconds`, `elapsed_s`)."""
     if isinstance(value, dict):
         return {k: timeless(v) for k, v in value.items() if k not in ("seconds", "elapsed_s")}
+    if isinstance(value, list):
+        return [timeless(v) for v in value]
     return value
 
 
