@@ -277,6 +277,7 @@ def main_data_calm():
 
     if bool(FLAGS.world_dir) == bool(FLAGS.texts):
         raise ConfigError("give exactly one of --world_dir DIR (the embedded world) and --texts DIR (*.txt files)")
+    remote.check_location(paths.dirname(paths.absolute(FLAGS.out)), "--out's folder")  # a bucket, before the world
     if FLAGS.texts:
         if FLAGS.domains or FLAGS.seed is not None:
             raise ConfigError("--domains and --seed apply to --world_dir only")

@@ -311,6 +311,8 @@ URL_SERVED: Dict[str, frozenset] = {
     "train-lm": frozenset({"MODEL_DIR", "CORPUS", "SPLIT_DIR", "SPM_MODEL"}),
     "stream": frozenset({"OUT_DIR", "TIME_STRATIFIED_DIR", "CONTROL_DIR"}),
     "appendices": frozenset({"--out", "--corpus"}),
+    "data calm": frozenset({"--world_dir", "--texts", "--out"}),
+    "calm": frozenset({"OUT_DIR"}),
 }
 PATH_FLAGS = ("out", "output", "input", "corpus", "stream_corpus", "world_dir", "templama_dir", "split_dir", "texts",
               "task_data", "release", "dump", "calibration")

@@ -25,8 +25,8 @@ def main_calm():
     from templm.reports.calm import write_calm_report
 
     results = run_calm()
-    paths = write_calm_report(results, results["config"]["out_dir"])
-    with open(paths["report.md"], encoding="utf-8") as f:
+    written = write_calm_report(results, results["config"]["out_dir"])
+    with storage.open(written["report.md"], encoding="utf-8") as f:
         print(f.read())
 
 

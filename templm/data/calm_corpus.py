@@ -43,7 +43,6 @@ its folder does not exist.
 from __future__ import annotations
 
 import collections
-import glob
 import hashlib
 import io
 import json
@@ -54,7 +53,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 from absl import logging
 
-from templm import console
+from templm import console, paths
 from templm.data.world import FACT_TEMPLATES, TOPICS, WorldConfig, generate_world
 from templm.errors import DataError
 from templm.io import atomic_write
@@ -144,7 +143,9 @@ class CalmVocabulary:
 def _read_text(path: str) -> Tuple[str, str]:
     """(newline-normalised text, sha256 of the raw bytes); bad UTF-8 is a DataError naming the line."""
     try:
-        with open(path, "rb") as f:
+        if paths.is_url(path) and not paths.exists(path):
+            raise FileNotFoundError(2, "No such file or directory", path)
+        with paths.open(path, "rb") as f:
             raw = f.read()
     except OSError as e:
         raise DataError(f"cannot read: {e.strerror or e}", path) from e
@@ -175,15 +176,15 @@ def read_vocabulary(corpus_path: str, model_level: str) -> CalmVocabulary:
     """The vocabulary of a CALM corpus at `model_level` (see the module docstring for ids and file format)."""
     if model_level not in LEVELS:
         raise ValueError(f"model_level must be one of {LEVELS}, got {model_level!r}")
-    vocab_dir = os.path.join(corpus_path, "vocab")
-    files = sorted(glob.glob(os.path.join(glob.escape(vocab_dir), "*.vocab")))
+    vocab_dir = paths.join(corpus_path, "vocab")
+    files = _files_in(vocab_dir, ".vocab")
     if not files:
         raise DataError("no vocabulary: expected one or more vocab/*.vocab files", vocab_dir)
     tokens = [UNK] + (list(CHAR_SPECIALS) if model_level == "char" else [EOL])
     seen = set(tokens)
     for path in files:
         try:
-            with open(path, encoding="utf-8") as f:
+            with paths.open(path, encoding="utf-8") as f:
                 for lineno, line in enumerate(f, 1):
                     token = _vocab_entry(line, path, lineno)
                     if token is not None and token not in seen:
@@ -231,6 +232,7 @@ def load_class_tokens(txt_path: str, vocab: CalmVocabulary, cache: bool = True) 
     """The int32 token ids of one class file, from the cache when it matches the text and vocabulary."""
     text, source_sha = _read_text(txt_path)
     npy_path, meta_path = cache_paths(txt_path, vocab.level)
+    cache = cache and not paths.is_url(txt_path)  # a corpus in a bucket is tokenized afresh: no cache written there
     if cache:
         ids = _load_cache(npy_path, meta_path, source_sha, vocab)
         if ids is not None:
@@ -251,13 +253,19 @@ def load_class_tokens(txt_path: str, vocab: CalmVocabulary, cache: bool = True) 
     return ids
 
 
+def _files_in(folder: str, suffix: str) -> List[str]:
+    """The files (not folders) directly in `folder` whose names end in `suffix`, sorted; none for no folder."""
+    if not paths.isdir(folder):
+        return []
+    return [paths.join(folder, name) for name in paths.listdir(folder)
+            if name.endswith(suffix) and paths.isfile(paths.join(folder, name))]
+
+
 def class_files(corpus_path: str) -> List[str]:
     """The class files of a corpus, sorted by class name; a DataError when there are none."""
-    if not os.path.isdir(corpus_path):
+    if not paths.isdir(corpus_path):
         raise DataError("not a directory; expected a CALM corpus (<class>.txt files and vocab/)", corpus_path)
-    files = sorted(glob.glob(os.path.join(glob.escape(corpus_path), "*.txt")),
-                   key=lambda p: os.path.splitext(os.path.basename(p))[0])
-    files = [p for p in files if os.path.isfile(p)]
+    files = sorted(_files_in(corpus_path, ".txt"), key=lambda p: os.path.splitext(paths.basename(p))[0])
     if not files:
         raise DataError("no class files: expected one <class>.txt per class", corpus_path)
     return files
@@ -319,14 +327,15 @@ def build_calm_corpus_from_texts(src_dir: str, out_dir: str, level: str, overwri
     {class: {"lines", "tokens", "types"}} (tokens at `level`, `<eol>` included at word level)."""
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-    if os.path.realpath(src_dir) == os.path.realpath(out_dir):
+    if paths.absolute(src_dir) == paths.absolute(out_dir) or (
+            not paths.is_url(src_dir) and os.path.realpath(src_dir) == os.path.realpath(out_dir)):
         raise ValueError("out_dir must differ from src_dir")
     texts: Dict[str, str] = {}
     for path in class_files(src_dir):
         text, _ = _read_text(path)
         if not text.strip():
             raise DataError("empty class file; expected text", path)
-        texts[os.path.splitext(os.path.basename(path))[0]] = text
+        texts[os.path.splitext(paths.basename(path))[0]] = text
     return write_calm_corpus(texts, out_dir, level, overwrite)
 
 
@@ -353,7 +362,9 @@ def world_sources() -> List[str]:
 def _world_lines(path: str, what: str):
     """(line number, object) of a JSON-lines file of the world; DataError naming the file and line otherwise."""
     try:
-        f = open(path, encoding="utf-8")
+        if paths.is_url(path) and not paths.exists(path):
+            raise FileNotFoundError(2, "No such file or directory", path)
+        f = paths.open(path, encoding="utf-8")
     except OSError as e:
         raise DataError(f"cannot read the world's {what}: {e.strerror or e}", path) from e
     with f:
@@ -390,8 +401,8 @@ def build_calm_corpus_from_world(world_dir: str, out_dir: str, level: str = "wor
     unknown = sorted(set(domain_of) - set(world_sources()))
     if unknown:
         raise ValueError(f"unknown sentence source(s) {unknown}; known: {sorted(world_sources())}")
-    news_path = os.path.join(world_dir, "news.jsonl")
-    mentions_path = os.path.join(world_dir, "mentions.jsonl")
+    news_path = paths.join(world_dir, "news.jsonl")
+    mentions_path = paths.join(world_dir, "mentions.jsonl")
     lines: Dict[str, List[str]] = collections.defaultdict(list)
     left_out: Dict[str, int] = collections.Counter()
     total = 0
@@ -442,7 +453,7 @@ def build_world_corpus(world_dir: str, out_dir: str, level: str = "word", domain
     `WorldConfig()`); an existing folder is never written to and must hold news.jsonl. Returns the corpus builder's
     stats plus "world_generated" (bool)."""
     generated = False
-    if not os.path.exists(world_dir):
+    if not paths.exists(world_dir):
         config = WorldConfig() if world is None else world
         if not isinstance(config, WorldConfig):
             raise ValueError(f"world must be a WorldConfig, got {type(config).__name__}")
@@ -450,7 +461,7 @@ def build_world_corpus(world_dir: str, out_dir: str, level: str = "word", domain
         logging.info("CALM: world config %s", config)
         generate_world(config, world_dir)
         generated = True
-    elif not os.path.isfile(os.path.join(world_dir, "news.jsonl")):
+    elif not paths.isfile(paths.join(world_dir, "news.jsonl")):
         raise DataError("exists but holds no news.jsonl; expected a world folder (`templm data world`), or a path "
                         "that does not exist yet (the world is then generated there)", world_dir)
     stats = build_calm_corpus_from_world(world_dir, out_dir, level, world_domains(domains), overwrite)
@@ -465,10 +476,10 @@ def check_corpus(corpus_dir: str) -> List[str]:
 
     When the vocab files are per class (some `vocab/<stem>.vocab` is named after a class, as both builders write
     them), every class must have its own: a missing one would silently turn that class into `<unk>`s."""
-    names = [os.path.splitext(os.path.basename(p))[0] for p in class_files(corpus_dir)]
-    vocab_dir = os.path.join(corpus_dir, "vocab")
-    stems = {os.path.splitext(f)[0] for f in os.listdir(vocab_dir) if f.endswith(".vocab")} \
-        if os.path.isdir(vocab_dir) else set()
+    names = [os.path.splitext(paths.basename(p))[0] for p in class_files(corpus_dir)]
+    vocab_dir = paths.join(corpus_dir, "vocab")
+    stems = {os.path.splitext(f)[0] for f in paths.listdir(vocab_dir) if f.endswith(".vocab")} \
+        if paths.isdir(vocab_dir) else set()
     if not stems:
         raise DataError("no vocabulary: expected one or more vocab/*.vocab files", vocab_dir)
     if stems & set(names):
@@ -477,5 +488,5 @@ def check_corpus(corpus_dir: str) -> List[str]:
             raise DataError(f"class {missing[0]!r} ({missing[0]}.txt) has no vocabulary file; expected "
                             f"vocab/{missing[0]}.vocab beside the other classes' "
                             f"({', '.join(sorted(stems & set(names)))})",
-                            os.path.join(vocab_dir, f"{missing[0]}.vocab"))
+                            paths.join(vocab_dir, f"{missing[0]}.vocab"))
     return names

@@ -18,6 +18,7 @@ from typing import IO, Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
+from templm import paths
 from templm.data.calm_stream import CALM, CalmBatch
 from templm.errors import DataError
 
@@ -65,8 +66,9 @@ class LossLogger:
 
     def __init__(self, path: str):
         self.path = path
-        directory = os.path.dirname(os.path.abspath(path))
-        fd, self._tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+        # In a bucket the log is written locally and put as one object at close().
+        directory = None if paths.is_url(path) else os.path.dirname(os.path.abspath(path))
+        fd, self._tmp = tempfile.mkstemp(dir=directory, prefix="." + paths.basename(path) + ".", suffix=".tmp")
         self._file: Optional[IO[str]] = os.fdopen(fd, "w", encoding="utf-8")
         self.count = 0
 
@@ -83,7 +85,11 @@ class LossLogger:
         os.fsync(self._file.fileno())
         self._file.close()
         self._file = None
-        os.replace(self._tmp, self.path)
+        if paths.is_url(self.path):
+            paths.copy(self._tmp, self.path, overwrite=True)
+            os.unlink(self._tmp)
+        else:
+            os.replace(self._tmp, self.path)
 
     def abort(self) -> None:
         """Discards the log."""
@@ -119,7 +125,9 @@ def read_loss_log(log_file: str) -> List[LogRow]:
     names: Dict[int, str] = {}
     domains: Dict[str, int] = {}
     try:
-        f = open(log_file, encoding="utf-8")
+        if paths.is_url(log_file) and not paths.exists(log_file):
+            raise FileNotFoundError(2, "No such file or directory", log_file)
+        f = paths.open(log_file, encoding="utf-8")
     except OSError as e:
         raise DataError(f"cannot read the loss log: {e.strerror or e}", log_file) from e
     with f:

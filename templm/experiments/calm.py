@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -51,7 +50,8 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from templm import console
+from templm import console, remote
+from templm import paths as storage  # `paths` names the run's files
 from templm.data.calm_corpus import build_world_corpus, check_corpus
 from templm.data.calm_log import LossLogger, read_loss_log
 from templm.data.calm_stream import CALM, check_segment_law, class_wraps, switch_points
@@ -167,10 +167,11 @@ def run_calm(out_dir: Optional[str] = None, stream: CalmStreamConfig = CalmStrea
     corpus_info: Dict[str, Any] = {}
     if corpus_dir is not None:
         check_corpus(corpus_dir)  # before anything is written
-    os.makedirs(out_dir, exist_ok=True)
+    remote.check_location(out_dir, "the CALM run's out_dir")  # a bucket, before the work
+    storage.makedirs(out_dir)
     if corpus_dir is None:
-        world_dir = world_dir or os.path.join(out_dir, "world")
-        corpus_dir = os.path.join(out_dir, "corpus")
+        world_dir = world_dir or storage.join(out_dir, "world")
+        corpus_dir = storage.join(out_dir, "corpus")
         built = build_world_corpus(world_dir, corpus_dir, model_level, domains, world)
         corpus_info = {"world_dir": world_dir, "world_generated": built["world_generated"]}
         check_corpus(corpus_dir)
@@ -228,7 +229,7 @@ def run_calm(out_dir: Optional[str] = None, stream: CalmStreamConfig = CalmStrea
     opt_state = learner.init(params, lr, ms=ms, decay=rms_decay, eps=rms_eps)
 
     # -- the stream --------------------------------------------------------------------------------------------------
-    paths = {name: os.path.join(out_dir, name) for name in ("learner.jsonl", "baseline.jsonl", "results.json")}
+    paths = {name: storage.join(out_dir, name) for name in ("learner.jsonl", "baseline.jsonl", "results.json")}
     with LossLogger(paths["learner.jsonl"]) as learner_log, LossLogger(paths["baseline.jsonl"]) as baseline_log:
         losses, _ = run_online(stream, model, config.mem_len, learner, params, opt_state, params, learner_log,
                                baseline_log, total=n_batches, progress_every=progress_every)

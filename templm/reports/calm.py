@@ -7,12 +7,12 @@ are read back from the run's loss logs (`learner.jsonl`, `baseline.jsonl`; `temp
 
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, Mapping, Sequence
 
 import numpy as np
 
 from templm import console
+from templm import paths as storage  # `paths` names the report's files
 from templm.data.calm_log import read_loss_log
 from templm.data.calm_stream import switch_points
 from templm.errors import DataError
@@ -138,8 +138,8 @@ def plot_losses(losses: Mapping[str, np.ndarray], class_names: Sequence[str], pa
 def write_calm_report(results: Dict[str, Any], out_dir: str) -> Dict[str, str]:
     """Writes out_dir/loss.png (from the run's loss logs in `out_dir`) and out_dir/report.md (from `results`), each
     through a temporary file renamed into place. Returns {"report.md": path, "loss.png": path}."""
-    paths = {name: os.path.join(out_dir, name) for name in ("report.md", "loss.png")}
-    losses = read_model_losses(os.path.join(out_dir, "learner.jsonl"), os.path.join(out_dir, "baseline.jsonl"))
+    paths = {name: storage.join(out_dir, name) for name in ("report.md", "loss.png")}
+    losses = read_model_losses(storage.join(out_dir, "learner.jsonl"), storage.join(out_dir, "baseline.jsonl"))
     plot_losses(losses, results["corpus"]["classes"], paths["loss.png"], results["stream"]["burn_in_batches"],
                 results["config"]["pretrain_batches"])
     atomic_write(paths["report.md"], format_report(results))

@@ -180,7 +180,7 @@ EVERY_VERB = {
     "data templama": ["--dump", "dump.json", "--out", MISSING],
     "data cronquestions": ["--release", "release", "--out", MISSING],
     "data tasks": ["--out", MISSING],
-    "data calm": ["--out", MISSING],
+    "data calm": ["--world_dir", "world", "--out", MISSING],
     "train": [*T5, f"--gin.MODEL_DIR='{MISSING}'"],
     "eval": [*T5, f"--gin.MODEL_DIR='{MISSING}'"],
     "infer": [*T5, "--gin.MODEL_DIR='run'", "--input", "in.jsonl", "--output", f"{MISSING}/out.jsonl"],

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from templm import paths
-from cloud_testing import params_equal, timeless, upload
+from cloud_testing import bucket_files, local_files, params_equal, timeless, upload
 from templm_testing import run_templm
 
 
@@ -105,3 +105,32 @@ def test_the_appendices_into_a_bucket_as_into_a_local_folder(gcs, bucket, tmp_pa
     names = set(gcs.objects(bucket))
     assert {"app/report.md", "app/figures/appendix_c.png"} <= names
     assert any("increasing_distance/split_" in n and n.endswith("train.gz") for n in names)
+
+
+@pytest.mark.e2e
+def test_calm_into_a_bucket_as_into_a_local_folder(gcs, bucket, tmp_path):
+    """`templm data calm` (a corpus from the embedded world) and `templm calm` (its world, corpus, loss logs,
+    results and report) with every folder in the bucket: the local run's corpus bytes and CALM metrics."""
+    from templm_testing import CALM_TINY_RUN
+
+    work = tmp_path / "cwd"
+    work.mkdir()
+    local, there = str(tmp_path / "calm"), f"gs://{bucket}/calm"
+    for out in (local, there):
+        world = ["--gin.WorldConfig.end_year=2014", "--gin.WorldConfig.docs_per_month=10"]
+        result = run_templm("data", "calm", f"--world_dir={out}/world", f"--out={out}/corpus",
+                            "--domains=sports,politics", *world, cwd=work)
+        assert result.returncode == 0, result.stderr[-3000:]
+        result = run_templm("calm", "--gin_file=calm/txl_online.gin", f"--gin.OUT_DIR='{out}/run'",
+                            f"--gin.templm.CalmStreamConfig.corpus_dir='{out}/corpus'", *CALM_TINY_RUN, cwd=work)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert os.listdir(work) == []
+    corpus = {n: b for n, b in local_files(os.path.join(local, "corpus")).items() if not n.startswith(".cache")}
+    assert {n[len("calm/corpus/"):]: b for n, b in bucket_files(gcs, bucket).items()
+            if n.startswith("calm/corpus/")} == corpus
+    with open(os.path.join(local, "run", "results.json"), encoding="utf-8") as f:
+        expected = json.loads(f.read().replace(local, "<OUT>"))
+    found = json.loads(gcs.read(bucket, "calm/run/results.json").decode().replace(there, "<OUT>"))
+    assert found["metrics"] == expected["metrics"] and found["corpus"] == expected["corpus"]
+    assert {"calm/run/learner.jsonl", "calm/run/baseline.jsonl", "calm/run/report.md", "calm/run/loss.png"} <= set(
+        gcs.objects(bucket))

@@ -15,7 +15,7 @@ from templm.experiments.calm import (CalmBaselineConfig, CalmModelConfig, CalmSt
                                      log_metrics, run_calm)
 from templm.io import jsonable
 from templm.metrics.calm import compute_metrics
-from templm_testing import farm_and_market, run_templm as templm, write_texts
+from templm_testing import CALM_TINY_RUN, farm_and_market, run_templm as templm, write_texts
 
 GIN = "gin_configs/calm/txl_online.gin"
 
@@ -26,14 +26,7 @@ TINY_STREAM = CalmStreamConfig(domains=["sports", "politics"], nswitches=50, swi
                                batch_size=2)
 TINY = dict(model=CalmModelConfig(d_model=32, d_head=16, d_inner=64, n_layer=1, mem_len=8),
             baseline=CalmBaselineConfig(pretrain_batches=20, pretrain_passes=1))
-TINY_RUN = ("--gin.templm.CalmStreamConfig.domains=['sports', 'politics']",
-            "--gin.templm.CalmStreamConfig.nswitches=50", "--gin.templm.CalmStreamConfig.switch_frequency=4",
-            "--gin.templm.CalmStreamConfig.window_size=8", "--gin.templm.CalmStreamConfig.batch_size=2",
-            "--gin.templm.CalmModelConfig.d_model=32", "--gin.templm.CalmModelConfig.d_head=16",
-            "--gin.templm.CalmModelConfig.d_inner=64", "--gin.templm.CalmModelConfig.n_layer=1",
-            "--gin.templm.CalmModelConfig.mem_len=8", "--gin.templm.CalmBaselineConfig.pretrain_batches=20",
-            "--gin.templm.CalmBaselineConfig.pretrain_passes=1",
-            "--gin.WorldConfig.end_year=2014", "--gin.WorldConfig.docs_per_month=10")
+TINY_RUN = CALM_TINY_RUN  # the same run from the command line (tests/support/templm_testing.py)
 
 
 # -- the experiment, in process ---------------------------------------------------------------------------------------

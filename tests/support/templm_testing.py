@@ -12,6 +12,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # The suite's one tiny reproduction (tests/conftest.py's `tiny_study`): the tiny_test preset, seed 0, its batches
 # drawn from two data shards as a run over two processes draws them (tests/experiments/test_reproduce_multihost.py).
+# The smallest CALM run the metrics score (tests/experiments/test_calm.py), as command-line bindings.
+CALM_TINY_RUN = ("--gin.templm.CalmStreamConfig.domains=['sports', 'politics']",
+                 "--gin.templm.CalmStreamConfig.nswitches=50", "--gin.templm.CalmStreamConfig.switch_frequency=4",
+                 "--gin.templm.CalmStreamConfig.window_size=8", "--gin.templm.CalmStreamConfig.batch_size=2",
+                 "--gin.templm.CalmModelConfig.d_model=32", "--gin.templm.CalmModelConfig.d_head=16",
+                 "--gin.templm.CalmModelConfig.d_inner=64", "--gin.templm.CalmModelConfig.n_layer=1",
+                 "--gin.templm.CalmModelConfig.mem_len=8", "--gin.templm.CalmBaselineConfig.pretrain_batches=20",
+                 "--gin.templm.CalmBaselineConfig.pretrain_passes=1",
+                 "--gin.WorldConfig.end_year=2014", "--gin.WorldConfig.docs_per_month=10")
+
 TINY_STUDY = ("reproduce", "--preset=tiny_test", "--seed=0", "--gin.templm.Study.data_shards=2")
 
 
