@@ -293,10 +293,11 @@ def writable_folder(folder: str, what: str) -> None:
 # The paths each verb reads or writes at a URL (gs://, or another scheme of TensorFlow's file system) so far: flags by
 # their name, gin macros and environment variables by theirs. Any other path given as a URL is refused before any work
 # (`refuse_unserved_urls`), so that no verb ever makes a local folder named after a URL.
+TASK_VARIABLES = ("TEMPLM_DATA_DIR", "TEMPLM_VOCABULARY", "TEMPLM_CRONQUESTIONS_DIR")  # the tasks read them
 URL_SERVED: Dict[str, frozenset] = {
-    "train": frozenset({"MODEL_DIR", "TEMPLM_DATA_DIR", "INITIAL_CHECKPOINT_PATH"}),
-    "eval": frozenset({"MODEL_DIR", "TEMPLM_DATA_DIR", "--out"}),
-    "infer": frozenset({"MODEL_DIR", "TEMPLM_DATA_DIR", "--input", "--output"}),
+    "train": frozenset({"MODEL_DIR", "INITIAL_CHECKPOINT_PATH", *TASK_VARIABLES}),
+    "eval": frozenset({"MODEL_DIR", "--out", *TASK_VARIABLES}),
+    "infer": frozenset({"MODEL_DIR", "--input", "--output", *TASK_VARIABLES}),
     "plan": frozenset({"MODEL_DIR"}),
     "data world": frozenset({"--out"}),
     "data stats": frozenset({"--corpus", "--split_dir"}),

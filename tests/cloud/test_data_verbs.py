@@ -113,3 +113,44 @@ def test_is_eval_into_a_bucket_as_into_a_local_folder(gcs, bucket, tmp_path):
     there = json.loads(gcs.read(bucket, "is/is_eval.json"))
     assert timeless(there) == timeless(local)
     assert {"is/is_eval.md", "is/is_eval.png"} <= set(gcs.objects(bucket))
+
+
+def test_the_tasks_read_their_vocabulary_and_cronquestions_from_a_bucket(gcs, bucket, data_dir, tmp_path):
+    """TEMPLM_DATA_DIR, TEMPLM_VOCABULARY and TEMPLM_CRONQUESTIONS_DIR at URLs (templm.tasks.configure with the
+    settings the command line reads): the TempLAMA and CronQuestions tasks give the local folders' examples."""
+    import pickle
+
+    import seqio
+
+    from templm import tasks
+    from templm.settings import Settings
+
+    release = tmp_path / "release" / "data" / "wikidata_big"
+    (release / "questions").mkdir(parents=True)
+    (release / "kg").mkdir()
+    question = {"question": "Who held the seat in 2013", "answers": {"Q1"}, "answer_type": "entity",
+                "template": "Who held {tail} in {time}", "entities": {"Q2"}, "times": {2013}, "relations": ["P39"],
+                "type": "simple_entity", "annotation": {"tail": "Q2", "time": 2013}, "uniq_id": 7, "paraphrases": []}
+    for name in ("train.pickle", "valid.pickle", "test.pickle"):
+        with open(release / "questions" / name, "wb") as f:
+            pickle.dump([question], f, protocol=3)
+    (release / "kg" / "wd_id2entity_text.txt").write_text("Q1\tAda Lovelace\nQ2\tthe seat\n", encoding="utf-8")
+    result = run_templm("data", "cronquestions", "--release", str(tmp_path / "release"), "--out",
+                        str(tmp_path / "cq"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    there = {"data_dir": upload(data_dir, f"gs://{bucket}/data"), "cronquestions_dir": upload(tmp_path / "cq",
+                                                                                             f"gs://{bucket}/cq")}
+    here = {"data_dir": data_dir, "cronquestions_dir": str(tmp_path / "cq")}
+    lengths = {"inputs": 32, "targets": 8}
+    found = {}
+    try:
+        for where, folders in (("here", here), ("there", there)):
+            vocabulary = f"{folders['data_dir']}/spm/vocab.model"
+            tasks.configure(settings=Settings(vocabulary=vocabulary, **folders))
+            assert tasks.current()["vocabulary"].sentencepiece_model_file == vocabulary
+            found[where] = [[(ex["inputs"].tolist(), ex["targets"].tolist()) for ex in seqio.get_mixture_or_task(
+                name).get_dataset(lengths, split="test", shuffle=False).as_numpy_iterator()]
+                for name in ("templama_temporal", "cronquestions")]
+    finally:
+        tasks.configure(data_dir=data_dir)
+    assert found["there"] == found["here"] and len(found["here"][0]) > 10 and len(found["here"][1]) == 1
