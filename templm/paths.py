@@ -63,7 +63,7 @@ def relpath(path, start) -> str:
         return os.path.relpath(path, start)
     if (scheme(path), bucket(path)) != (scheme(start), bucket(start)) or not (is_url(path) and is_url(start)):
         raise ValueError(f"{path} is not in the store of {start}")
-    return posixpath.relpath("/" + _key(path), "/" + _key(start))
+    return posixpath.relpath("/" + key(path), "/" + key(start))
 
 
 def resolve(base, relative) -> str:
@@ -75,11 +75,11 @@ def resolve(base, relative) -> str:
     base = absolute(base)
     if not is_url(base):
         return os.path.normpath(os.path.join(base, relative))
-    key = posixpath.normpath(posixpath.join("/" + _key(base), relative)).lstrip("/")
-    return f"{base.split('://', 1)[0]}://{bucket(base)}" + (f"/{key}" if key else "")
+    name = posixpath.normpath(posixpath.join("/" + key(base), relative)).lstrip("/")
+    return f"{base.split('://', 1)[0]}://{bucket(base)}" + (f"/{name}" if name else "")
 
 
-def _key(url: str) -> str:
+def key(url: str) -> str:
     """"x/y" of gs://b/x/y (the object name or prefix in its bucket)."""
     rest = absolute(url).split("://", 1)[1]
     return rest.split("/", 1)[1] if "/" in rest else ""

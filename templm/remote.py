@@ -43,9 +43,8 @@ def _storage_client():
 
 
 def _split(url: str) -> Tuple[str, str]:
-    rest = paths.absolute(url).split("://", 1)[1]
-    name, _, key = rest.partition("/")
-    return name, key
+    """(bucket, object name or prefix) of a URL."""
+    return paths.bucket(url), paths.key(url)
 
 
 def _cause(error: BaseException, url: str) -> str:
