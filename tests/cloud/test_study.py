@@ -1,23 +1,44 @@
 """The study with --out in an emulator bucket (tests/cloud/conftest.py)."""
 
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
+from templm.errors import EXIT_PREEMPTED
 from cloud_testing import comparable
 from templm_testing import run_templm
 
 
 @pytest.mark.e2e
-def test_the_study_into_a_bucket_gives_the_local_study_s_results(gcs, bucket, tiny_study, tmp_path):
-    """The suite's tiny study (both halves) with --out in the bucket: results.json equal to the session's local run
-    of the same command (timings and the folder's own name aside), report.md and the figures in the bucket, nothing
-    in the folder the command ran in."""
+def test_the_study_into_a_bucket_stopped_and_resumed_gives_the_local_study_s_results(gcs, bucket, tiny_study,
+                                                                                     tmp_path):
+    """The suite's tiny study (both halves) with --out in the bucket, stopped by SIGTERM once its first model's
+    checkpoint is there (exit 75, no results), then the same command again: it resumes the run from the bucket and
+    its results.json equals the session's local run of the same command (timings and the folder's own name aside);
+    report.md and the figures are in the bucket, nothing is in the folder the commands ran in."""
     from templm_testing import TINY_STUDY
 
     out = f"gs://{bucket}/study"
+    stopped = subprocess.Popen([sys.executable, "-m", "templm.cli", *TINY_STUDY, f"--out={out}"], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while not any(n.startswith("study/models/uniform/checkpoints/") and n.endswith("/commit_success.txt")
+                  for n in gcs.objects(bucket)):
+        assert stopped.poll() is None, stopped.stderr.read()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    stopped.send_signal(signal.SIGTERM)
+    _, err = stopped.communicate(timeout=600)
+    assert stopped.returncode == EXIT_PREEMPTED, err[-3000:]
+    assert "study/results.json" not in gcs.objects(bucket)
+
     result = run_templm(*TINY_STUDY, f"--out={out}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "resuming the run" in result.stderr
     assert os.listdir(tmp_path) == []
     local_dir, _, _ = tiny_study()
     with open(os.path.join(local_dir, "results.json"), encoding="utf-8") as f:
