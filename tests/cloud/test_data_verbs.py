@@ -44,22 +44,28 @@ def test_the_data_verbs_read_and_write_a_bucket_as_a_local_folder(gcs, bucket, t
         k: v for k, v in runs[str(here)].items() if k not in ("corpus", "split")}
 
 
-def test_templama_and_cronquestions_from_and_into_a_bucket_as_from_local_files(gcs, bucket, tmp_path):
-    """data templama (a Wikidata dump) and data cronquestions (a release's pickles) read from the bucket and written
-    into it: the same files as from and into local folders (the recorded source aside)."""
+def _write_release(root, year):
+    """A CronQuestions release of one question (in `year`) in its published layout: data/wikidata_big/questions/
+    {train,valid,test}.pickle (protocol 3, as the publishers' scripts write) and kg/wd_id2entity_text.txt."""
     import pickle
 
-    fixtures = os.path.join(REPO, "tests", "fixtures")
-    release = tmp_path / "release" / "data" / "wikidata_big"
+    release = root / "data" / "wikidata_big"
     (release / "questions").mkdir(parents=True)
     (release / "kg").mkdir()
-    question = {"question": "Who held the seat in 2001", "answers": {"Q1"}, "answer_type": "entity",
-                "template": "Who held {tail} in {time}", "entities": {"Q2"}, "times": {2001}, "relations": ["P39"],
-                "type": "simple_entity", "annotation": {"tail": "Q2", "time": 2001}, "uniq_id": 7, "paraphrases": []}
+    question = {"question": f"Who held the seat in {year}", "answers": {"Q1"}, "answer_type": "entity",
+                "template": "Who held {tail} in {time}", "entities": {"Q2"}, "times": {year}, "relations": ["P39"],
+                "type": "simple_entity", "annotation": {"tail": "Q2", "time": year}, "uniq_id": 7, "paraphrases": []}
     for name in ("train.pickle", "valid.pickle", "test.pickle"):
         with open(release / "questions" / name, "wb") as f:
             pickle.dump([question], f, protocol=3)
     (release / "kg" / "wd_id2entity_text.txt").write_text("Q1\tAda Lovelace\nQ2\tthe seat\n", encoding="utf-8")
+
+
+def test_templama_and_cronquestions_from_and_into_a_bucket_as_from_local_files(gcs, bucket, tmp_path):
+    """data templama (a Wikidata dump) and data cronquestions (a release's pickles) read from the bucket and written
+    into it: the same files as from and into local folders (the recorded source aside)."""
+    fixtures = os.path.join(REPO, "tests", "fixtures")
+    _write_release(tmp_path / "release", 2001)
     upload(tmp_path / "release", f"gs://{bucket}/release")
     paths.copy(os.path.join(fixtures, "wikidata_dump.json"), f"gs://{bucket}/dump.json")
     work = tmp_path / "cwd"
@@ -118,23 +124,12 @@ def test_is_eval_into_a_bucket_as_into_a_local_folder(gcs, bucket, tmp_path):
 def test_the_tasks_read_their_vocabulary_and_cronquestions_from_a_bucket(gcs, bucket, data_dir, tmp_path):
     """TEMPLM_DATA_DIR, TEMPLM_VOCABULARY and TEMPLM_CRONQUESTIONS_DIR at URLs (templm.tasks.configure with the
     settings the command line reads): the TempLAMA and CronQuestions tasks give the local folders' examples."""
-    import pickle
-
     import seqio
 
     from templm import tasks
     from templm.settings import Settings
 
-    release = tmp_path / "release" / "data" / "wikidata_big"
-    (release / "questions").mkdir(parents=True)
-    (release / "kg").mkdir()
-    question = {"question": "Who held the seat in 2013", "answers": {"Q1"}, "answer_type": "entity",
-                "template": "Who held {tail} in {time}", "entities": {"Q2"}, "times": {2013}, "relations": ["P39"],
-                "type": "simple_entity", "annotation": {"tail": "Q2", "time": 2013}, "uniq_id": 7, "paraphrases": []}
-    for name in ("train.pickle", "valid.pickle", "test.pickle"):
-        with open(release / "questions" / name, "wb") as f:
-            pickle.dump([question], f, protocol=3)
-    (release / "kg" / "wd_id2entity_text.txt").write_text("Q1\tAda Lovelace\nQ2\tthe seat\n", encoding="utf-8")
+    _write_release(tmp_path / "release", 2013)
     result = run_templm("data", "cronquestions", "--release", str(tmp_path / "release"), "--out",
                         str(tmp_path / "cq"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
