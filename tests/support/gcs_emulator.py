@@ -41,6 +41,17 @@ def emulator_binary() -> Optional[str]:
     return found[0] if len(found) == 1 else None
 
 
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the test process ends, however it ends (kill -9 included), so
+    that no emulator or proxy outlives the tests that started it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -111,7 +122,8 @@ class GcsEmulator:
                 process = subprocess.Popen(
                     [binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-backend", "memory",
                      "-external-url", f"http://127.0.0.1:{port}", "-log-level", "warn"],
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_die_with_parent)
             self.processes.append(process)
             self.port = port
             try:
@@ -137,7 +149,8 @@ class GcsEmulator:
         with open(log, "ab") as out:
             process = subprocess.Popen(
                 [sys.executable, os.path.join(HERE, "gcs_proxy.py"), str(self.port), cert_pem, key_pem, port_file],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_die_with_parent)
         self.processes.append(process)
         _wait(lambda: os.path.exists(port_file), "the suite's GCS proxy", process, log)
         with open(port_file) as f:
