@@ -231,8 +231,6 @@ def read_json(path: str, missing: str) -> Any:
     from templm import paths
 
     try:
-        if paths.is_url(path) and not paths.exists(path):
-            raise FileNotFoundError(path)
         with paths.open(path, encoding="utf-8") as f:
             return json.load(f)
     except FileNotFoundError:

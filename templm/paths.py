@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import errno
 import glob as _glob
 import os
 import posixpath
@@ -159,10 +160,13 @@ def size(path) -> int:
 
 
 def open(path, mode: str = "r", encoding: str = "utf-8") -> IO:  # noqa: A001 (the module's `open`, as gfile's)
-    """A file object of `path`; text modes decode as `encoding`."""
+    """A file object of `path`; text modes decode as `encoding`. A missing file to read is FileNotFoundError at a URL
+    too (TensorFlow would raise its own NotFoundError only at the first read)."""
     path = os.fspath(path)
     if not is_url(path):
         return builtins.open(path, mode, encoding=None if "b" in mode else encoding)
+    if "r" in mode and not gfile().exists(path):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
     import io
 
     raw = gfile().GFile(path, mode.replace("t", "").replace("b", "") + "b")

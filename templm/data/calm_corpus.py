@@ -143,8 +143,6 @@ class CalmVocabulary:
 def _read_text(path: str) -> Tuple[str, str]:
     """(newline-normalised text, sha256 of the raw bytes); bad UTF-8 is a DataError naming the line."""
     try:
-        if paths.is_url(path) and not paths.exists(path):
-            raise FileNotFoundError(2, "No such file or directory", path)
         with paths.open(path, "rb") as f:
             raw = f.read()
     except OSError as e:
@@ -362,8 +360,6 @@ def world_sources() -> List[str]:
 def _world_lines(path: str, what: str):
     """(line number, object) of a JSON-lines file of the world; DataError naming the file and line otherwise."""
     try:
-        if paths.is_url(path) and not paths.exists(path):
-            raise FileNotFoundError(2, "No such file or directory", path)
         f = paths.open(path, encoding="utf-8")
     except OSError as e:
         raise DataError(f"cannot read the world's {what}: {e.strerror or e}", path) from e

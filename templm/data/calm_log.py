@@ -125,8 +125,6 @@ def read_loss_log(log_file: str) -> List[LogRow]:
     names: Dict[int, str] = {}
     domains: Dict[str, int] = {}
     try:
-        if paths.is_url(log_file) and not paths.exists(log_file):
-            raise FileNotFoundError(2, "No such file or directory", log_file)
         f = paths.open(log_file, encoding="utf-8")
     except OSError as e:
         raise DataError(f"cannot read the loss log: {e.strerror or e}", log_file) from e

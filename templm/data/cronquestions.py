@@ -61,8 +61,6 @@ class PlainUnpickler(pickle.Unpickler):
 def load_plain_pickle(path: str) -> Any:
     """The plain data in the pickle at `path` (`PlainUnpickler`); a DataError naming the file otherwise."""
     try:
-        if not paths.exists(path):
-            raise FileNotFoundError(path)
         with paths.open(path, "rb") as f:
             data = f.read()
     except FileNotFoundError:
@@ -77,8 +75,6 @@ def read_entity_names(path: str) -> Dict[str, str]:
     """{Wikidata id: name} from `wd_id2entity_text.txt` ("Q76<TAB>Barack Obama" per line; blank lines skipped)."""
     names: Dict[str, str] = {}
     try:
-        if not paths.exists(path):
-            raise FileNotFoundError(path)
         f = paths.open(path, encoding="utf-8")
     except FileNotFoundError:
         raise DataError("no such file (the release's entity names: kg/wd_id2entity_text.txt)", path) from None

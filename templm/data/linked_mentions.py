@@ -249,8 +249,6 @@ def read_linked_documents(world_dir: str) -> Tuple[List[Dict[str, object]], List
         path = paths.join(world_dir, name)
         rows = []
         try:
-            if paths.is_url(path) and not paths.exists(path):
-                raise FileNotFoundError(path)
             with paths.open(path, encoding="utf-8") as f:
                 for n, line in enumerate(f, 1):
                     if not line.strip():
