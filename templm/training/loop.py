@@ -78,6 +78,7 @@ class MetricsLog:
         self.writers: Dict[str, Any] = {}
         self._remote = paths.is_url(model_dir)
         self._rows: list = []  # in a bucket: the rows not yet put
+        self._put: Optional[str] = None  # in a bucket: the object's text as last put
         self._put_period = put_period
         self._last_put = 0.0
 
@@ -106,11 +107,13 @@ class MetricsLog:
         """In a bucket: puts metrics.jsonl with the rows written since the last put."""
         if not (self._remote and self.enabled and self._rows):
             return
-        earlier = ""
-        if paths.exists(self.path):
-            with paths.open(self.path) as f:
-                earlier = f.read()
-        atomic_write(self.path, earlier + "".join(self._rows))
+        if self._put is None:  # the object a resumed run found (read once; later puts extend what this one put)
+            self._put = ""
+            if paths.exists(self.path):
+                with paths.open(self.path) as f:
+                    self._put = f.read()
+        self._put += "".join(self._rows)
+        atomic_write(self.path, self._put)
         self._rows = []
         self._last_put = time.monotonic()
 
