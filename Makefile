@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(BIN)/templm reproduce --preset smoke --out $(DEMO_DIR)
 
 # The whole suite, with its 25 slowest tests; test-fast leaves out the end-to-end runs of the command line (tests
-# marked e2e). Neither reaches the network: the tests that ask the package index are test-network's. Two pytest-xdist
+# marked e2e) and the tests that train or build for seconds each (marked slow: tests/conftest.py's SLOW). Neither reaches the network: the tests that ask the package index are test-network's. Two pytest-xdist
 # workers, a test file each at a time (its module fixtures built once): measured faster than one process on two cores
 # (BENCHMARKS.md, "The suite"); TEST_WORKERS=0 runs it in one process. The files go out in collection order, which
 # tests/conftest.py starts with the slowest files (SLOWEST_FILES), so that the two workers end together.
@@ -33,7 +33,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q $(XDIST) --durations=25 -m "not network" tests
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q $(XDIST) --durations=10 -m "not e2e and not network" tests
+	$(BIN)/python -m pytest -q $(XDIST) --durations=10 -m "not e2e and not slow and not network" tests
 
 test-network: $(STAMP)
 	$(BIN)/python -m pytest -q -m network tests

@@ -107,10 +107,42 @@ SLOWEST_FILES = [
 ]
 
 
+# Tests that train models, build task data or start processes for several seconds each (measured with --durations
+# at c. 4 s or more on this project's 2-core machine), marked `slow`: `make test-fast` leaves them out with the e2e
+# runs, `make test` runs them. A file listed whole, or a test by the start of its id.
+SLOW = (
+    "tests/training/test_trainer.py",
+    "tests/training/test_kglm_trainer.py",
+    "tests/training/test_lm_trainer.py",
+    "tests/training/test_input_pipeline.py",
+    "tests/experiments/test_presets.py",
+    "tests/test_t5x_configs.py",
+    "tests/test_outputs.py::test_two_task_data_builds_on_one_folder_at_once",
+    "tests/tasks/test_registry.py::test_iterating_then_exiting_does_not_hang",
+    "tests/tasks/test_registry.py::test_default_data_is_built_once_under_a_lock",
+    "tests/tasks/test_registry.py::test_every_name_resolves_and_the_regimes_pack",
+    "tests/tasks/test_registry.py::test_prefetching_mixture_gives_seqios_examples_in_seqios_order",
+    "tests/tasks/test_registry.py::test_alpha_adaptation_mixture",
+    "tests/tasks/test_registry.py::test_a_projects_own_tasks_module_does_not_hide_the_registry",
+    "tests/tasks/test_registry.py::test_training_splits_hold_the_training_years_only",
+    "tests/tasks/test_registry.py::test_news_to_templama_mixture_is_1000_to_1",
+    "tests/tasks/test_registry.py::test_yearly_tasks_hold_only_their_year",
+    "tests/tasks/test_registry.py::test_memory_cache_keeps_every_epoch_identical",
+    "tests/cloud/test_data_verbs.py::test_the_data_verbs_read_and_write_a_bucket_as_a_local_folder",
+    "tests/cloud/test_study.py::test_the_study_s_own_data_read_from_a_bucket_as_from_local_files",
+    "tests/evaluation/test_dynamic_eval.py::test_rms_decay_is_a_contraction_only_with_the_normalised_rate",
+    "tests/evaluation/test_routing.py::test_router_evaluation_routes_each_example_to_its_expert",
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """SLOWEST_FILES first, in their order; every other file after them in the usual order (a stable sort)."""
+    """SLOWEST_FILES first, in their order; every other file after them in the usual order (a stable sort). The
+    tests SLOW lists are marked `slow`."""
     rank = {path: i for i, path in enumerate(SLOWEST_FILES)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+    for item in items:
+        if any(item.nodeid == s or item.nodeid.startswith((s + "::", s + "[")) for s in SLOW):
+            item.add_marker(pytest.mark.slow)
 
 
 def built_once(tmp_path_factory, name, build):
