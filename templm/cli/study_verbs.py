@@ -193,8 +193,12 @@ def main_reproduce():
         print(f"templm reproduce: {name} preset, seed {FLAGS.seed}: {paths['report']}")
     else:
         print(f"templm reproduce: {name} preset, seeds {','.join(map(str, seeds))}: {paths['report']}")
+    floors = list(dict.fromkeys(item["floor"] for item in results["findings"].values() if item.get("floor")))
+    for floor in floors:  # above the findings: their verdicts compare scores where an untrained model would be
+        print(f"  at the floor: {floor}; the verdicts marked so compare noise")
     for finding, item in results["findings"].items():  # both halves, one shape (templm.metrics.findings)
-        print(f"  {finding}: {item['verdict']} ({item['evidence']})")
+        marked = " (at the floor)" if item.get("floor") else ""
+        print(f"  {finding}: {item['verdict']}{marked} ({item['evidence']})")
 
 
 def define_appendices():

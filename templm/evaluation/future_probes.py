@@ -170,9 +170,9 @@ def future_calibration(scorer: TextScorer, params, regime: str, calibration: Seq
 
     Returns `entropy` (nats) and `normalized_entropy` (divided by log of the number of candidates, so that classes
     with candidate sets of different sizes compare) as {class: {year: mean}}, the number of queries per class, and
-    per query and year ("items") its class, year and both entropies.
+    per query and year ("items") its query ("SUBJECT/RELATION"), class, year and both entropies.
     """
-    inputs, targets, spans = [], [], []
+    inputs, targets, spans, queries = [], [], [], []
     for q in calibration:
         for year in years:
             start = len(inputs)
@@ -180,6 +180,7 @@ def future_calibration(scorer: TextScorer, params, regime: str, calibration: Seq
                 inputs.append(year_input(regime, year, q["query"]))
                 targets.append(candidate)
             spans.append((q["change_class"], int(year), start, len(inputs)))
+            queries.append(f"{q['subject']}/{q['relation']}")
     scores = scorer.score(params, inputs, targets)
     classes = [c for c, _, _, _ in spans]
     span_years = [y for _, y, _, _ in spans]
@@ -192,4 +193,5 @@ def future_calibration(scorer: TextScorer, params, regime: str, calibration: Seq
             "entropy": time_analysis.mean_by_class_and_year(raw, classes, span_years),
             "normalized_entropy": time_analysis.mean_by_class_and_year(normalized, classes, span_years),
             "count": counts,
-            "items": {"class": classes, "year": span_years, "entropy": raw, "normalized_entropy": normalized}}
+            "items": {"query": queries, "class": classes, "year": span_years, "entropy": raw,
+                      "normalized_entropy": normalized}}

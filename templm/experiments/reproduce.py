@@ -646,15 +646,20 @@ def world_fact_spans(data: "TaskData") -> Optional[List[Tuple[str, str, str, Opt
 
 def per_query_f1(evaluations: Mapping[str, Any]) -> Dict[str, Any]:
     """Per-query token F1 (x100, as the metrics' `f1`) of several models' evaluations of one test set, aligned:
-    {"id": [...], "year": [...], "f1": {model: [...]}} over the queries every evaluation holds, sorted by id. The
-    findings' paired tests compare models query by query."""
-    scored = {name: {ex["id"]: (ex.get("year"), 100.0 * qa.token_f1(ex["prediction"], ex["answers"]))
-                     for ex in evaluation.examples}
+    {"id": [...], "year": [...], "f1": {model: [...]}} over the queries every evaluation holds, sorted by id, and
+    where every evaluation scored its examples, "loglik": {model: [...]}, each query's target log-likelihood (nats;
+    the same target for every model, so that a paired difference is one of perplexity). The findings' paired tests
+    compare models query by query."""
+    scored = {name: {ex["id"]: (ex.get("year"), 100.0 * qa.token_f1(ex["prediction"], ex["answers"]),
+                                ex.get("score")) for ex in evaluation.examples}
               for name, evaluation in evaluations.items()}
     ids = sorted(set.intersection(*(set(s) for s in scored.values()))) if scored else []
     first = next(iter(scored.values()), {})
-    return {"id": ids, "year": [first[i][0] for i in ids],
-            "f1": {name: [s[i][1] for i in ids] for name, s in scored.items()}}
+    out = {"id": ids, "year": [first[i][0] for i in ids],
+           "f1": {name: [s[i][1] for i in ids] for name, s in scored.items()}}
+    if ids and all(s[i][2] is not None for s in scored.values() for i in ids):
+        out["loglik"] = {name: [s[i][2] for i in ids] for name, s in scored.items()}
+    return out
 
 
 def future_probes(run: Reproduction, data: TaskData, params: Mapping[str, Any],

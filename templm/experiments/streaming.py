@@ -378,7 +378,8 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
     # --- Analyses and results.json. -------------------------------------------------------------------------
     train_counts = word_counts(_sample_documents(train_docs, analyses.train_count_documents, seed))
     settings = {"test_split": paths.basename(test_split_file),
-                "steps": "/".join(f"{name} {meta['step']}" for name, (_, _, meta) in loaded.items())}
+                "steps": "/".join(f"{name} {meta['step']}" for name, (_, _, meta) in loaded.items()),
+                "vocab_size_by_run": {name: int(processors[name].get_piece_size()) for name in loaded}}
     results = stream_results(stream, lps, seg_len=seg_len, mem_len=mem_len, batch_size=batch_size,
                              train_counts=train_counts, min_test_count=analyses.min_test_count,
                              ratio=analyses.emerging_ratio, n_topics=analyses.n_topics, seed=seed,

@@ -1,13 +1,15 @@
 """The statistical tests behind every finding: each returns a "test result", a plain JSON-able dict
 
     {"test": name, "effect": float, "interval": [low, high], "p_value": float (two-sided), "n": int,
-     "confidence": 0.95, "verdict": "appears" | "opposite" | "inconclusive", ...test-specific keys}
+     "confidence": 0.95, "verdict": "appears" | "opposite" | "inconclusive" | "not applicable", ...test-specific keys}
 
 `effect` is in the claim's units (a mean difference, a slope, a rank correlation...), `interval` its confidence
 interval and `p_value` the two-sided p-value of "no effect". The verdict comes from one place, `verdict()`: the claim
 says which sign the effect should have (`direction` +1 or -1); the finding "appears" when the test rejects "no effect"
 at level `alpha` with the claimed sign, is the "opposite" when it rejects it with the other sign, and is otherwise
-"inconclusive". A sign of a difference alone is never a finding (DESIGN.md, "Findings").
+"inconclusive". A sign of a difference alone is never a finding (DESIGN.md, "Findings"). A claim that presumes what
+the data does not show (a slope to flatten that does not rise) is "not applicable" (`not_applicable`), said as such;
+a claim that is several tests at once (a crossing, a claim for every alpha) is their intersection-union (`all_of`).
 
 Numbers that cannot be computed (a t-test on one value, a slope over a constant x) are None, never NaN or infinity,
 and a result with a None effect or p-value is "inconclusive" with a "reason" key saying why. Every resampling test is
@@ -28,7 +30,8 @@ import scipy.stats
 from templm.io import jsonable
 
 ALPHA = 0.05
-VERDICTS = ("appears", "opposite", "inconclusive")
+NOT_APPLICABLE = "not applicable"
+VERDICTS = ("appears", "opposite", "inconclusive", NOT_APPLICABLE)
 
 PAIRED_TEST = "paired bootstrap (interval) and sign-flip permutation test (p) of the mean difference"
 WELCH_TEST = "Welch's t-test of the difference of means"
@@ -88,6 +91,41 @@ def untested(test: str, reason: str) -> Dict[str, Any]:
     """The result of a test that could not be run, in the shape of the others: inconclusive, with the reason."""
     return {"test": test, "effect": None, "interval": [None, None], "p_value": None, "n": 0,
             "verdict": "inconclusive", "reason": reason, "evidence": reason}
+
+
+def not_applicable(test: str, reason: str) -> Dict[str, Any]:
+    """The result of a test whose claim presumes what the data does not show (the claim that dynamic evaluation
+    flattens an upward slope, on a slope that is not upward): not run, verdict "not applicable", with the reason."""
+    return {**untested(test, f"not applicable: {reason}"), "verdict": NOT_APPLICABLE}
+
+
+def all_of(parts: Mapping[str, Mapping[str, Any]], test: str, alpha: float = ALPHA) -> Dict[str, Any]:
+    """Several tests that a claim needs to pass together (each part's effect signed so that a positive one supports
+    the claim), joined as an intersection-union test: "appears" when every part appears at level `alpha` (no
+    correction is needed for that), "opposite" when a part contradicts the claim at level alpha / the number of
+    parts (Bonferroni: with many parts, one reversed by chance is no finding), otherwise "inconclusive"; the effect
+    and interval are the weakest part's (its smallest effect), the p-value the largest of the parts' (the
+    intersection-union test's), n the weakest part's. Each part's effect, interval, p, n and verdict are kept under
+    "parts"."""
+    if not parts:
+        raise ValueError("all_of needs at least one part")
+    verdicts = [r.get("verdict") for r in parts.values()]
+    if any(r.get("effect") is None for r in parts.values()):
+        missing = [k for k, r in parts.items() if r.get("effect") is None]
+        reasons = "; ".join(f"{k}: {parts[k].get('reason', 'not computed')}" for k in missing)
+        out = untested(test, f"a part of the test could not be computed ({reasons})")
+    else:
+        weakest = min(parts, key=lambda k: parts[k]["effect"])
+        p_values = [r.get("p_value") for r in parts.values()]
+        out = {"test": test, "effect": parts[weakest]["effect"], "interval": list(parts[weakest]["interval"]),
+               "p_value": None if any(p is None for p in p_values) else max(p_values), "n": parts[weakest]["n"],
+               "confidence": parts[weakest].get("confidence", 0.95), "weakest": weakest,
+               "verdict": ("appears" if all(v == "appears" for v in verdicts) else
+                           "opposite" if any(verdict(r["effect"], r.get("p_value"), +1, alpha / len(parts)) ==
+                                             "opposite" for r in parts.values()) else "inconclusive")}
+    out["parts"] = {k: {key: r.get(key) for key in ("effect", "interval", "p_value", "n", "verdict")}
+                    for k, r in parts.items()}
+    return jsonable(out)
 
 
 def _result(test: str, effect: Any, interval: Sequence[Any], p_value: Any, n: int, confidence: float, direction: int,
@@ -431,13 +469,19 @@ def combine_seeds(per_seed: Sequence[Mapping[str, Any]], direction: int, alpha: 
                   confidence: float = 0.95) -> Dict[str, Any]:
     """One finding measured on several seeds: a one-sample t-test over the per-seed effects (`one_sample`), with the
     per-seed results kept, reduced to effect, interval, p_value, n and verdict, under "per_seed". Seeds whose effect
-    is None are left out and counted in "missing_seeds". A single seed's result is returned as it is (plus
-    "per_seed")."""
+    is None (untested, or not applicable there) are left out and counted in "missing_seeds"; a claim not applicable
+    on every seed is not applicable over them. A single seed's result is returned as it is (plus "per_seed")."""
     direction = _check_direction(direction)
     per_seed = list(per_seed)
     if not per_seed:
         raise ValueError("combine_seeds needs the result of at least one seed")
     summaries = [_seed_summary(r) for r in per_seed]
+    if len(per_seed) > 1 and all(s["verdict"] == NOT_APPLICABLE for s in summaries):
+        reason = per_seed[0].get("reason") or "not applicable"
+        reason = reason.replace("not applicable: ", "")
+        result = not_applicable(per_seed[0].get("test") or "", f"on every seed ({reason})")
+        result["per_seed"] = summaries
+        return result
     if len(per_seed) == 1:
         single = jsonable(dict(per_seed[0]))
         single["per_seed"] = summaries

@@ -461,16 +461,30 @@ def judge_growth(results: Mapping[str, Any], alpha: float = statistics.ALPHA) ->
     return {**r, "test": name, "evidence": f"slope {statistics.describe(r, 'per month', 4)} of the relative increase"}
 
 
+def _upward_static_slope(results: Mapping[str, Any], alpha: float) -> Optional[str]:
+    """None when the static TIME-STRATIFIED model's relative increase over CONTROL rises month by month
+    (`judge_growth` appears), else what its slope is: the claims about flattening or keeping that slope presume it."""
+    growth = judge_growth(results, alpha)
+    if growth["verdict"] == "appears":
+        return None
+    return f"slope {statistics.describe(growth, 'per month', 4)}, {growth['verdict']}"
+
+
 def judge_dynamic_slope(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -> Dict[str, Any]:
     """Whether SGD dynamic evaluation flattens the growth of the gap ("Mind the Gap", section 5, compares the slopes
     with a t-test): the least-squares slope of the monthly relative increase with dynamic evaluation minus that of
-    the static model, as the slope of their monthly difference (the same months), with its t-test (claim < 0)."""
+    the static model, as the slope of their monthly difference (the same months), with its t-test (claim < 0). The
+    claim presumes an upward static slope: where `judge_growth` does not find one, it is "not applicable"."""
     static, dynamic = _monthly_increase(results, "static"), _monthly_increase(results, "dynamic")
     months = sorted(set(static) & set(dynamic), key=month_number)
     name = "least-squares slope of the monthly relative increase, dynamic minus static, t-test"
     if len(months) < 3:
         return statistics.untested(name, "fewer than three test months with both a static and a dynamic relative "
                                          "increase")
+    upward = _upward_static_slope(results, alpha)
+    if upward is not None:
+        return statistics.not_applicable(name, f"the claim is that dynamic evaluation flattens an upward slope, and "
+                                               f"the static model's is not upward ({upward})")
     x = np.array([month_number(m) - month_number(months[0]) for m in months], np.float64)
     r = statistics.slope(x, np.array([dynamic[m] - static[m] for m in months], np.float64), direction=-1,
                          alpha=alpha)
@@ -507,7 +521,9 @@ def judge_size_slope(results: Mapping[str, Any], alpha: float = statistics.ALPHA
     non-inferiority of the larger model's slope: the least-squares slope of the monthly series (larger model's
     relative increase) - SLOPE_KEPT x (the smaller's), i.e. slope_large - SLOPE_KEPT x slope_small, with its t-test
     (claim > 0: the larger model keeps at least that share of the growth). Both slopes, both models' word
-    perplexities and a paired per-document test of the larger minus the smaller model are details."""
+    perplexities and a paired per-document test of the larger minus the smaller model are details. The margin is a
+    share of a slope the test first requires to be upward (`judge_growth` appears; else "not applicable"), so that
+    it cannot turn into "the larger model's gap grows" when the smaller model's does not."""
     name = (f"least-squares slope of the monthly relative increase, larger TIME-STRATIFIED model minus "
             f"{SLOPE_KEPT:g} x the smaller's, t-test (non-inferiority)")
     runs = results.get("runs") or {}
@@ -524,9 +540,14 @@ def judge_size_slope(results: Mapping[str, Any], alpha: float = statistics.ALPHA
     if len(months) < 3:
         return statistics.untested(name, "fewer than three test months with both models' relative increase")
     x = np.array([month_number(m) - month_number(months[0]) for m in months], np.float64)
+    small_slope = statistics.slope(x, np.array([small[m] for m in months]), direction=+1, alpha=alpha)["effect"]
+    upward = _upward_static_slope(results, alpha)
+    if upward is not None:  # the slopes stay as details
+        return {**statistics.not_applicable(name, f"the claim is that the larger model keeps the smaller one's "
+                                                  f"upward slope, and the smaller model's is not upward ({upward})"),
+                "slope_large": large_slope, "slope_small": small_slope}
     y = np.array([large_increase[m] - SLOPE_KEPT * small[m] for m in months], np.float64)
     r = statistics.slope(x, y, direction=+1, alpha=alpha)
-    small_slope = statistics.slope(x, np.array([small[m] for m in months]), direction=+1, alpha=alpha)["effect"]
     word_ppl = {k: (((runs.get(k) or {}).get("static") or {}).get("overall") or {}).get("word_ppl")
                 for k in (primary, LARGER_MODEL_RUN)}
     out = {**r, "test": name, "slope_large": large_slope, "slope_small": small_slope, "margin": SLOPE_KEPT,

@@ -322,11 +322,17 @@ def _section_findings(found: Mapping[str, Mapping[str, Any]], alpha: float) -> s
     lines = ["## Expected findings: what the tests say", "",
              f"Each finding is a statistical test at the level {alpha:g} (two-sided; effect, 95 % interval, p and n "
              "below): **appears** where the test supports the claim, **opposite** where it supports the reverse, "
-             "**inconclusive** where it supports neither.", ""]
+             "**inconclusive** where it supports neither, **not applicable** where the claim presumes what the data "
+             "does not show.", ""]
     halves = [h for h in STUDY_HALVES if any(f.get("half", TIME_AWARE) == h for f in found.values())]
     for half in halves:
         if len(halves) > 1:
             lines += [f"{HALF_TITLES[half]}:", ""]
+        floor = next((f["floor"] for f in found.values() if f.get("half", TIME_AWARE) == half and f.get("floor")),
+                     None)
+        if floor:
+            lines += [f"**At the floor:** {floor}. The verdicts below compare scores near the floor, where a model "
+                      "that learnt nothing would be; they are marked so, and say little about the papers' claims.", ""]
         lines += [finding_line(f) for f in found.values() if f.get("half", TIME_AWARE) == half] + [""]
     lines += ["The numbers are the numbers: a finding that does not appear here is reported as such, not tuned "
               "away. Toy models on a small world are noisy; the `small` preset is the one sized to show them."]

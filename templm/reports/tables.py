@@ -66,9 +66,11 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: 
 def finding_line(finding: Mapping[str, Any]) -> str:
     """A finding as one Markdown list item: its claim, the verdict in bold, the test, and the evidence with the effect,
     its interval, p and n ("appears": the test supports the claim at its level; "opposite": it supports the reverse;
-    "inconclusive": neither)."""
+    "inconclusive": neither; "not applicable": the claim presumes what the data does not show), marked where the
+    scores it compares are near the floor."""
     claim = str(finding.get("claim") or finding.get("name", ""))
     claim = claim[:1].upper() + claim[1:]
     test = f" ({finding['test']})" if finding.get("test") else ""
     evidence = str(finding.get("evidence") or "").rstrip(".")
-    return f"- {claim}: **{finding.get('verdict', 'inconclusive')}**{test}. {evidence}."
+    floor = " (on scores at the floor)" if finding.get("floor") else ""
+    return f"- {claim}: **{finding.get('verdict', 'inconclusive')}**{floor}{test}. {evidence}."

@@ -85,7 +85,7 @@ def test_verdict(effect, p, direction, expected):
 def test_verdict_alpha_and_bad_arguments():
     assert st.verdict(1.0, 0.03, 1, alpha=0.01) == "inconclusive"
     assert st.verdict(1.0, 0.03, 1, alpha=0.05) == "appears"
-    assert st.ALPHA == 0.05 and st.VERDICTS == ("appears", "opposite", "inconclusive")
+    assert st.ALPHA == 0.05 and st.VERDICTS == ("appears", "opposite", "inconclusive", "not applicable")
     for direction in (0, 2, True, "+"):
         with pytest.raises(ValueError):
             st.verdict(1.0, 0.01, direction)
@@ -519,3 +519,30 @@ def test_every_result_is_json_safe_and_finite():
         assert result["verdict"] in st.VERDICTS
         assert result["confidence"] == 0.95
     assert results[-1]["missing_seeds"] == 1
+
+
+def test_all_of_is_an_intersection_union_test_and_a_reversed_part_is_corrected_for_the_parts():
+    def part(effect, p):
+        return {"effect": effect, "interval": [effect - 1, effect + 1], "p_value": p, "n": 10,
+                "verdict": st.verdict(effect, p, +1)}
+
+    both = st.all_of({"a": part(2.0, 0.001), "b": part(1.0, 0.03)}, "t")
+    assert both["verdict"] == "appears" and both["effect"] == 1.0 and both["p_value"] == 0.03
+    assert both["weakest"] == "b" and set(both["parts"]) == {"a", "b"}
+    assert st.all_of({"a": part(2.0, 0.001), "b": part(0.5, 0.2)}, "t")["verdict"] == "inconclusive"
+    # A part reversed at p=0.03 is "opposite" alone, not among two parts (Bonferroni: 0.025); at p=0.01 it is.
+    assert st.all_of({"a": part(2.0, 0.001), "b": part(-1.0, 0.03)}, "t")["verdict"] == "inconclusive"
+    assert st.all_of({"a": part(2.0, 0.001), "b": part(-1.0, 0.01)}, "t")["verdict"] == "opposite"
+    missing = st.all_of({"a": part(2.0, 0.001), "b": st.untested("t", "no data")}, "t")
+    assert missing["verdict"] == "inconclusive" and missing["effect"] is None and "b: no data" in missing["reason"]
+
+
+def test_a_claim_not_applicable_on_every_seed_is_not_applicable_over_them():
+    na = st.not_applicable("slope test", "the static slope is not upward")
+    assert na["verdict"] == "not applicable" and na["reason"].startswith("not applicable: ") and na["effect"] is None
+    combined = st.combine_seeds([na, na], direction=-1)
+    assert combined["verdict"] == "not applicable" and len(combined["per_seed"]) == 2
+    # Where it applies on some seeds, those seeds' effects are tested and the others counted as missing.
+    applies = {"effect": -0.5, "interval": [-1, 0], "p_value": 0.01, "n": 10, "verdict": "appears"}
+    mixed = st.combine_seeds([na, applies, {**applies, "effect": -0.7}], direction=-1)
+    assert mixed["missing_seeds"] == 1 and mixed["n"] == 2 and mixed["verdict"] != "not applicable"
