@@ -572,14 +572,22 @@ def test_the_appendices_findings():
     assert [r["verdict"] for r in every["per_period"]] == ["appears"] * 3
     growth = found["appendix_distance_growth"]
     assert growth["verdict"] == "appears" and growth["effect"] == pytest.approx(0.01, abs=0.002)
-    assert growth["n"] == 40 and "18 months" in growth["evidence"]
+    assert growth["n"] == 4 and "18 months" in growth["evidence"]  # the unit is the model: one per distance
+    assert growth["documents"]["n"] == 40 and growth["documents"]["verdict"] == "appears"
+    # Four models whose perplexities differ but not with the distance: over 40 documents each, their differences are
+    # "significant" by the documents; over the models, the distance explains nothing.
+    zigzag = appendix_results([(0.05, "appears")], 0.0)
+    for g, offset in zip(("0", "6", "12", "18"), (0.05, -0.05, 0.05, -0.05)):
+        zigzag["distance"]["documents"][g] = [v + offset for v in zigzag["distance"]["documents"][g]]
+    unit = judge(zigzag, APPENDICES)["appendix_distance_growth"]
+    assert unit["documents"]["verdict"] != "inconclusive" and unit["verdict"] == "inconclusive"
     mixed = judge(appendix_results([(0.05, "appears"), (0.01, "inconclusive")], -0.01), APPENDICES)
     assert mixed["appendix_every_period_gap"]["verdict"] == "inconclusive"
     assert mixed["appendix_distance_growth"]["verdict"] == "opposite"
     against = judge(appendix_results([(0.05, "appears"), (-0.04, "opposite")], 0.0), APPENDICES)
     assert against["appendix_every_period_gap"]["verdict"] == "opposite"
     assert judge({}, APPENDICES)["appendix_distance_growth"]["reason"] == \
-        "fewer than two training distances in this run"
+        "0 training distance(s) in this run: a slope over models needs at least three"
 
 
 def test_verdicts_on_scores_at_the_floor_are_marked_and_say_why():
