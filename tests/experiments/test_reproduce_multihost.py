@@ -23,6 +23,12 @@ def _start(out, *extra):
                              *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
 
 
+# Numbers made of summed log-likelihoods (each span's, and Table 7's test on them): held to their own tolerance, and
+# their evidence line (with a p that moves in its third digit) to its verdict.
+SUMMED = ("/per_query/customnews/loglik/", "/adaptation/regimes/temporal/per_query/customnews/loglik/",
+          "/adaptation/regimes/uniform/per_query/customnews/loglik/", "/findings/perplexity_order/")
+
+
 def _numbers(tree, path=""):
     """{path: leaf} of a results dict (timing and the data-shard setting left out)."""
     if isinstance(tree, dict):
@@ -81,13 +87,17 @@ def test_two_processes_give_the_one_process_numbers(runs):
             tolerance = 1e-5
             if path.endswith("/p_value"):
                 tolerance = 1e-3  # a test of a slope near 0 moves its p with that noise; verdicts are equal (below)
+            if path.startswith(SUMMED):
+                # A span's log-likelihood sums its tokens' log-probabilities: their noise adds up (seen: 1.2e-4
+                # relative on a sum of -42 nats, 1e-4 nats on a mean difference of two models' sums, 0.0016 on a p).
+                tolerance = 1e-2 if path.endswith("/p_value") else max(2e-3, 1e-3 * abs(value))
             if path.endswith(("/interval[0]", "/interval[1]")):
                 low, high = single[path[:-3] + "[0]"], single[path[:-3] + "[1]"]
                 if isinstance(low, float) and isinstance(high, float) and math.isfinite(high - low):
                     tolerance = max(tolerance, 1e-3 * abs(high - low))
             assert multi[path] == pytest.approx(value, rel=1e-4, abs=tolerance), path
-        elif not isinstance(value, float):
-            assert multi[path] == value, path  # counts, predictions' F1 per query, verdicts, names
+        elif not isinstance(value, float) and not (path.startswith(SUMMED) and path.endswith("/evidence")):
+            assert multi[path] == value, path  # counts, predictions' F1 per query, verdicts, names, evidence
 
 
 def test_process_zero_alone_writes_and_both_halves_span_the_processes(runs):
