@@ -30,7 +30,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from templm.data import JsonlReader  # noqa: E402
-from templm.data.world import WorldConfig, generate_world  # noqa: E402
+from templm.data.world import generate_world  # noqa: E402
 
 VALIDATION_MONTHS = 3  # between the cut-off and the test months, as the streaming half splits them
 YEAR = re.compile(r"\b(?:19|20)\d\d\b")
@@ -127,17 +127,13 @@ def answer_changes(queries: Iterable[Mapping]) -> Dict[str, float]:
 
 def measure(preset: str, seed: int, scratch: str) -> Dict[str, float]:
     """Every statistic of ROWS for one preset and seed, on the worlds `templm reproduce` would draw."""
-    from templm.experiments.studies import load_study
+    from templm.experiments.studies import load_study, world_config
 
     study = load_study(preset)
     p, s = study.preset, study.stream
     t5_dir, stream_dir = (os.path.join(scratch, f"{preset}_{seed}_{half}") for half in ("t5", "stream"))
-    generate_world(WorldConfig(seed=seed, start_year=p.start_year, end_year=p.end_year,
-                               subjects_per_relation=p.subjects_per_relation, docs_per_month=p.docs_per_month),
-                   t5_dir, lock=False)
-    generate_world(WorldConfig(seed=seed, start_year=s.start_year, end_year=s.end_year,
-                               subjects_per_relation=s.subjects_per_relation, docs_per_month=s.docs_per_month),
-                   stream_dir, lock=False)
+    generate_world(world_config(p, seed), t5_dir, lock=False)
+    generate_world(world_config(s, seed), stream_dir, lock=False)
     out = year_mentions(sentences(t5_dir))
     cutoff = datetime.date.fromisoformat(str(s.cutoff))
 

@@ -30,10 +30,10 @@ from templm.data.lm_data import split_path
 from templm.data.readers import Corpus, read_documents
 from templm.data.splits import distance_splits, read_split_file
 from templm.data.vocab import train_spm
-from templm.data.world import WorldConfig, generate_world
+from templm.data.world import generate_world
 from templm.experiments.streaming import (DynamicEvalConfig, StreamAnalyses, StreamData, prepare_preset_data,
                                          run_stream_experiment, stream_evaluation, stream_preset, train_preset_lm)
-from templm.experiments.studies import StreamPreset
+from templm.experiments.studies import StreamPreset, world_config
 from templm.io import format_duration, write_json
 from templm.metrics.findings import APPENDICES, judge
 from templm.metrics.stream import document_log_ppl
@@ -58,10 +58,8 @@ def shift_years(date: datetime.date, years: int) -> datetime.date:
 def _world_corpus(out_dir: str, preset: StreamPreset, seed: int, corpus: Optional[Corpus]) -> Corpus:
     if corpus is not None:
         return corpus
-    world = WorldConfig(seed=seed, start_year=preset.start_year, end_year=preset.end_year,
-                        subjects_per_relation=preset.subjects_per_relation, docs_per_month=preset.docs_per_month)
     folder = paths.join(out_dir, "world")
-    generate_world(world, folder)
+    generate_world(world_config(preset, seed), folder)
     return paths.join(folder, "news.jsonl")
 
 

@@ -67,7 +67,7 @@ from templm import console, paths, tasks
 from templm.data.regimes import SHARED_MODEL
 from templm.data.readers import Corpus, TemplamaReader, resolve_corpus, templama_split_files
 from templm.data.task_data import TaskDataConfig, prepare_task_data, read_manifest
-from templm.data.world import WORLD_VERSION, WorldConfig, load_world
+from templm.data.world import WORLD_VERSION, load_world
 from templm.errors import ConfigError, DataError, Preempted, StageSkipped, sigterm_received, watch_sigterm
 from templm.evaluation.checkpoint_eval import evaluate_params
 from templm.evaluation.future_probes import TextScorer, future_calibration, future_degradation, read_calibration
@@ -75,7 +75,7 @@ from templm.evaluation.inference import ModelFns
 from templm.evaluation.routing import YearRouter, evaluate_router
 from templm.evaluation.task_eval import evaluate_model, with_params
 from templm.experiments import adaptation, streaming
-from templm.experiments.studies import Preset, StreamPreset, load_study, study_names
+from templm.experiments.studies import Preset, StreamPreset, load_study, study_names, world_config
 from templm.io import format_duration, jsonable, write_json
 from templm.metrics import qa, time_analysis
 from templm.metrics.findings import STREAMING, TIME_AWARE, combine_findings, judge
@@ -429,8 +429,7 @@ class Reproduction:
             raise StageSkipped("no news corpus and TempLAMA release (--corpus, --templama_dir) for the time-aware "
                                "half; the streaming half reads --stream_corpus")
         return "embedded world", TaskDataConfig(
-            world=WorldConfig(seed=self.seed, start_year=p.start_year, end_year=p.end_year,
-                              subjects_per_relation=p.subjects_per_relation, docs_per_month=p.docs_per_month),
+            world=world_config(p, self.seed),
             vocab_size=p.vocab_size, exact_vocab_size=False, future_years=p.future_years, seed=self.seed,
             heldout_fraction=p.heldout_fraction)
 

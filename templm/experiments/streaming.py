@@ -52,7 +52,7 @@ from templm.data.world import WorldConfig, generate_world
 from templm.errors import ConfigError, DataError, StageSkipped, require_macros, require_numbers
 from templm.evaluation import dynamic_eval
 from templm.evaluation.stream_eval import evaluate_stream
-from templm.experiments.studies import StreamPreset, load_study, study_names
+from templm.experiments.studies import StreamPreset, load_study, study_names, world_config
 from templm.io import file_sha256, write_json
 from templm.metrics.findings import STREAMING, judge
 from templm.metrics.stream import (CONTROL_TOKENIZER_RUN, LARGER_MODEL_RUN, moses_word_log_probs, moses_words,
@@ -501,8 +501,7 @@ def prepare_preset_data(out_dir: str, preset: Union[str, StreamPreset] = "tiny_t
     """`prepare_stream_data` with a preset's world, cut-off ("preset", or a date, or None: from the corpus), test
     period and vocabulary size (at most: the world of any seed must fit it); tests share it."""
     p = stream_preset(preset)
-    world = WorldConfig(seed=seed, start_year=p.start_year, end_year=p.end_year,
-                        subjects_per_relation=p.subjects_per_relation, docs_per_month=p.docs_per_month)
+    world = world_config(p, seed)
     return prepare_stream_data(out_dir, corpus=corpus, world=world,
                                cutoff=p.cutoff if cutoff == "preset" else cutoff, test_months=p.test_months,
                                test_docs_per_month=p.test_docs_per_month, vocab_size=p.vocab_size, seed=seed,

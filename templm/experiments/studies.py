@@ -16,9 +16,10 @@ import ast
 import dataclasses
 import datetime
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from templm import CONFIG_DIR, config_search_paths
+from templm.data.world import WorldConfig
 from templm.errors import ConfigError, require_numbers
 
 GIN_DIR = CONFIG_DIR  # the package's gin configs (templm/gin_configs, shipped in the wheel)
@@ -156,6 +157,12 @@ class StreamPreset:
     def larger_model_config(self) -> Optional[Dict[str, Any]]:
         """The larger TIME-STRATIFIED model's sizes: `model` with `larger_model` on top (None without one)."""
         return None if self.larger_model is None else {**self.model, **self.larger_model}
+
+
+def world_config(preset: Union["Preset", "StreamPreset"], seed: int) -> WorldConfig:
+    """The embedded world one half of a study draws: the preset's years, entity pools and news volume, from `seed`."""
+    return WorldConfig(seed=seed, start_year=preset.start_year, end_year=preset.end_year,
+                       subjects_per_relation=preset.subjects_per_relation, docs_per_month=preset.docs_per_month)
 
 
 @dataclasses.dataclass(frozen=True)
