@@ -53,8 +53,8 @@ _FEATURES = {
 
 # A task whose training split has at most this many examples keeps its tokenized examples in memory after the
 # first pass (tf.data cache before the repeat), so later epochs skip parsing and SentencePiece; about 1 KB each.
-# Later epochs then read the files in the first epoch's (seeded) order; the 10,000-example shuffle buffer after the
-# repeat still mixes the examples. 0 switches the cache off.
+# Later epochs then read the files in the first epoch's (seeded) order; the shuffle buffer after the repeat
+# (SHUFFLE_BUFFER, or the split) still mixes the examples. 0 switches the cache off.
 MEMORY_CACHE_MAX_EXAMPLES = 250_000
 
 _registered: List[str] = []  # names this module added, so that `register` can replace them
@@ -133,6 +133,18 @@ def qa_ppl_postprocessor(output, example=None, is_target=False):
             **qa.ppl_postprocessor(output, example, True)}
 
 
+# Examples seqio's shuffle buffer holds (after the repeat), at most: T5's tasks' 10,000, or a task's whole training
+# split where that is smaller and known. A buffer beyond the split mixes the start of the next epochs into the first
+# one, and before the first batch the pipeline has to fill it (a tiny task of 5 examples read 2,000 times over).
+SHUFFLE_BUFFER = 10_000
+
+
+def shuffle_buffer_size(num_examples: Optional[Dict[str, int]]) -> int:
+    """The shuffle buffer of a task with `num_examples` (split -> count; None: not known)."""
+    train = (num_examples or {}).get("train")
+    return SHUFFLE_BUFFER if not train else min(SHUFFLE_BUFFER, train)
+
+
 def _task(name: str, folder: str, pattern: str, regime: str, data_dir: str, ensure, vocabulary,
           num_examples: Optional[Dict[str, int]], seen_years, future_years,
           train_years: Optional[Sequence[int]] = None) -> None:
@@ -159,7 +171,8 @@ def _task(name: str, folder: str, pattern: str, regime: str, data_dir: str, ensu
         name, source=source, preprocessors=preprocessors,
         output_features={"inputs": seqio.Feature(vocabulary, add_eos=True),
                          "targets": seqio.Feature(vocabulary, add_eos=True)},
-        postprocess_fn=qa_ppl_postprocessor, metric_fns=metric_fns, shuffle_buffer_size=10_000)
+        postprocess_fn=qa_ppl_postprocessor, metric_fns=metric_fns,
+        shuffle_buffer_size=shuffle_buffer_size(num_examples))
     _registered.append(name)
 
 
@@ -282,17 +295,18 @@ def register_cronquestions(data_dir: str, vocabulary: seqio.Vocabulary, counts: 
     the best of every answer. Returns the task's name."""
     if CRONQUESTIONS in seqio.TaskRegistry.names():
         seqio.TaskRegistry.remove(CRONQUESTIONS)
+    num_examples = None if counts is None else {k: v["questions"] for k, v in counts.items()}
     source = seqio.TFExampleDataSource(
         split_to_filepattern={split: f"{data_dir.rstrip('/')}/{split}.tfrecord" for split in SPLITS},
-        feature_description=_CRON_FEATURES,
-        num_input_examples=None if counts is None else {k: v["questions"] for k, v in counts.items()})
+        feature_description=_CRON_FEATURES, num_input_examples=num_examples)
     seqio.TaskRegistry.add(
         CRONQUESTIONS, source=source,
         preprocessors=[_dense_answers, seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
                        seqio.preprocessors.append_eos_after_trim],
         output_features={"inputs": seqio.Feature(vocabulary, add_eos=True),
                          "targets": seqio.Feature(vocabulary, add_eos=True)},
-        postprocess_fn=qa.qa_postprocessor, metric_fns=[qa.make_qa_metric_fn()], shuffle_buffer_size=10_000)
+        postprocess_fn=qa.qa_postprocessor, metric_fns=[qa.make_qa_metric_fn()],
+        shuffle_buffer_size=shuffle_buffer_size(num_examples))
     if CRONQUESTIONS not in _registered:
         _registered.append(CRONQUESTIONS)
     return CRONQUESTIONS

@@ -94,6 +94,27 @@ def test_training_splits_hold_the_training_years_only(data_dir):
         tasks.configure(data_dir=data_dir)
 
 
+def test_a_tasks_shuffle_buffer_holds_its_training_split_at_most(data_dir):
+    """seqio shuffles after the repeat: a buffer as large as T5's (10,000) on a task of a few hundred examples would
+    read the split dozens of times before the first batch. Each task's buffer is its training split's size (the
+    manifest's count over the training years) where that is below 10,000; every example of a training epoch still
+    comes out within the first two epochs' worth of the shuffled stream."""
+    from templm.tasks.registry import SHUFFLE_BUFFER, shuffle_buffer_size
+
+    manifest = read_manifest(data_dir)
+    for folder, name in (("templama", "templama_uniform"), ("customnews", "customnews_ssm_yearly_2013")):
+        years = [2013] if name.endswith("2013") else manifest["seen_years"]
+        count = sum(manifest["counts"][folder]["train"][str(y)] for y in years)
+        assert 0 < count < SHUFFLE_BUFFER
+        assert seqio.get_mixture_or_task(name).shuffle_buffer_size == count, name
+    assert shuffle_buffer_size(None) == shuffle_buffer_size({"train": 0}) == SHUFFLE_BUFFER
+    assert shuffle_buffer_size({"train": 10**6}) == SHUFFLE_BUFFER
+    task = seqio.get_mixture_or_task("templama_uniform")
+    ids = {ex["id"] for ex in task.get_dataset(LENGTHS, split="train", shuffle=False).as_numpy_iterator()}
+    stream = task.get_dataset(LENGTHS, split="train", shuffle=True, num_epochs=None, seed=5).take(2 * len(ids))
+    assert {ex["id"] for ex in stream.as_numpy_iterator()} == ids
+
+
 def test_no_future_year_reaches_a_training_batch_through_the_shipped_configs(data_dir):
     """The paper's configs train on the seen years only: every example the temporal config's mixture yields for
     training carries the prefix of a seen year (2016 is this data's future year)."""
