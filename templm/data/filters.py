@@ -29,6 +29,14 @@ REASONS = ("other_language", "near_duplicate")
 _WORD = re.compile(r"\w+", re.UNICODE)
 _IDENTIFIER: Dict[str, Any] = {}
 
+# The languages langid's model tells apart (its nb_classes): a FilterConfig checks its language against them without
+# unpacking the model (about a second), which the defaults built when templm is imported would otherwise pay in every
+# process. tests/data/test_filters.py compares them with the model's.
+LANGID_LANGUAGES = frozenset(
+    "af am an ar as az be bg bn br bs ca cs cy da de dz el en eo es et eu fa fi fo fr ga gl gu he hi hr ht hu hy id is "
+    "it ja jv ka kk km kn ko ku ky la lb lo lt lv mg mk ml mn mr ms mt nb ne nl nn no oc or pa pl ps pt qu ro ru rw se "
+    "si sk sl sq sr sv sw ta te th tl tr ug uk ur vi vo wa xh zh zu".split())
+
 
 @dataclasses.dataclass(frozen=True)
 class FilterConfig:
@@ -44,11 +52,9 @@ class FilterConfig:
     seed: int = 1
 
     def __post_init__(self):
-        if self.language is not None:
-            languages = _identifier().nb_classes
-            if self.language not in languages:
-                raise ValueError(f"language must be one of langid's ISO 639-1 codes ({', '.join(sorted(languages))})"
-                                 f", got {self.language!r}")
+        if self.language is not None and self.language not in LANGID_LANGUAGES:
+            raise ValueError(f"language must be one of langid's ISO 639-1 codes ({', '.join(sorted(LANGID_LANGUAGES))})"
+                             f", got {self.language!r}")
         threshold = self.near_duplicate_threshold
         if threshold is not None and not (isinstance(threshold, (int, float)) and 0.0 < threshold < 1.0):
             raise ValueError(f"near_duplicate_threshold must be in (0, 1) (MinHash LSH cannot band for 1) or None, "

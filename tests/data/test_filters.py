@@ -108,6 +108,8 @@ def test_the_threshold_and_the_language_are_settings(tmp_path):
     assert doc_filter.reason(Document("e", D(2018, 1, 1), ENGLISH[2])) == "other_language"
     with pytest.raises(ValueError, match="language must be one of langid's ISO 639-1 codes"):
         FilterConfig(language="english")
+    with pytest.raises(ValueError, match="langid's ISO 639-1 codes"):
+        FilterConfig(language="xx")
     with pytest.raises(ValueError, match="near_duplicate_threshold must be in"):
         FilterConfig(near_duplicate_threshold=1.0)
 
@@ -151,3 +153,22 @@ def test_the_sparse_language_score_decides_as_langid_does():
     decided = [language_of(text) for text in texts]
     assert decided == [reference.classify(text)[0] for text in texts]
     assert {"en", "fr", "de"} <= set(decided)
+
+
+def test_the_languages_a_config_accepts_are_langids_and_importing_templm_unpacks_no_model():
+    """FilterConfig checks its language against LANGID_LANGUAGES without unpacking langid's model: the list is the
+    model's own, and a fresh process that imports the task registry (whose defaults build FilterConfigs) has not
+    loaded it."""
+    import subprocess
+    import sys
+
+    from langid import langid
+
+    from templm.data.filters import LANGID_LANGUAGES
+
+    model = langid.LanguageIdentifier.from_modelstring(langid.model)
+    assert LANGID_LANGUAGES == set(model.nb_classes)
+    code = ("import templm.data.filters as f, templm.data.splits, templm.data.task_data; "
+            "print(sorted(f._IDENTIFIER), f.FilterConfig(language='de').language)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["[]", "de"]
