@@ -318,18 +318,21 @@ def test_sigterm_saves_exits_as_preempted_and_a_rerun_resumes(data_dir, tmp_path
 
 @pytest.mark.e2e
 def test_two_processes_of_four_devices_match_one_process(data_dir, tmp_path):
-    """Two processes, each reading one of two data shards, and one process reading both, train alike; the first run
-    resumes in one process and goes on as the other, which ran on without a stop."""
+    """Two processes, each reading one of two data shards, and one process reading both (this one, its 8 devices
+    data-parallel), train alike; the first run resumes in one process and goes on as the other, which ran on without a
+    stop."""
     gin_mesh = "--gin.templm.make_mesh.mesh_shape=(4, 2)"
     env = {"TEMPLM_DATA_DIR": data_dir, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
     port = 20000 + os.getpid() % 20000
     procs = [_cli(f"--gin.MODEL_DIR='{tmp_path / 'multi'}'", "--gin.TRAIN_STEPS=5", gin_mesh,
                   f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}", env=env)
              for i in range(2)]
-    single = _cli(f"--gin.MODEL_DIR='{tmp_path / 'single'}'", "--gin.TRAIN_STEPS=7", "--gin.SAVE_PERIOD=5",
-                  "--gin.templm.make_mesh.mesh_shape=(1, 1)", "--gin.train/templm.DatasetConfig.shards=2",
-                  env={"TEMPLM_DATA_DIR": data_dir, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
-    for proc in procs + [single]:
+    # The one-process reference, in this process (its 8 devices data-parallel) while the two run.
+    single = run_templm("train", *CLI_CONFIG, f"--gin.MODEL_DIR='{tmp_path / 'single'}'", "--gin.TRAIN_STEPS=7",
+                        "--gin.SAVE_PERIOD=5", "--gin.templm.make_mesh.mesh_shape=(8, 1)",
+                        "--gin.train/templm.DatasetConfig.shards=2", env={"TEMPLM_DATA_DIR": data_dir})
+    assert single.returncode == 0, single.stderr[-3000:]
+    for proc in procs:
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-3000:]
     np.testing.assert_allclose(_losses(tmp_path / "multi"), _losses(tmp_path / "single")[:5], rtol=2e-5)
@@ -356,13 +359,10 @@ def test_two_processes_of_four_devices_match_one_process(data_dir, tmp_path):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
     # The two processes' run resumes in one process (on its checkpoint's two data shards) and goes on as the
     # one-process run did past its checkpoint 5.
-    one = {"TEMPLM_DATA_DIR": data_dir, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-    going_on = [_cli(f"--gin.MODEL_DIR='{tmp_path / 'multi'}'", "--gin.TRAIN_STEPS=7",
-                     "--gin.templm.make_mesh.mesh_shape=(1, 1)", env=one)]
-    for proc in going_on:
-        out, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err[-3000:]
-        assert json.loads(out.strip().splitlines()[-1])["start_step"] == 5
+    going_on = run_templm("train", *CLI_CONFIG, f"--gin.MODEL_DIR='{tmp_path / 'multi'}'", "--gin.TRAIN_STEPS=7",
+                          "--gin.templm.make_mesh.mesh_shape=(8, 1)", env={"TEMPLM_DATA_DIR": data_dir})
+    assert going_on.returncode == 0, going_on.stderr[-3000:]
+    assert json.loads(going_on.stdout.strip().splitlines()[-1])["start_step"] == 5
     np.testing.assert_allclose(_losses(tmp_path / "multi")[5:], _losses(tmp_path / "single")[5:], rtol=2e-5)
 
 
