@@ -669,7 +669,7 @@ def _stream_data(context: Any) -> Tuple[Optional[Corpus], Optional[str], Union[d
     return corpus, data.split_dir, cutoff
 
 # Expected seconds of each preset's run_stream_experiment, for reproduce's ETA.
-ESTIMATED_SECONDS = {"tiny_test": 40.0, "smoke": 90.0, "small": 800.0}
+ESTIMATED_SECONDS = {"tiny_test": 40.0, "smoke": 130.0, "small": 800.0}
 
 
 def reproduce_stage(context: Any) -> Dict[str, Any]:
