@@ -102,8 +102,8 @@ def test_a_tasks_shuffle_buffer_holds_its_training_split_at_most(data_dir):
     from templm.tasks.registry import SHUFFLE_BUFFER, shuffle_buffer_size
 
     manifest = read_manifest(data_dir)
-    for folder, name in (("templama", "templama_uniform"), ("customnews", "customnews_ssm_yearly_2013")):
-        years = [2013] if name.endswith("2013") else manifest["seen_years"]
+    for folder, name, years in (("templama", "templama_uniform", manifest["seen_years"]),
+                                ("customnews", "customnews_ssm_yearly_2013", [2013])):
         count = sum(manifest["counts"][folder]["train"][str(y)] for y in years)
         assert 0 < count < SHUFFLE_BUFFER
         assert seqio.get_mixture_or_task(name).shuffle_buffer_size == count, name
