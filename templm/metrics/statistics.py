@@ -99,14 +99,16 @@ def not_applicable(test: str, reason: str) -> Dict[str, Any]:
     return {**untested(test, f"not applicable: {reason}"), "verdict": NOT_APPLICABLE}
 
 
-def all_of(parts: Mapping[str, Mapping[str, Any]], test: str, alpha: float = ALPHA) -> Dict[str, Any]:
-    """Several tests that a claim needs to pass together (each part's effect signed so that a positive one supports
-    the claim), joined as an intersection-union test: "appears" when every part appears at level `alpha` (no
-    correction is needed for that), "opposite" when a part contradicts the claim at level alpha / the number of
-    parts (Bonferroni: with many parts, one reversed by chance is no finding), otherwise "inconclusive"; the effect
-    and interval are the weakest part's (its smallest effect), the p-value the largest of the parts' (the
-    intersection-union test's), n the weakest part's. Each part's effect, interval, p, n and verdict are kept under
-    "parts"."""
+def all_of(parts: Mapping[str, Mapping[str, Any]], test: str, alpha: float = ALPHA,
+           direction: int = +1) -> Dict[str, Any]:
+    """Several tests that a claim needs to pass together, joined as an intersection-union test: "appears" when every
+    part appears at level `alpha` (no correction is needed for that), "opposite" when a part contradicts the claim at
+    level alpha / the number of parts (Bonferroni: with many parts, one reversed by chance is no finding), otherwise
+    "inconclusive". `direction`: the sign of every part's effect that supports the claim (+1: positive, -1:
+    negative). The effect and interval are the weakest part's (its effect least in the claim's direction), the
+    p-value the largest of the parts' (the intersection-union test's), n the weakest part's. Each part's effect,
+    interval, p, n and verdict are kept under "parts"."""
+    direction = _check_direction(direction)
     if not parts:
         raise ValueError("all_of needs at least one part")
     verdicts = [r.get("verdict") for r in parts.values()]
@@ -115,13 +117,13 @@ def all_of(parts: Mapping[str, Mapping[str, Any]], test: str, alpha: float = ALP
         reasons = "; ".join(f"{k}: {parts[k].get('reason', 'not computed')}" for k in missing)
         out = untested(test, f"a part of the test could not be computed ({reasons})")
     else:
-        weakest = min(parts, key=lambda k: parts[k]["effect"])
+        weakest = min(parts, key=lambda k: direction * parts[k]["effect"])
         p_values = [r.get("p_value") for r in parts.values()]
         out = {"test": test, "effect": parts[weakest]["effect"], "interval": list(parts[weakest]["interval"]),
                "p_value": None if any(p is None for p in p_values) else max(p_values), "n": parts[weakest]["n"],
                "confidence": parts[weakest].get("confidence", 0.95), "weakest": weakest,
                "verdict": ("appears" if all(v == "appears" for v in verdicts) else
-                           "opposite" if any(verdict(r["effect"], r.get("p_value"), +1, alpha / len(parts)) ==
+                           "opposite" if any(verdict(r["effect"], r.get("p_value"), direction, alpha / len(parts)) ==
                                              "opposite" for r in parts.values()) else "inconclusive")}
     out["parts"] = {k: {key: r.get(key) for key in ("effect", "interval", "p_value", "n", "verdict")}
                     for k, r in parts.items()}

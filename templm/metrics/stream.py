@@ -574,8 +574,9 @@ def judge_size_slope(results: Mapping[str, Any], alpha: float = statistics.ALPHA
 def judge_every_period_gap(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -> Dict[str, Any]:
     """Appendix B: the gap holds whichever two years are the test period. Each shifted test period's own
     `streaming_gap` test (TIME-STRATIFIED minus CONTROL, paired over its test documents) joined as an
-    intersection-union test: it appears when every period's does, is the opposite when any period's is; the effect
-    is the smallest period's, the p-value the largest."""
+    intersection-union test (templm.metrics.statistics.all_of): it appears when every period's does, is the opposite
+    when a period's is reversed at alpha / the number of periods; the effect, interval and n are the smallest
+    period's, the p-value the largest."""
     name = "every shifted test period's paired test of the log word perplexity, intersection-union"
     periods = [p for p in results.get("periods") or [] if (p.get("findings") or {}).get("streaming_gap")]
     if not periods:
@@ -583,20 +584,15 @@ def judge_every_period_gap(results: Mapping[str, Any], alpha: float = statistics
     gaps = [p["findings"]["streaming_gap"] for p in periods]
     if any(g.get("effect") is None for g in gaps):
         return statistics.untested(name, "a shifted test period has no per-document gap")
-    verdicts = [g["verdict"] for g in gaps]
-    verdict = "appears" if all(v == "appears" for v in verdicts) else (
-        "opposite" if "opposite" in verdicts else "inconclusive")
-    weakest = min(range(len(gaps)), key=lambda i: gaps[i]["effect"])
-    p_value = max(float(g["p_value"]) for g in gaps)
+    out = statistics.all_of({f"{p['months'][0]}..{p['months'][-1]}": g for p, g in zip(periods, gaps)}, name, alpha)
     per_period = [{"shift_years": p["shift_years"], "test": f"{p['months'][0]}..{p['months'][-1]}",
                    "effect": g["effect"], "p_value": g["p_value"], "verdict": g["verdict"],
                    "relative_increase": p.get("relative_increase")} for p, g in zip(periods, gaps)]
     evidence = "; ".join(f"test {r['test']}: {r['effect']:+.3f} nats/word, p={r['p_value']:.2g} ({r['verdict']})"
                          for r in per_period)
-    return {"test": name, "effect": float(gaps[weakest]["effect"]), "interval": list(gaps[weakest]["interval"]),
-            "p_value": p_value, "n": len(periods), "verdict": verdict, "per_period": per_period,
-            "evidence": f"the smallest period's gap {gaps[weakest]['effect']:+.3f} nats/word, largest p "
-                        f"{p_value:.2g}, over {len(periods)} test periods: {evidence}"}
+    return {**out, "per_period": per_period,
+            "evidence": f"the smallest period's gap {out['effect']:+.3f} nats/word, largest p {out['p_value']:.2g}, "
+                        f"over {len(periods)} test periods: {evidence}"}
 
 
 def judge_distance_growth(results: Mapping[str, Any], alpha: float = statistics.ALPHA) -> Dict[str, Any]:

@@ -39,7 +39,9 @@ def test_both_appendices_end_to_end(tmp_path):
     nll = np.asarray(stream["documents"]["word_nll"]["gap_6/static"], float)
     np.testing.assert_allclose(distance["documents"]["6"], nll / words)
     assert set(data["findings"]) == {"appendix_every_period_gap", "appendix_distance_growth"}
-    assert data["findings"]["appendix_every_period_gap"]["n"] == 2
+    every = data["findings"]["appendix_every_period_gap"]  # two periods, n the weakest one's test documents
+    assert len(every["per_period"]) == 2 and every["n"] == 24 and set(every["parts"]) == {
+        r["test"] for r in every["per_period"]}
     growth = data["findings"]["appendix_distance_growth"]  # over the three models, the documents' slope a detail
     assert growth["n"] == 3 and growth["documents"]["n"] == 24
     assert result.stdout == (out / "report.md").read_text() + "\n"

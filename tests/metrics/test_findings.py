@@ -549,14 +549,14 @@ def test_the_importance_sampling_effects_are_paired_tests_over_the_documents():
 
 
 def appendix_results(period_gaps, slope, n=40, gaps=(0, 6, 12, 18)):
-    """An appendices run: each shifted period's streaming_gap (effect, verdict), and per-document log word
+    """An appendices run: each shifted period's streaming_gap (effect, verdict[, p]) over 30 + k test documents, and per-document log word
     perplexities growing by `slope` nats a month of distance, with per-document offsets and noise."""
     periods = []
-    for k, (effect, verdict) in enumerate(period_gaps):
+    for k, (effect, verdict, *p) in enumerate(period_gaps):
+        p_value = p[0] if p else 0.001 if verdict != "inconclusive" else 0.4
         periods.append({"shift_years": k, "months": [f"{2018 - k}-04", f"{2020 - k}-03"], "relative_increase": 0.1,
                         "findings": {"streaming_gap": {"effect": effect, "interval": [effect - 0.01, effect + 0.01],
-                                                       "p_value": 0.001 if verdict != "inconclusive" else 0.4,
-                                                       "verdict": verdict}}})
+                                                       "p_value": p_value, "n": 30 + k, "verdict": verdict}}})
     base = 4.0 + noise(n, 0.5, 21)
     documents = {str(g): (base + slope * g + noise(n, 0.02, 30 + g)).tolist() for g in gaps}
     return {"periods": periods, "distance": {"documents": documents,
@@ -568,7 +568,9 @@ def test_the_appendices_findings():
     found = judge(appendix_results([(0.05, "appears"), (0.08, "appears"), (0.03, "appears")], 0.01), APPENDICES)
     assert list(found) == ["appendix_every_period_gap", "appendix_distance_growth"]
     every = found["appendix_every_period_gap"]
-    assert every["verdict"] == "appears" and every["effect"] == 0.03 and every["n"] == 3
+    # the weakest period's gap and its documents, the largest p
+    assert every["verdict"] == "appears" and every["effect"] == 0.03 and every["n"] == 32
+    assert every["p_value"] == 0.001 and every["weakest"] == "2016-04..2018-03"
     assert [r["verdict"] for r in every["per_period"]] == ["appears"] * 3
     growth = found["appendix_distance_growth"]
     assert growth["verdict"] == "appears" and growth["effect"] == pytest.approx(0.01, abs=0.002)
@@ -586,6 +588,9 @@ def test_the_appendices_findings():
     assert mixed["appendix_distance_growth"]["verdict"] == "opposite"
     against = judge(appendix_results([(0.05, "appears"), (-0.04, "opposite")], 0.0), APPENDICES)
     assert against["appendix_every_period_gap"]["verdict"] == "opposite"
+    # A period reversed at p=0.04 is "opposite" alone, not among two periods (Bonferroni: 0.025).
+    weak = judge(appendix_results([(0.05, "appears"), (-0.04, "opposite", 0.04)], 0.0), APPENDICES)
+    assert weak["appendix_every_period_gap"]["verdict"] == "inconclusive"
     assert judge({}, APPENDICES)["appendix_distance_growth"]["reason"] == \
         "0 training distance(s) in this run: a slope over models needs at least three"
 

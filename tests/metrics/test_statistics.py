@@ -535,6 +535,14 @@ def test_all_of_is_an_intersection_union_test_and_a_reversed_part_is_corrected_f
     assert st.all_of({"a": part(2.0, 0.001), "b": part(-1.0, 0.01)}, "t")["verdict"] == "opposite"
     missing = st.all_of({"a": part(2.0, 0.001), "b": st.untested("t", "no data")}, "t")
     assert missing["verdict"] == "inconclusive" and missing["effect"] is None and "b: no data" in missing["reason"]
+    # A claim of negative effects: the weakest part is the one nearest zero from below, and a positive part reversed.
+    lower = st.all_of({"a": {**part(-2.0, 0.001), "verdict": "appears"}, "b": {**part(-0.5, 0.01),
+                                                                              "verdict": "appears"}}, "t", direction=-1)
+    assert lower["verdict"] == "appears" and lower["weakest"] == "b" and lower["effect"] == -0.5
+    assert st.all_of({"a": part(-2.0, 0.001), "b": part(1.0, 0.01)}, "t", direction=-1)["verdict"] == "opposite"
+    assert st.all_of({"a": part(-2.0, 0.001), "b": part(1.0, 0.03)}, "t", direction=-1)["verdict"] == "inconclusive"
+    with pytest.raises(ValueError, match="direction"):
+        st.all_of({"a": part(1.0, 0.01)}, "t", direction=0)
 
 
 def test_a_claim_not_applicable_on_every_seed_is_not_applicable_over_them():
