@@ -13,6 +13,8 @@ import zipfile
 
 import pytest
 
+from templm_testing import xla_flags
+
 pytestmark = pytest.mark.e2e
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,7 +88,7 @@ def test_an_installed_wheel_finds_its_configs_from_anywhere(tmp_path):
     model_dir = tmp_path / "model"
     # One device (the suite's processes see 8 fake ones): the run is about finding its configs, and the step of a
     # one-device mesh compiles in less time (25 s of CPU for the command, against 34 s on 8 devices).
-    one_device = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    one_device = {"XLA_FLAGS": xla_flags(1)}
     trained = _run([templm, "train", "--gin_file=temporal.gin", "--gin_file=runs/cpu_demo.gin",
                     "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", "--gin.BATCH_SIZE=8",
                     "--gin.EVAL_PERIOD=0", "--gin.TRAIN_STEPS=2", f"--gin.MODEL_DIR='{model_dir}'"],

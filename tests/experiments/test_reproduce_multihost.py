@@ -12,13 +12,15 @@ import sys
 
 import pytest
 
+from templm_testing import xla_flags
+
 pytestmark = pytest.mark.e2e
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _start(out, *extra):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
     return subprocess.Popen([sys.executable, "-m", "templm.cli", "reproduce", "--preset=tiny_test", f"--out={out}",
                              *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
 

@@ -25,6 +25,13 @@ CALM_TINY_RUN = ("--gin.templm.CalmStreamConfig.domains=['sports', 'politics']",
 TINY_STUDY = ("reproduce", "--preset=tiny_test", "--seed=0", "--gin.templm.Study.data_shards=2")
 
 
+def xla_flags(devices):
+    """The suite's XLA_FLAGS (tests/conftest.py) with `devices` fake CPU devices instead of its 8: for a process a
+    test starts with a device count of its own, compiled as the suite's other processes are."""
+    kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
+    return " ".join([f"--xla_force_host_platform_device_count={devices}", *kept])
+
+
 def run_templm(*args, cwd=REPO, env=None):
     """`templm ARGS` in this process (templm.cli.main) in `cwd` (the repository by default), with `env` added to the
     environment for the call: a CompletedProcess with the exit status and what it wrote to sys.stdout and

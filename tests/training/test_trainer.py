@@ -30,7 +30,7 @@ from templm.training.checkpoints import load_params
 from templm.training.configs import CheckpointConfig, DatasetConfig, RestoreCheckpointConfig, SaveCheckpointConfig
 from templm.training.input_pipeline import TrainingInput
 from templm.training.loop import RunOptions
-from templm_testing import event_tags, lock_holder, run_templm, wait_for_path
+from templm_testing import event_tags, lock_holder, run_templm, wait_for_path, xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LENGTHS = {"inputs": 32, "targets": 8}
@@ -322,7 +322,7 @@ def test_two_processes_of_four_devices_match_one_process(data_dir, tmp_path):
     data-parallel), train alike; the first run resumes in one process and goes on as the other, which ran on without a
     stop."""
     gin_mesh = "--gin.templm.make_mesh.mesh_shape=(4, 2)"
-    env = {"TEMPLM_DATA_DIR": data_dir, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    env = {"TEMPLM_DATA_DIR": data_dir, "XLA_FLAGS": xla_flags(4)}
     port = 20000 + os.getpid() % 20000
     procs = [_cli(f"--gin.MODEL_DIR='{tmp_path / 'multi'}'", "--gin.TRAIN_STEPS=5", gin_mesh,
                   f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}", env=env)
