@@ -1,6 +1,6 @@
-"""Suite-wide settings: 8 fake CPU devices for sharding tests, a persistent JAX compilation cache, quiet TF, a
-cache of templm's own for the session; the check that no test touches the checkout's runs/ or the user's cache
-(tests/support/read_guard.py); the fixtures several test modules share."""
+"""Suite-wide settings: 8 fake CPU devices for sharding tests, XLA without LLVM's optimisations, a persistent JAX
+compilation cache, quiet TF, a cache of templm's own for the session; the check that no test touches the checkout's
+runs/ or the user's cache (tests/support/read_guard.py); the fixtures several test modules share."""
 
 import atexit
 import os
