@@ -469,7 +469,7 @@ def _temporal_forgets_less(results, alpha) -> Dict[str, Any]:
             parts[folder][a] = statistics.paired_difference(forget_t, forget_u, direction=-1, alpha=alpha)
     if "templama" not in parts:
         return statistics.untested(name, "no adapted Uniform and Temporal models with per-query F1 on the old years")
-    out = statistics.all_of({a: r for a, r in parts["templama"].items()}, name, alpha, direction=-1)
+    out = statistics.all_of(parts["templama"], name, alpha, direction=-1)
     out["weakest_alpha"] = out.pop("weakest")
     out["alphas"] = {folder: {a: {k: r[k] for k in ("effect", "interval", "p_value", "n", "verdict")}
                               for a, r in by_alpha.items()} for folder, by_alpha in parts.items()}

@@ -584,10 +584,11 @@ def judge_every_period_gap(results: Mapping[str, Any], alpha: float = statistics
     gaps = [p["findings"]["streaming_gap"] for p in periods]
     if any(g.get("effect") is None for g in gaps):
         return statistics.untested(name, "a shifted test period has no per-document gap")
-    out = statistics.all_of({f"{p['months'][0]}..{p['months'][-1]}": g for p, g in zip(periods, gaps)}, name, alpha)
-    per_period = [{"shift_years": p["shift_years"], "test": f"{p['months'][0]}..{p['months'][-1]}",
-                   "effect": g["effect"], "p_value": g["p_value"], "verdict": g["verdict"],
-                   "relative_increase": p.get("relative_increase")} for p, g in zip(periods, gaps)]
+    tests = [f"{p['months'][0]}..{p['months'][-1]}" for p in periods]  # each period's test months
+    out = statistics.all_of(dict(zip(tests, gaps)), name, alpha)
+    per_period = [{"shift_years": p["shift_years"], "test": test, "effect": g["effect"], "p_value": g["p_value"],
+                   "verdict": g["verdict"], "relative_increase": p.get("relative_increase")}
+                  for p, test, g in zip(periods, tests, gaps)]
     evidence = "; ".join(f"test {r['test']}: {r['effect']:+.3f} nats/word, p={r['p_value']:.2g} ({r['verdict']})"
                          for r in per_period)
     return {**out, "per_period": per_period,
