@@ -353,7 +353,7 @@ def test_two_processes_of_four_devices_match_one_process(data_dir, tmp_path):
     for multi, single in zip(next_batches["multi"], next_batches["single"]):
         for key in single:
             np.testing.assert_array_equal(multi[key], single[key], err_msg=key)
-    # The two processes' checkpoint, written over 8 devices, reads in this one process as the one-device run's does:
+    # The two processes' checkpoint, written over 8 devices, reads in this one process as the one-process run's does:
     # the same parameters but for the order of the gradients' sums. Adam divides each update by its gradient's
     # scale, so a parameter whose gradient is near 0 moves by that noise relatively more (seen: 1.7e-6 on a value
     # of 0.003 after 5 steps); 1e-5 absolute is still a five-thousandth of what 5 steps at rate 0.01 may move one.
