@@ -304,6 +304,6 @@ def ensure_task_data(data_dir: str, config: TaskDataConfig = TaskDataConfig()) -
 
 def default_data_dir(cache_dir: Optional[str] = None) -> str:
     """Where the embedded world's task data lives: `cache_dir` (default: templm.settings' cache_dir, $TEMPLM_CACHE,
-    else ~/.cache/templm)/world-v1.2 (the task data's layout version, then the world generator's)."""
+    else ~/.cache/templm)/world-v1.3 (the task data's layout version, then the world generator's)."""
     cache = cache_dir or Settings.from_environment().cache_dir
     return os.path.join(cache, f"world-v{MANIFEST_VERSION}.{WORLD_VERSION}")

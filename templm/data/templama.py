@@ -95,6 +95,18 @@ def queries_for_subject(facts: Sequence[Fact], names: Mapping[str, str], start_y
     ]
 
 
+def changing_facts(facts: Iterable[Fact], start_year: int, end_year: int) -> List[Fact]:
+    """TempLAMA's selection (Dhingra et al., section 2.1: "subject and relation pairs which have multiple objects at
+    different times"; the Wikidata builder applies the same rule): the facts that cover a year of
+    start_year..end_year, of the subjects and relations that have more than one distinct object among them. A subject
+    whose one object holds all along asks nothing that changes with time. Order kept."""
+    inside = [f for f in facts if len(f.covers(start_year, end_year))]
+    objects: Dict[Tuple[str, str], set] = collections.defaultdict(set)
+    for fact in inside:
+        objects[(fact.subject, fact.relation)].add(fact.object)
+    return [f for f in inside if len(objects[(f.subject, f.relation)]) > 1]
+
+
 def queries_from_facts(facts: Iterable[Fact], names: Mapping[str, str], start_year: int, end_year: int,
                        templates: Mapping[str, str] = TEMPLATES) -> List[Query]:
     """Queries for every (subject, relation) in `facts`, ordered by relation, subject and year."""

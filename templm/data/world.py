@@ -11,7 +11,8 @@ paraphrases.
 
 `generate_world(config, out_dir)` writes
   news.jsonl                 {"id","date","text"} per document, in date order
-  templama/{train,val,test}.jsonl  TempLAMA release format, split by subject (20/10/70)
+  templama/{train,val,test}.jsonl  TempLAMA release format, split by subject (20/10/70); as the paper's, only the
+                             subjects whose object changes within the years
   calibration.jsonl          queries of relations with a known change class, with their candidate set
   world.json                 every entity (with its first date), every fact (with its interval), every coined word
   mentions.jsonl             per document: the facts it states, the character spans of the entities it names, and
@@ -33,12 +34,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from templm import paths
 from templm.data.records import MAX_DATE, MIN_DATE, Query
-from templm.data.templama import TEMPLATES, Fact, queries_from_facts, split_by_subject, write_queries
+from templm.data.templama import (TEMPLATES, Fact, changing_facts, queries_from_facts, split_by_subject,
+                                  write_queries)
 from templm.outputs import build_output_folder, check_output_folder
 
 # Part of the embedded world's cache name (templm.data.task_data.world_cache_dir): raised whenever the same config
 # draws other text, so a cache of an older generator is never read as this one's.
-WORLD_VERSION = 2
+WORLD_VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -649,7 +651,10 @@ def _write_world(builder: _Builder, names: Dict[str, str], tmp: str) -> dict:
             counts["documents"] += 1
             counts["sentences"] += len(mention["sentences"])
             counts["background_sentences"] += sum(s[2].startswith("topic:") for s in mention["sentences"])
-    templama_facts = [f for f in builder.facts if f.relation in RELATIONS]
+    # TempLAMA asks about the subjects whose object changes within the years, as the paper's (and templm's Wikidata
+    # builder's) selection does; the news states every fact, static ones included.
+    templama_facts = changing_facts([f for f in builder.facts if f.relation in RELATIONS], config.start_year,
+                                    config.end_year)
     queries = queries_from_facts(templama_facts, names, config.start_year, config.end_year, TEMPLATES)
     splits = split_by_subject(queries, config.seed)
     for split, split_queries in splits.items():

@@ -112,13 +112,16 @@ def future_degradation(scorer: TextScorer, params, regime: str, queries: Sequenc
                        max_gap: int = 10) -> Dict[str, Any]:
     """Log-likelihood change of correctly answered queries of `reference_year` as the input year moves 1..max_gap.
 
-    `queries` are the test queries (`records.Query`) of every year: the answer group (one answer over the whole
-    span, or several) of a subject and relation is taken from all of them. Returns the number of queries of the
+    `queries` are the test queries (`records.Query`) of every year: the answer group of a subject and relation (one
+    answer, or several) is taken from its queries up to `reference_year`, the years the model could have seen it
+    change (the paper groups over 2010-20, where its release's one-object-per-year resolution leaves single-answer
+    subjects; a TempLAMA that keeps only subjects with several objects and lists every valid one, as templm's world
+    and Wikidata builder do, has none over the whole span). Returns the number of queries of the
     reference year, how many were answered correctly, per group the count and the mean change per gap, and per
     answered query ("items") its group and its change averaged over the gaps (what the finding's test compares).
     """
     gaps = list(range(1, max_gap + 1))
-    groups = time_analysis.answer_groups(queries)
+    groups = time_analysis.answer_groups([q for q in queries if int(q.year) <= int(reference_year)])
     selected = [q for q in queries if int(q.year) == int(reference_year)]
     predictions = scorer.predict(params, [year_input(regime, reference_year, q.query) for q in selected])
     kept, answers = [], []

@@ -9,6 +9,7 @@ import re
 import pytest
 
 from templm.data import JsonlReader, TemplamaReader
+from templm.data.templama import TEMPLATES
 from templm.data.world import CALIBRATION, TOPICS, WorldConfig, generate_world, load_world
 
 SMALL = WorldConfig(seed=7, start_year=2012, end_year=2016, subjects_per_relation=12, docs_per_month=8)
@@ -110,6 +111,18 @@ def test_templama_answers_are_what_world_json_says(queries, world):
             assert entities[q.subject_id].name in q.query and "_X_" in q.query
             total += 1
     assert total > 1000
+
+
+def test_templama_asks_exactly_the_subjects_whose_object_changes_within_the_years(queries, world):
+    # The paper's selection (section 2.1), read off world.json: a (subject, relation) with two or more objects in
+    # 2010-2020 is asked about, one whose object holds all along (the world has many: static_share) is not.
+    objects = collections.defaultdict(set)
+    for fact in world["facts"]:
+        if fact.relation in TEMPLATES and len(fact.covers(2010, 2020)):
+            objects[(fact.subject, fact.relation)].add(fact.object)
+    asked = {(q.subject_id, q.relation) for qs in queries.values() for q in qs}
+    assert asked == {key for key, objs in objects.items() if len(objs) > 1}
+    assert sum(len(objs) == 1 for objs in objects.values()) >= 20  # static subjects exist, in the news only
 
 
 def test_splits_are_subject_disjoint_about_20_10_70(queries):

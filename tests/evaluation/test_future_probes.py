@@ -82,8 +82,9 @@ def test_degradation_glue_against_hand_computed_changes(params, scorer, referenc
     ref = 2016
     predicted = scorer.predict(params, [year_input("temporal", ref, text.replace("<subject>", s))
                                         for s in ("Ana", "Bo")])
+    # Ana's answer changes only after the reference year: the model saw one answer, so Ana is single-answer.
     queries = [q("Ana", 2014, predicted[0]), q("Ana", 2015, predicted[0]), q("Ana", 2016, predicted[0]),
-               q("Bo", 2015, "Someone Else"), q("Bo", 2016, predicted[1]),
+               q("Ana", 2017, "A Later Club"), q("Bo", 2015, "Someone Else"), q("Bo", 2016, predicted[1]),
                q("Cy", 2016, "Never Predicted Answer")]
     out = future_degradation(scorer, params, "temporal", queries, ref, max_gap=2)
     assert out["queries"] == 3 and out["answered"] == 2 and out["gaps"] == [1, 2]
