@@ -156,3 +156,21 @@ def test_a_pipeline_tf_data_cannot_save_falls_back_to_the_data_position(data_dir
         inputs.close()
     finally:
         seqio.TaskRegistry.remove("python_function_test")
+
+
+def test_close_lets_go_of_the_pipelines_in_a_thread_that_deletes_them(data_dir):
+    """close() hands the iterators to a thread of their own (their deletion can wait while a pipeline is still
+    filling); once that thread ends none is alive, so none can outlive the process, and a closed input has none."""
+    import threading
+    import weakref
+
+    inputs = TrainingInput("temporal_mixture", {"inputs": 64, "targets": 16}, 8, 3, True, data_shards=2,
+                           process=(0, 1))
+    inputs.next()
+    alive = [weakref.ref(it) for it in inputs._iterators]
+    assert len(alive) == 2 and all(ref() is not None for ref in alive)
+    inputs.close()
+    assert inputs._iterators == []
+    for thread in [t for t in threading.enumerate() if t.name == "templm-input-close"]:
+        thread.join()
+    assert all(ref() is None for ref in alive)
