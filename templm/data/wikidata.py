@@ -43,7 +43,8 @@ from absl import logging
 from templm import console, paths, remote
 from templm.data.readers import open_text
 from templm.data.records import MAX_DATE, MIN_DATE
-from templm.data.templama import SPLITS, TEMPLATES, Fact, queries_from_facts, split_by_subject, write_queries
+from templm.data.templama import (SPLITS, TEMPLATES, Fact, changing_facts, queries_from_facts, split_by_subject,
+                                  write_queries)
 from templm.errors import DataError
 from templm.io import format_duration
 
@@ -388,10 +389,11 @@ def build_templama(dump_path: str, out_dir: str, start_year: int = 2010, end_yea
             merged, merges = merge_statements(resolved)
             stats["statements_merged"] += merges
             stats["subject_relations"] += 1
-            if len({obj for obj, _, _ in merged}) < 2:
+            facts = changing_facts([Fact(subject_id, relation, obj, start, end) for obj, start, end in merged],
+                                   start_year, end_year)  # every kept statement covers a year of the window
+            if not facts:
                 stats["subject_relations_one_object"] += 1
                 continue
-            facts = [Fact(subject_id, relation, obj, start, end) for obj, start, end in merged]
             candidates[relation].append((subject_id, facts))
     facts: List[Fact] = []
     per_relation: Dict[str, Dict[str, int]] = {}
