@@ -225,9 +225,11 @@ def _answer(value: Any, what: str) -> Answer:
             raise ValueError(f"{what} must be an object with 'wikidata_id' and 'name' (a string, or a list of "
                              f"aliases), or a list of such objects for one entity's aliases; got "
                              f"{json.dumps(value)[:80]}")
-        names += _names(form["name"], "name", what)
+        # A mirror's row keeps the release's own name in `original_name` and lists aliases (some with its marks) in
+        # `name`: the release's name is what a model is trained on, every other name an alias.
         if form.get("original_name") is not None:
             names += _names(form["original_name"], "original_name", what)
+        names += _names(form["name"], "name", what)
         if form.get("wikidata_id") is not None:
             ids.append(str(form["wikidata_id"]))
     if len(set(ids)) > 1:
@@ -265,9 +267,27 @@ def templama_split_files(folder: str) -> Dict[str, str]:
 
 class TemplamaReader(Reader):
     """TempLAMA release lines; `answer` may be a list of `{wikidata_id, name}` or one such object, and `name` a list
-    of aliases (the first is the answer's name, the rest and any `original_name` its aliases)."""
+    of aliases (the first is the answer's name and the rest its aliases; where a mirror gives `original_name`, that is
+    the answer's name and every `name` an alias)."""
 
     source = "templama"
+
+    def __iter__(self) -> Iterator[Query]:
+        """The file's queries, an id once: a later row with an id read before is dropped (the first row is the
+        query), and one warning names them, so task data, evaluation and a study count the same queries."""
+        seen = set()
+        repeated: Dict[str, int] = {}
+        for query in super().__iter__():
+            if query.id in seen:
+                repeated[query.id] = repeated.get(query.id, 0) + 1
+                continue
+            seen.add(query.id)
+            yield query
+        self.duplicates = sum(repeated.values())
+        if repeated:
+            named = ", ".join(list(repeated)[:5]) + (f" and {len(repeated) - 5} more" if len(repeated) > 5 else "")
+            console.warn(f"{self.path}: {self.duplicates} row(s) repeat the id of an earlier row ({named}): the first "
+                         f"row of each id is the query, the later ones are left out ({len(seen)} queries)")
 
     def parse(self, line: str) -> Query:
         obj = _json_object(line)
