@@ -741,3 +741,33 @@ def apply_split(corpus_path: Corpus, split_path: str, format: str = "auto",
                          "the split file's")
 
     return documents(), report
+
+
+def check_split_ids(corpus_path: Corpus, split_files: Dict[str, str], format: str = "auto",
+                    on_error: str = "raise") -> Dict[str, dict]:
+    """Checks split files against the corpus before any work reads them: {name: {"expected", "found", "missing",
+    "missing_ids" (the first MISSING_IDS_SHOWN)}} from one pass over the corpus's ids. Ids a split names that the
+    corpus lacks (real splits and corpora drift apart) are counted here and said in one warning per file; their
+    documents are then simply absent. A split that names none of the corpus's documents is a DataError naming it
+    (the split of another corpus, most likely)."""
+    corpus_path = resolve_corpus(corpus_path)
+    where = describe_corpus(corpus_path)
+    wanted = {name: [doc_id for _, doc_id in read_split_file(path)] for name, path in split_files.items()}
+    every = set().union(*wanted.values()) if wanted else set()
+    present = set()
+    for doc in read_documents(corpus_path, format=format, on_error=on_error):
+        if doc.id in every:
+            present.add(doc.id)
+    report = {}
+    for name, ids in wanted.items():
+        path = split_files[name]
+        missing = [doc_id for doc_id in ids if doc_id not in present]
+        if len(missing) == len(ids):
+            raise DataError(f"none of the split's {len(ids)} document ids is in the corpus {where}: is it the split "
+                            "of another corpus?", path)
+        report[name] = {"expected": len(ids), "found": len(ids) - len(missing), "missing": len(missing),
+                        "missing_ids": missing[:MISSING_IDS_SHOWN]}
+        if missing:
+            console.warn(f"{where}: {len(missing)} of {len(ids)} id(s) in {path} are not in the corpus (first: "
+                         f"{', '.join(missing[:MISSING_IDS_SHOWN])}); the split is read without them")
+    return report

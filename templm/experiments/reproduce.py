@@ -880,6 +880,19 @@ def reproduce(preset: Union[str, Preset], out_dir: str, seed: int = 0,
                           settings or Settings.from_environment())
 
 
+def check_stream_splits(data: StudyData) -> None:
+    """A study's split files (--split_dir) checked against the corpus the streaming half reads, before any model is
+    trained: a split naming none of it is refused (DataError naming the file); ids it lacks are counted and said
+    now (the streaming half then reads the splits without them) rather than found at the end of the study."""
+    if data.split_dir is None:
+        return
+    corpus = data.stream_corpus or data.corpus
+    if corpus is None and data.task_data is not None:
+        corpus = ((read_manifest(data.task_data) or {}).get("config") or {}).get("corpus")
+    if corpus is not None:  # else the streaming half is skipped, and says why
+        streaming.published_split_stats(data.split_dir, corpus)
+
+
 # The stages of the time-aware half, in order; when the data stage is skipped (no TempLAMA), all of them are, and
 # when the future probes are, adaptation is too (it adapts to the first future year).
 T5_STAGES = ("data", "train uniform and temporal", "train yearly experts", "evaluate", "future probes", "adaptation")
@@ -936,6 +949,7 @@ def _reproduce(preset: Preset, out_dir: str, seed: int, extra: List[ExtraStage],
             keep(output.models)
 
     def data_stage() -> TaskData:
+        check_stream_splits(data)
         task_data = run.prepare_data()
         results["world"] = task_data.summary
         task_data.check()

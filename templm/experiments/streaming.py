@@ -45,7 +45,7 @@ from templm import console, paths, remote
 from templm.outputs import build_output_folder
 from templm.data.lm_data import load_processor, read_split_documents, split_path, tokenize_documents
 from templm.data.readers import Corpus, read_documents, resolve_corpus
-from templm.data.splits import UnsplittableCorpus, make_splits, read_split_file
+from templm.data.splits import UnsplittableCorpus, check_split_ids, make_splits, read_split_file
 from templm.data.token_stream import TokenStream, build_stream, word_counts
 from templm.data.vocab import train_spm
 from templm.data.world import WorldConfig, generate_world
@@ -180,7 +180,9 @@ class StreamData:
     SentencePiece model it was trained with (the paper's per-setup tokenizers; runs are then compared by word
     perplexity); a file: every run must have been trained with it (one shared stream). batch_size: parallel streams
     (1: the paper's single stream, memory carried across every segment and document); seg_len / mem_len: segment
-    and memory length (default: the TIME-STRATIFIED model's tgt_len and evaluation memory length)."""
+    and memory length (default: the TIME-STRATIFIED model's tgt_len and evaluation memory length).
+    allow_missing_ids: split ids the corpus lacks are left out with a warning instead of stopping the evaluation
+    (a published split beside a corpus that drifted from it; `templm reproduce` checks them before any training)."""
 
     corpus: Optional[Union[str, Sequence[str]]] = None
     split_dir: Optional[str] = None
@@ -192,6 +194,7 @@ class StreamData:
     batch_size: int = 1
     seg_len: Optional[int] = None
     mem_len: Optional[int] = None
+    allow_missing_ids: bool = False
 
 
 @gin.configurable(module="templm")
@@ -270,6 +273,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
         "emerging_ratio": (analyses.emerging_ratio, float, 1, None), "n_topics": (analyses.n_topics, int, 1, None)},
         optional=("train_count_documents",))
     batch_size, corpus_format, dynamic_on_control = data.batch_size, data.corpus_format, dynamic.on_control
+    allow_missing = bool(data.allow_missing_ids)
     out_dir = paths.absolute(out_dir) if paths.is_url(out_dir) else os.fspath(out_dir)
     if partitioning.is_lead():  # an output bucket that cannot be written is said before the models are read
         remote.check_location(out_dir, "OUT_DIR")
@@ -291,7 +295,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
     spm_models = _run_tokenizers(loaded, runs_dirs, data.spm_model)
 
     # --- The test stream, read by each run's tokenizer (one stream for runs that share one). ------------------------
-    test_docs = read_split_documents(corpus, test_split_file, corpus_format)
+    test_docs = read_split_documents(corpus, test_split_file, corpus_format, allow_missing=allow_missing)
     processors = {name: load_processor(path) for name, path in spm_models.items()}
     by_file: Dict[str, TokenStream] = {}
     for name, path in spm_models.items():
@@ -311,7 +315,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
     logging.info("stream: test split %s, corpus %s, SentencePiece models %s", test_split_file, corpus, spm_models)
 
     # The training split: word counts for the emerging-word analysis, gradient statistics for the RMS rule.
-    train_docs = read_split_documents(corpus, train_split_file, corpus_format)
+    train_docs = read_split_documents(corpus, train_split_file, corpus_format, allow_missing=allow_missing)
 
     # The validation stream (the months between the cut-off and the test period): where the variants' rates are
     # chosen, so that nothing is tuned on the test stream.
@@ -319,7 +323,8 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
     validation_docs = None
     if any(v.get("lrs") for v in variants):
         if paths.exists(validation_split_file):
-            validation_docs = read_split_documents(corpus, validation_split_file, corpus_format)
+            validation_docs = read_split_documents(corpus, validation_split_file, corpus_format,
+                                                   allow_missing=allow_missing)
         else:
             console.warn(f"no validation split {validation_split_file}: the dynamic-evaluation variants keep their "
                          "configured rates (lr) instead of choosing them on validation data")
@@ -350,7 +355,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
             t0 = time.time()
             if v["rule"] == "rms" and ms is None:
                 run_train = train_docs if name == "time_stratified" else \
-                    read_split_documents(corpus, meta["split_file"], corpus_format)
+                    read_split_documents(corpus, meta["split_file"], corpus_format, allow_missing=allow_missing)
                 segments = _training_segments(run_train, processors[name], seg_len, dynamic.ms_segments)
                 ms = dynamic_eval.collect_ms(params, segments, model=model, mem_len=mem_len)
 
@@ -423,10 +428,12 @@ STREAM_SPLIT_FILES = ("time_stratified_train", "time_stratified_validation", "co
                       "test")
 
 
-def published_split_stats(split_dir: str) -> Dict[str, Any]:
+def published_split_stats(split_dir: str, corpus: Optional[Corpus] = None) -> Dict[str, Any]:
     """The sizes and date ranges of the split files in `split_dir` (a published release's or `templm data splits`'
     folder: NAME.gz as the release ships them, or NAME where a copy was gunzipped), read from the files themselves;
-    DataError naming the folder for a missing file."""
+    DataError naming the folder for a missing file. With `corpus`, each split's ids are checked against it
+    (`check_split_ids`: the ids it lacks counted in each split's "missing", a warning per file; a split naming none
+    of it refused)."""
     split_dir = paths.absolute(split_dir)
     files = {name: split_path(None, split_dir, name) for name in STREAM_SPLIT_FILES}
     missing = [f"{name}.gz" for name, path in files.items() if not paths.isfile(path)]
@@ -441,6 +448,9 @@ def published_split_stats(split_dir: str) -> Dict[str, Any]:
             raise DataError("names no document", path)
         splits[name] = {"documents": len(dates), "first_date": min(dates).isoformat(),
                         "last_date": max(dates).isoformat(), "file": paths.basename(path)}
+    if corpus is not None:
+        for name, found in check_split_ids(corpus, files).items():
+            splits[name].update(missing=found["missing"], missing_ids=found["missing_ids"])
     return {"split_dir": split_dir, "published": True, "cutoff": splits["time_stratified_train"]["last_date"],
             "splits": splits}
 
@@ -469,7 +479,7 @@ def prepare_stream_data(out_dir: str, *, corpus: Optional[Corpus] = None, world:
         generate_world(world, paths.join(out_dir, "world"))
         corpus = paths.join(out_dir, "world", "news.jsonl")
     if split_dir is not None:
-        stats = published_split_stats(split_dir)
+        stats = published_split_stats(split_dir, corpus)
         split_dir = stats["split_dir"]
     else:
         split_dir = paths.join(out_dir, "splits")
@@ -596,16 +606,20 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
     if p.larger_model_config is not None:  # Mind the Gap, section 4: a larger TIME-STRATIFIED model
         setups.append((LARGER_MODEL_RUN, "time_stratified_train", "time_stratified",
                        TransformerXLConfig(vocab_size=p.model_vocab_size, **p.larger_model_config)))
+    # Published split files were checked against the corpus in the data step (the ids it lacks counted and said):
+    # training and evaluation read them without those ids instead of stopping.
+    published = split_dir is not None
     for name, split, tokenizer, run_config in setups:
         t0 = time.time()
         train_preset_lm(paths.join(out_dir, name), run_config, p, seed, mesh, corpus=data["corpus"],
-                        split_dir=data["split_dir"], split=split, spm_model=data["spm_models"][tokenizer])
+                        split_dir=data["split_dir"], split=split, spm_model=data["spm_models"][tokenizer],
+                        allow_missing_ids=published)
         timings[f"train_{name}"] = time.time() - t0
         console.say(f"stream experiment: {name} model trained ({timings[f'train_{name}']:.1f}s)")
 
     t0 = time.time()
     results = stream_evaluation(paths.join(out_dir, "stream"), paths.join(out_dir, "time_stratified"),
-                                paths.join(out_dir, "control"),
+                                paths.join(out_dir, "control"), data=StreamData(allow_missing_ids=published),
                                 dynamic=DynamicEvalConfig(p.dynamic, ms_segments=p.ms_segments),
                                 analyses=StreamAnalyses(train_count_documents=p.train_count_documents,
                                                         min_test_count=p.min_test_count, n_topics=p.n_topics),
@@ -616,6 +630,8 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
     summary.update(out_dir=out_dir, results=results["files"]["results.json"],
                    preset=preset if isinstance(preset, str) else preset_name, timings_sec=timings,
                    findings=results["findings"])
+    if published:  # each published split file: its documents, and the ids the corpus lacks (counted, not fatal)
+        summary["published_splits"] = data["splits"]["splits"]
     if "tokenizer_comparison" in results:
         summary["tokenizer_comparison"] = results["tokenizer_comparison"]
     if partitioning.is_lead():

@@ -4,6 +4,7 @@ published TIME-STRATIFIED / CONTROL split files, all written here in the publish
 writers); the study's years come from the data, the stage the data cannot support (calibration) is skipped with
 its reason, and a corpus without TempLAMA skips the time-aware half."""
 
+import gzip
 import json
 import os
 import random
@@ -22,6 +23,11 @@ def own_data(tmp_path_factory):
     ids = write_news_crawl(root / "wmt", documents(rng))
     release = write_templama_release(root / "templama")
     split_dir, sizes = write_published_splits(root / "splits", ids, rng)
+    # Real splits and corpora drift apart: the test split and TIME-STRATIFIED's training split each name an id this
+    # corpus lacks (appended as another gzip member, which gzip readers take as one stream).
+    for name, line in (("test", "20180615\tgone-2018-06-15\n"), ("time_stratified_train", "20170301\tgone-2017\n")):
+        with gzip.open(os.path.join(split_dir, f"{name}.gz"), "at", encoding="utf-8") as f:
+            f.write(line)
     return {"root": root, "corpus": str(root / "wmt" / "news-docs.20*.en.filtered.gz"),
             "templama": str(root / "templama"), "split_dir": split_dir, "release": release, "sizes": sizes}
 
@@ -81,6 +87,37 @@ def test_the_streaming_half_reads_the_published_split_files(own_data, study):
     assert inputs["train_split_file"] == os.path.join(own_data["split_dir"], "time_stratified_train.gz")
     assert not os.path.exists(out / "stream_experiment" / "splits")  # nothing re-split
     assert "  streaming_gap: " in result.stdout
+
+
+def test_split_ids_the_corpus_lacks_are_counted_before_any_training_and_the_study_ends(own_data, study):
+    """One id of the published test split and one of TIME-STRATIFIED's training split are not in the corpus: the
+    data stage says so, before the first model trains, and the study runs to its results without them."""
+    out, results, result = study
+    for name in ("test", "time_stratified_train"):
+        warning = (f"1 of {own_data['sizes']['test' if name == 'test' else 'ts_train'] + 1} id(s) in "
+                   f"{os.path.join(own_data['split_dir'], name + '.gz')} are not in the corpus (first: gone-")
+        assert warning in result.stderr
+        assert result.stderr.index(warning) < result.stderr.index("reproduce [2/7]")
+    splits = results["extra"]["streaming"]["published_splits"]
+    assert (splits["test"]["missing"], splits["test"]["missing_ids"]) == (1, ["gone-2018-06-15"])
+    assert splits["time_stratified_train"]["missing"] == 1 and splits["control_train"]["missing"] == 0
+    with open(out / results["extra"]["streaming"]["results"], encoding="utf-8") as f:
+        stream = json.load(f)
+    assert stream["settings"]["n_documents"] == own_data["sizes"]["test"]  # the 36 documents the corpus holds
+
+
+def test_a_split_that_names_none_of_the_corpus_is_refused_before_any_work(own_data, tmp_path):
+    split = tmp_path / "other" / "split_2017-09-30"
+    os.makedirs(split)
+    for name in ("time_stratified_train", "time_stratified_validation", "control_train", "control_validation",
+                 "test"):
+        with gzip.open(split / f"{name}.gz", "wt", encoding="utf-8") as f:
+            f.write("20170101\tsomeone-else-1\n20170102\tsomeone-else-2\n")
+    result = templm("reproduce", "--preset=tiny_test", f"--out={tmp_path / 'run'}", f"--corpus={own_data['corpus']}",
+                    f"--templama_dir={own_data['templama']}", f"--split_dir={split}")
+    assert result.returncode == 1
+    assert f"{split / 'time_stratified_train.gz'}: none of the split's 2 document ids is in the corpus" in result.stderr
+    assert "reproduce [2/7]" not in result.stderr and not os.path.exists(tmp_path / "run" / "models")
 
 
 @pytest.fixture(scope="module")
