@@ -12,6 +12,9 @@ export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 .PHONY: venv demo test test-fast test-network bench bench-device clean
 
 $(STAMP): setup.py
+	@test -x $(BIN)/python || $(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else \
+	  "templm needs Python 3.11 or newer (its pinned jax 0.10.2 does), and $(PYTHON) is " + sys.version.split()[0] + \
+	  ": make ... PYTHON=python3.11")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -qq --upgrade pip
 	$(BIN)/python -m pip install -qq -e '.[test]'

@@ -53,7 +53,7 @@ setuptools.setup(
     description="Train and evaluate language models across time: time-aware T5, streaming perplexity, CALM.",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.10",
+    python_requires=">=3.11",  # jax 0.10.2 needs 3.11
     packages=setuptools.find_packages(include=["templm", "templm.*", "tasks", "tasks.*"]),
     package_data={"templm": _config_files()},
     install_requires=INSTALL_REQUIRES,

@@ -106,3 +106,33 @@ def test_an_installed_wheel_finds_its_configs_from_anywhere(tmp_path):
     assert "templm reproduce: error: templm.Study.steps: must be at least 1, got 0" in study.stderr, study.stderr
     assert not (tmp_path / "study").exists()
     assert os.listdir(elsewhere) == []
+
+
+def test_python_requires_is_the_oldest_python_every_pinned_dependency_installs_on():
+    """setup.py's python_requires is what the pins need, read from the installed distributions' own Requires-Python:
+    each pin accepts it, and at least one refuses the Python before it (jax 0.10.2 refused 3.10 while setup.py still
+    said >=3.10, and pip on a Cloud TPU image failed on jaxlib with no word of Python)."""
+    import ast
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    tree = ast.parse(open(os.path.join(REPO, "setup.py"), encoding="utf-8").read())
+    pins = next(ast.literal_eval(node.value) for node in ast.walk(tree)
+                if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "INSTALL_REQUIRES")
+    ours = next(ast.literal_eval(k.value) for node in ast.walk(tree) if isinstance(node, ast.Call)
+                for k in node.keywords if k.arg == "python_requires")
+    oldest = ours.removeprefix(">=")
+    major, minor = (int(x) for x in oldest.split("."))
+    before = f"{major}.{minor - 1}"
+    refusing = []
+    for pin in pins:
+        needs = metadata.metadata(Requirement(pin).name).get("Requires-Python")
+        if not needs:
+            continue
+        accepts = SpecifierSet(needs)
+        assert accepts.contains(oldest), f"{pin} needs Python {needs}, setup.py says {ours}"
+        if not accepts.contains(before):
+            refusing.append(pin)
+    assert refusing, f"every pin installs on Python {before}: setup.py's {ours} is stricter than they need"
