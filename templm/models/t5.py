@@ -877,7 +877,9 @@ def _activations_to_hf(acts: Tuple[str, ...]) -> str:
 
 
 def config_from_hf(hf: Mapping[str, Any], path: str = "config.json", dtype: Any = jnp.float32) -> T5Config:
-    """T5Config from a Hugging Face T5 `config.json` dict (HF defaults where keys are absent)."""
+    """T5Config from a Hugging Face T5 `config.json` dict (HF defaults where keys are absent). The output layer is
+    read from the config alone here, as transformers 4 wrote it (`tie_word_embeddings`); `load_hf_checkpoint`
+    decides it from the config and the tensors together (`hf_output_layer`), as transformers 5 does."""
     def need(key):
         if hf.get(key) is None:
             raise DataError(f"config.json has no {key!r} (expected a Hugging Face T5 config)", path)
@@ -909,7 +911,10 @@ def config_to_hf(config: T5Config) -> Dict[str, Any]:
         "num_heads": config.num_heads, "relative_attention_num_buckets": config.relative_attention_num_buckets,
         "relative_attention_max_distance": config.relative_attention_max_distance,
         "feed_forward_proj": _activations_to_hf(config.mlp_activations),
-        "tie_word_embeddings": config.logits_via_embedding, "layer_norm_epsilon": config.layer_norm_epsilon,
+        # Both keys, so that transformers 4 (tie_word_embeddings decides) and 5 (scale_decoder_outputs scales, the
+        # tensors present decide the tying) read the same output layer.
+        "tie_word_embeddings": config.logits_via_embedding, "scale_decoder_outputs": config.logits_via_embedding,
+        "layer_norm_epsilon": config.layer_norm_epsilon,
         "dropout_rate": config.dropout_rate, "decoder_start_token_id": DECODER_START_ID, "eos_token_id": EOS_ID,
         "pad_token_id": PAD_ID,
     }
@@ -1008,6 +1013,49 @@ def _read_hf_tensors(directory: str, weights_file: Optional[str]) -> Tuple[Dict[
     return tensors, index
 
 
+@dataclasses.dataclass(frozen=True)
+class HFOutputLayer:
+    """How a Hugging Face T5 checkpoint turns the decoder's output into logits: `head`, the tensor it multiplies
+    by ("shared.weight": tied to the embedding; "lm_head.weight": its own), and `scale`, whether the output is first
+    scaled by d_model ** -0.5."""
+
+    head: str
+    scale: bool
+
+
+def hf_output_layer(hf: Mapping[str, Any], tensors: Mapping[str, np.ndarray], config_path: str,
+                    weights_path: str) -> HFOutputLayer:
+    """The output layer of a Hugging Face T5 folder, from its config and its tensors together, as the
+    transformers version that wrote it reads it back:
+
+    - transformers 5 writes `scale_decoder_outputs` (T5 v1.0: true, v1.1: false) and `tie_word_embeddings: true`
+      for every T5; its head is `lm_head.weight` where the file holds one that differs from `shared.weight` (a
+      v1.1 checkpoint converted from transformers 4 keeps its own), else the embedding;
+    - transformers 4 (no `scale_decoder_outputs`) ties and scales when `tie_word_embeddings` is true (the default),
+      and reads `lm_head.weight` unscaled when it is false.
+    A config that contradicts the tensors is a DataError naming both: an untied config without `lm_head.weight`; a
+    transformers 4 config that ties while the file holds an `lm_head.weight` different from the embedding (the two
+    major versions would compute different logits from it)."""
+    tie = bool(hf.get("tie_word_embeddings", True))
+    head = tensors.get("lm_head.weight")
+    shared = next((tensors[n] for n in _EMBEDDING_ALIASES if n in tensors), None)
+    own_head = head is not None and (shared is None or head.shape != shared.shape or
+                                     not np.array_equal(head, shared))
+    if not tie and head is None:
+        raise DataError(f"{config_path} has tie_word_embeddings false (an output layer of its own), but {weights_path} "
+                        "holds no lm_head.weight: set tie_word_embeddings to true if the output layer is the "
+                        "embedding, or use the weights file that has lm_head.weight", weights_path)
+    if "scale_decoder_outputs" in hf:
+        return HFOutputLayer("lm_head.weight" if own_head else "shared.weight", bool(hf["scale_decoder_outputs"]))
+    if tie and own_head:
+        raise DataError(f"{config_path} ties the output layer to the embedding (tie_word_embeddings true, no "
+                        f"scale_decoder_outputs: transformers 4's config), but {weights_path} holds an lm_head.weight "
+                        "that differs from shared.weight: transformers 4 reads the embedding and transformers 5 "
+                        "lm_head.weight. Say which in config.json: tie_word_embeddings false for lm_head.weight (T5 "
+                        "v1.1), or remove lm_head.weight", weights_path)
+    return HFOutputLayer("shared.weight" if tie else "lm_head.weight", tie)
+
+
 def load_hf_checkpoint(path_or_dir: str, dtype: Any = jnp.float32) -> Tuple[T5Config, PyTree]:
     """(T5Config, float32 numpy params) from a Hugging Face T5 checkpoint: a directory with `config.json` and
     `model.safetensors` (or `model.safetensors.index.json` and its shards), or the path of the `.safetensors` file
@@ -1029,6 +1077,16 @@ def load_hf_checkpoint(path_or_dir: str, dtype: Any = jnp.float32) -> Tuple[T5Co
         raise DataError("config.json must hold a JSON object", config_path)
     config = config_from_hf(hf_config, config_path, dtype)
     tensors, weights_path = _read_hf_tensors(directory, weights_file)
+    output = hf_output_layer(hf_config, tensors, config_path, weights_path)
+    # templm's tied output layer is T5X's: the embedding, scaled. Any other (its own head, or an unscaled
+    # embedding) is an output layer of its own, the scale folded into its kernel.
+    tied = output.head == "shared.weight" and output.scale
+    config = dataclasses.replace(config, logits_via_embedding=tied)
+    names = (output.head,) if output.head == "lm_head.weight" else _EMBEDDING_ALIASES
+    head = next((tensors[n] for n in names if n in tensors), None)
+    if not tied and head is not None:  # (a missing embedding is named below)
+        head = np.asarray(head, np.float32)
+        tensors = {**tensors, "lm_head.weight": head * np.float32(config.emb_dim ** -0.5) if output.scale else head}
 
     expected = EncoderDecoderModel(config).abstract_init()
     params: Dict[str, Any] = {}

@@ -255,8 +255,10 @@ def np_relative_bucket(rel, bidirectional, num_buckets, max_distance):
     return out + np.where(rel < max_exact, rel, large)
 
 
-def np_t5_logits(w, hf, enc_ids, dec_ids):
-    """T5 forward pass in float64 numpy for one example: encoder ids [S] (0 = pad), decoder input ids [T]."""
+def np_t5_logits(w, hf, enc_ids, dec_ids, head=None, scale=None):
+    """T5 forward pass in float64 numpy for one example: encoder ids [S] (0 = pad), decoder input ids [T]. The output
+    layer multiplies by `head` ("shared.weight" or "lm_head.weight") after scaling by d_model ** -0.5 when `scale`;
+    by default both from tie_word_embeddings, as transformers 4 reads it."""
     w = {k: v.astype(np.float64) for k, v in w.items()}
     h, dk, eps = hf["num_heads"], hf["d_kv"], hf["layer_norm_epsilon"]
     nb, md = hf["relative_attention_num_buckets"], hf["relative_attention_max_distance"]
@@ -314,9 +316,70 @@ def np_t5_logits(w, hf, enc_ids, dec_ids):
                           np.broadcast_to(enc_valid[None, :], (t, s)))
         y = y + ff(rms(y, f"{b}.2.layer_norm.weight"), f"{b}.2.DenseReluDense")
     y = rms(y, "decoder.final_layer_norm.weight")
-    if hf["tie_word_embeddings"]:
-        return (y * hf["d_model"] ** -0.5) @ w["shared.weight"].T
-    return y @ w["lm_head.weight"].T
+    tie = hf.get("tie_word_embeddings", True)
+    head = head or ("shared.weight" if tie else "lm_head.weight")
+    scale = tie if scale is None else scale
+    return (y * hf["d_model"] ** -0.5 if scale else y) @ w[head].T
+
+
+# The output layer of each layout transformers writes for T5 (checked against transformers 4.57.6 and 5.25.0, whose
+# own logits templm's equal: tests/models/test_hf_transformers.py, `make test-network`): config keys, whether the
+# weights hold an lm_head.weight of their own, and the (head, scale) transformers computes with.
+HF_LAYOUTS = {
+    "t4-v1.1": ({"tie_word_embeddings": False}, True, ("lm_head.weight", False)),
+    "t4-v1.0": ({}, False, ("shared.weight", True)),
+    # transformers 5 writes tie_word_embeddings true for every T5 and scale_decoder_outputs beside it ...
+    "t5-v1.0": ({"tie_word_embeddings": True, "scale_decoder_outputs": True}, False, ("shared.weight", True)),
+    # ... a v1.1 model made there has no head of its own; one converted from transformers 4 keeps lm_head.weight.
+    "t5-v1.1": ({"tie_word_embeddings": True, "scale_decoder_outputs": False}, False, ("shared.weight", False)),
+    "t5-v1.1-from-t4": ({"tie_word_embeddings": True, "scale_decoder_outputs": False}, True,
+                        ("lm_head.weight", False)),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(HF_LAYOUTS))
+def test_every_hf_output_layer_layout_gives_the_logits_transformers_computes(tmp_path, layout):
+    keys, own_head, (head, scale) = HF_LAYOUTS[layout]
+    hf = {k: v for k, v in hf_config(True, False).items() if k != "tie_word_embeddings"}
+    hf.update(keys, d_model=12, d_kv=6)  # d_model ** -0.5 is no power of two: a scale folded in is checked closely
+    weights = hf_weights(dict(hf, tie_word_embeddings=not own_head), seed=11)
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    config, params = t5.load_hf_checkpoint(str(tmp_path))
+    assert config.logits_via_embedding == (head == "shared.weight" and scale)
+    enc = np.array([[3, 9, 14, 22, 1, 0, 0], [5, 5, 8, 31, 17, 11, 1]], np.int32)
+    dec = np.array([[0, 6, 12, 3, 7], [0, 2, 17, 9, 39]], np.int32)
+    logits = np.asarray(t5.EncoderDecoderModel(config).logits(params, {"encoder_input_tokens": enc,
+                                                                       "decoder_input_tokens": dec}))
+    want = np.stack([np_t5_logits(weights, hf, enc[i], dec[i], head, scale) for i in range(2)])
+    assert np.abs(want).max() > 1.0
+    np.testing.assert_allclose(logits, want, atol=2e-5, rtol=1e-5)
+    # Saved back, it reads the same (under both readers: the config says tie and scale explicitly).
+    t5.save_hf_checkpoint(params, config, str(tmp_path / "saved"))
+    config2, params2 = t5.load_hf_checkpoint(str(tmp_path / "saved"))
+    assert config2 == config
+    jax.tree_util.tree_map(np.testing.assert_array_equal, params2, params)
+
+
+def test_a_config_that_contradicts_its_tensors_names_both(tmp_path):
+    hf = hf_config(True, False)
+    weights = hf_weights(hf, seed=12)
+    head = weights.pop("lm_head.weight")
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    with pytest.raises(DataError, match=r"config.json has tie_word_embeddings false .* holds no lm_head.weight"):
+        t5.load_hf_checkpoint(str(tmp_path))
+    # transformers 4's config ties, yet the file has a head of its own: the two versions disagree, so neither is
+    # guessed.
+    (tmp_path / "config.json").write_text(json.dumps(dict(hf, tie_word_embeddings=True)))
+    save_file({**weights, "lm_head.weight": head}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(DataError, match=r"ties the output layer .* lm_head.weight that differs from shared.weight") \
+            as info:
+        t5.load_hf_checkpoint(str(tmp_path))
+    assert str(tmp_path / "config.json") in str(info.value) and str(tmp_path / "model.safetensors") in str(info.value)
+    # The same head as the embedding (transformers 4 sometimes wrote both): tied, as either version reads it.
+    save_file({**weights, "lm_head.weight": weights["shared.weight"]}, str(tmp_path / "model.safetensors"))
+    assert t5.load_hf_checkpoint(str(tmp_path))[0].logits_via_embedding
 
 
 @pytest.mark.parametrize("gated,tied", [(True, False), (False, True)], ids=["gated-gelu-untied", "relu-tied"])
