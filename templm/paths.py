@@ -20,7 +20,7 @@ import posixpath
 import re
 import shutil
 import tempfile
-from typing import IO, Iterator, List
+from typing import IO, Iterator, List, Optional
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 
@@ -171,6 +171,14 @@ def open(path, mode: str = "r", encoding: str = "utf-8") -> IO:  # noqa: A001 (t
 
     raw = gfile().GFile(path, mode.replace("t", "").replace("b", "") + "b")
     return raw if "b" in mode else io.TextIOWrapper(_Buffered(raw), encoding=encoding, newline=None)
+
+
+def text_stream(binary: IO, encoding: str = "utf-8", newline: Optional[str] = None) -> IO:
+    """Text read from a binary file object: a local file's, a gzip or bz2 stream's, or a bucket's GFile."""
+    import io
+
+    return io.TextIOWrapper(binary if isinstance(binary, io.IOBase) else _Buffered(binary), encoding=encoding,
+                            newline=newline)
 
 
 class _Buffered:

@@ -220,7 +220,8 @@ def define_data_tasks():
     define_overwrite()
     flags.DEFINE_multi_string("corpus", None, "News corpus; default: the embedded world (drawn with --seed and the "
                               "WorldConfig gin bindings). " + CORPUS_HELP)
-    flags.DEFINE_enum("format", "auto", ["auto", "jsonl", "wmt", "arxiv"], "Corpus format.")
+    flags.DEFINE_enum("format", "auto", ["auto", "jsonl", "wmt", "arxiv", "csv", "tsv", "text"],
+                      "Corpus format (auto: from the name and the first line; docs/data.md).")
     flags.DEFINE_string("templama_dir", None, "TempLAMA release folder ({train,val,test}.json as released, or "
                         ".jsonl); default: the "
                         "world's, or none for a corpus.")

@@ -239,7 +239,8 @@ CORPUS_HELP = ("Corpus file (.gz and .bz2 are read transparently); repeat it, or
 
 def define_corpus_flags(split: bool = True):
     flags.DEFINE_multi_string("corpus", None, CORPUS_HELP, required=True)
-    flags.DEFINE_enum("format", "auto", ["auto", "jsonl", "wmt", "arxiv"], "Corpus format.")
+    flags.DEFINE_enum("format", "auto", ["auto", "jsonl", "wmt", "arxiv", "csv", "tsv", "text"],
+                      "Corpus format (auto: from the name and the first line; docs/data.md).")
     flags.DEFINE_enum("on_error", "raise", ["raise", "skip"], "On a bad line: stop, or skip and count it.")
     if split:
         flags.DEFINE_string("split_dir", None, "Apply a split file from this folder (published or `templm data "

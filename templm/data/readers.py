@@ -10,12 +10,14 @@ from __future__ import annotations
 import base64
 import binascii
 import bz2
+import csv
 import datetime
 import email.utils
 import gzip
 import hashlib
 import json
 import os
+import re
 import zlib
 from typing import Any, Callable, Dict, Iterator, List, Sequence, Union
 
@@ -318,18 +320,184 @@ class TemplamaReader(Reader):
             most_recent=None if most_recent is None else _answer(most_recent, "most_recent_answer"))
 
 
+class DelimitedReader(Reader):
+    """A table of documents, as researchers keep news: comma-separated (`csv`) or tab-separated (`tsv`) values
+    with a header row naming the columns `id`, `date` and `text` (any order, any case, other columns ignored);
+    quoted fields may hold the delimiter and line breaks (Python's csv dialect, as spreadsheets and pandas write
+    them). A field over the csv module's 131,072 characters is a bad row, named with its line."""
+
+    delimiter = ","
+    source = "csv"
+    COLUMNS = ("id", "date", "text")
+
+    def __iter__(self) -> Iterator[Document]:
+        self.read = self.skipped = 0
+        self.first_errors = []
+        try:
+            with open_text(self.path) as raw, paths.text_stream(raw, "utf-8-sig", newline="") as f:
+                rows = csv.reader(f, delimiter=self.delimiter)
+                header = next(rows, None)
+                if header is None:
+                    return
+                names = [h.strip().lower() for h in header]
+                absent = [c for c in self.COLUMNS if c not in names]
+                if absent:
+                    raise DataError(f"the header names no {', '.join(repr(c) for c in absent)} column: a "
+                                    f"{self.source.upper()} corpus has a header row with columns id, date and text "
+                                    f"(found {', '.join(repr(h) for h in header[:8])})", self.path, 1)
+                where = {c: names.index(c) for c in self.COLUMNS}
+                while True:
+                    lineno = rows.line_num + 1
+                    try:
+                        row = next(rows)
+                    except StopIteration:
+                        break
+                    except (csv.Error, UnicodeDecodeError) as e:
+                        yield from self._bad(f"malformed {self.source.upper()} row: {e}", lineno)
+                        continue
+                    if not any(cell.strip() for cell in row):
+                        continue
+                    try:
+                        if len(row) != len(header):
+                            raise ValueError(f"expected {len(header)} fields as the header, got {len(row)}")
+                        doc_id = row[where["id"]].strip()
+                        if not doc_id:
+                            raise ValueError("empty id")
+                        doc = Document(doc_id, self._date(row[where["date"]]), _text(row[where["text"]]),
+                                       self.source)
+                    except ValueError as e:
+                        yield from self._bad(str(e), lineno)
+                        continue
+                    self.read += 1
+                    yield doc
+        except (OSError, EOFError, zlib.error) as e:
+            raise read_failure(e, self.path, "while reading it") from None
+        if self.skipped:
+            console.warn(f"{self.path}: skipped {self.skipped} bad row(s) of {self.skipped + self.read}; first: "
+                         + "; ".join(self.first_errors))
+
+    def _bad(self, reason: str, lineno: int) -> Iterator[Document]:
+        """A bad row: raised (naming the file and the row's first line) or counted, as on_error says."""
+        error = DataError(reason, self.path, lineno)
+        if self.on_error == "raise":
+            raise error
+        self.skipped += 1
+        if len(self.first_errors) < 5:
+            self.first_errors.append(str(error))
+        return iter(())
+
+
+class TsvReader(DelimitedReader):
+    delimiter = "\t"
+    source = "tsv"
+
+
+# The date in a text file's name: 2014-03-07, 2014_03_07 or 20140307, not inside a longer run of digits.
+_NAME_DATE = re.compile(r"(?<!\d)(\d{4})[-_]?(\d{2})[-_]?(\d{2})(?!\d)")
+TEXT_DATES_FILE = "dates.tsv"  # the sidecar of a folder of text files: `file name<TAB>date` per line
+
+
+class TextFolderReader(Reader):
+    """A folder of articles, one UTF-8 text file each (`*.txt`, in sub-folders too, in sorted order): the id is the
+    file's path in the folder without `.txt`, the text its contents, and the date the one in its name
+    (`2014-03-07-storm.txt`, `20140307_storm.txt`) or, for names without one, the folder's `dates.tsv` (`name.txt
+    <TAB> date` per line; it wins over the name where it lists a file). A file with no date is a bad document,
+    named."""
+
+    source = "text"
+
+    def __iter__(self) -> Iterator[Document]:
+        self.read = self.skipped = 0
+        self.first_errors = []
+        folder = self.path
+        names = sorted(_text_files(folder))
+        if not names:
+            raise DataError("a folder of text files holds no .txt file", folder)
+        dates = self._sidecar(folder)
+        for name in names:
+            path = paths.join(folder, name)
+            try:
+                found = dates.get(name)
+                if found is None:
+                    match = _NAME_DATE.search(paths.basename(name))
+                    if match is None:
+                        raise ValueError(f"no date: its name has none (2014-03-07, 20140307) and "
+                                         f"{TEXT_DATES_FILE} does not list it")
+                    found = "-".join(match.groups())
+                date = self._date(found)
+                with open_text(path) as f:
+                    try:
+                        text = f.read().decode("utf-8-sig")
+                    except UnicodeDecodeError as e:
+                        raise ValueError(f"invalid UTF-8 at byte {e.start}") from None
+                doc = Document(name[:-len(".txt")], date, _text(text.strip()), self.source)
+            except ValueError as e:
+                error = DataError(str(e), path)
+                if self.on_error == "raise":
+                    raise error from None
+                self.skipped += 1
+                if len(self.first_errors) < 5:
+                    self.first_errors.append(str(error))
+                continue
+            self.read += 1
+            yield doc
+        if self.skipped:
+            console.warn(f"{folder}: skipped {self.skipped} bad file(s) of {self.skipped + self.read}; first: "
+                         + "; ".join(self.first_errors))
+
+    def _sidecar(self, folder: str) -> Dict[str, str]:
+        path = paths.join(folder, TEXT_DATES_FILE)
+        if not paths.exists(path):
+            return {}
+        dates: Dict[str, str] = {}
+        with open_text(path) as f:
+            for lineno, raw in enumerate(f, 1):
+                line = raw.decode("utf-8-sig").rstrip("\r\n")
+                if not line.strip():
+                    continue
+                fields = line.split("\t")
+                if len(fields) != 2:
+                    raise DataError(f"expected 2 tab-separated fields (file name, date), got {len(fields)}", path,
+                                    lineno)
+                dates[fields[0].strip()] = fields[1].strip()
+        return dates
+
+
+def _text_files(folder: str) -> List[str]:
+    """The `.txt` files under `folder`, as paths relative to it with '/'."""
+    found = []
+    for name in paths.listdir(folder):
+        path = paths.join(folder, name)
+        if paths.isdir(path):
+            found += [f"{name}/{inner}" for inner in _text_files(path)]
+        elif name.endswith(".txt"):
+            found.append(name)
+    return found
+
+
 FORMATS: Dict[str, Callable[..., Reader]] = {
     "jsonl": JsonlReader,
     "wmt": WmtDocsReader,
     "arxiv": ArxivReader,
+    "csv": DelimitedReader,
+    "tsv": TsvReader,
+    "text": TextFolderReader,
 }
 
 
 def detect_format(path: str) -> str:
-    """Guesses a corpus format from the file name, then from its first line (a UTF-8 byte-order mark ignored)."""
-    name = paths.basename(os.fspath(path))
+    """A corpus format from the path and the first line (a UTF-8 byte-order mark ignored): a folder holds text
+    files; `news-docs` in the name is WMT; a first line that is a JSON object is jsonl (arxiv with its abstract and
+    versions), three tab-separated fields starting with a date WMT's, a header naming id, date and text a CSV or
+    TSV table; otherwise the name decides (`.csv`, `.tsv`; `.json`, `.jsonl`: JSON lines, whose reader then names
+    the bad line). Anything else is a DataError naming the file and the formats templm reads."""
+    path = os.fspath(path)
+    if paths.isdir(path):
+        return "text"
+    name = paths.basename(path)
     if "news-docs" in name:
         return "wmt"
+    stem = name[:-len(".gz")] if name.endswith(".gz") else name[:-len(".bz2")] if name.endswith(".bz2") else name
     first = b""
     try:
         with open_text(path) as f:
@@ -338,16 +506,30 @@ def detect_format(path: str) -> str:
                     first = raw
                     break
     except (OSError, EOFError, zlib.error) as e:
-        raise read_failure(e, os.fspath(path), "at its first line") from None
+        raise read_failure(e, path, "at its first line") from None
     if first.startswith(b"\xef\xbb\xbf"):
         first = first[3:]
+    if not first:
+        return "jsonl"  # an empty file: no documents
     try:
         obj = json.loads(first.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
-        return "wmt" if first.count(b"\t") == 2 else "jsonl"
-    if isinstance(obj, dict) and "abstract" in obj and "versions" in obj:
-        return "arxiv"
-    return "jsonl"
+        obj = None
+    if isinstance(obj, dict):
+        return "arxiv" if "abstract" in obj and "versions" in obj else "jsonl"
+    if first.count(b"\t") == 2 and first.split(b"\t")[0].strip().isdigit():
+        return "wmt"
+    delimiter = "\t" if b"\t" in first else ","
+    header = [h.strip().strip('"').lower() for h in first.decode("utf-8", "replace").strip().split(delimiter)]
+    if {"id", "date", "text"} <= set(header):
+        return "tsv" if delimiter == "\t" else "csv"
+    for suffix, fmt in ((".csv", "csv"), (".tsv", "tsv"), (".json", "jsonl"), (".jsonl", "jsonl")):
+        if stem.endswith(suffix):
+            return fmt
+    raise DataError(f"not a corpus format templm reads: its first line is {first[:60]!r}. The formats: JSON lines "
+                    "{\"id\", \"date\", \"text\"} (jsonl), WMT document-level News Crawl (wmt), the arXiv OAI "
+                    "snapshot (arxiv), CSV or TSV with a header row naming id, date and text (csv, tsv), a folder of "
+                    ".txt files (text); --format names one", path)
 
 
 # A corpus is one file, a glob pattern, or a list of either: WMT News Crawl ships one file per year.

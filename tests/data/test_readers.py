@@ -799,9 +799,84 @@ def test_read_documents_explicit_format_and_kwargs(tmp_path):
     assert type(reader) is JsonlReader
     assert list(reader) == [Document("a", D(1850, 1, 1), "some text", "jsonl")]
     assert (reader.read, reader.skipped) == (1, 1)
-    with pytest.raises(ValueError, match="unknown corpus format 'csv'"):
-        read_documents(path, format="csv")
-    assert set(readers.FORMATS) == {"jsonl", "wmt", "arxiv"}
+    with pytest.raises(ValueError, match="unknown corpus format 'xml'"):
+        read_documents(path, format="xml")
+    assert set(readers.FORMATS) == {"jsonl", "wmt", "arxiv", "csv", "tsv", "text"}
+
+
+def test_a_csv_or_tsv_table_as_spreadsheets_write_it(tmp_path):
+    """A header naming id, date and text in any order and case (other columns ignored); quoted fields with commas,
+    quotes and line breaks; a byte-order mark; found by the header or by the name, gzipped too."""
+    path = tmp_path / "news.csv"
+    path.write_bytes("\ufeffTitle,Date,ID,Text\r\n"
+                     '"Storm, again",2014-03-07,n1,"Heavy rain fell.\nRoads closed, ""officials"" said."\r\n'
+                     "Markets,20150102,n2,Stocks rose.\r\n"
+                     "\r\n".encode("utf-8"))
+    assert detect_format(str(path)) == "csv"
+    docs = list(read_documents(str(path)))
+    assert docs == [Document("n1", D(2014, 3, 7), 'Heavy rain fell.\nRoads closed, "officials" said.', "csv"),
+                    Document("n2", D(2015, 1, 2), "Stocks rose.", "csv")]
+    tsv = tmp_path / "news.tsv.gz"
+    with gzip.open(tsv, "wt", encoding="utf-8") as f:
+        f.write("id\tdate\ttext\nt1\t2016-05-01\tA storm hit.\n")
+    assert detect_format(str(tsv)) == "tsv"
+    assert list(read_documents(str(tsv))) == [Document("t1", D(2016, 5, 1), "A storm hit.", "tsv")]
+    # Found by its header alone, whatever the name.
+    plain = tmp_path / "export.txt"
+    plain.write_text("id,date,text\na,2014-01-01,x\n")
+    assert detect_format(str(plain)) == "csv"
+
+
+def test_bad_csv_rows_name_the_file_and_line(tmp_path, capsys):
+    path = tmp_path / "news.csv"
+    path.write_text("id,date,text\n"
+                    "a,2014-01-01,fine\n"
+                    'b,2014-01-02,"two\nlines"\n'
+                    "c,not a date,x\n"
+                    "d,2014-01-04\n"
+                    ",2014-01-05,no id\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"news.csv:5: unparsable date 'not a date'"):
+        list(read_documents(str(path)))
+    reader = read_documents(str(path), on_error="skip")
+    assert [d.id for d in reader] == ["a", "b"] and (reader.read, reader.skipped) == (2, 3)
+    err = capsys.readouterr().err
+    assert "news.csv: skipped 3 bad row(s) of 5" in err
+    assert "news.csv:6: expected 3 fields as the header, got 2" in err and "news.csv:7: empty id" in err
+    headless = tmp_path / "headless.csv"
+    headless.write_text("doc,published,body\na,2014-01-01,x\n")
+    with pytest.raises(DataError, match=r"headless.csv:1: the header names no 'id', 'date', 'text' column: a CSV "
+                                        r"corpus has a header row with columns id, date and text \(found 'doc', "
+                                        r"'published', 'body'\)"):
+        list(read_documents(str(headless)))
+
+
+def test_a_folder_of_text_files_dated_by_name_or_by_its_sidecar(tmp_path):
+    folder = tmp_path / "articles"
+    os.makedirs(folder / "2015")
+    (folder / "2014-03-07-storm.txt").write_text("A storm hit the coast.\n", encoding="utf-8")
+    (folder / "2015" / "20150102_markets.txt").write_text("Stocks rose.", encoding="utf-8")
+    (folder / "budget.txt").write_text("\ufeffThe budget passed.", encoding="utf-8")
+    (folder / "notes.md").write_text("not an article")
+    (folder / "dates.tsv").write_text("budget.txt\t2016-06-30\n")
+    assert detect_format(str(folder)) == "text"
+    assert list(read_documents(str(folder))) == [
+        Document("2014-03-07-storm", D(2014, 3, 7), "A storm hit the coast.", "text"),
+        Document("2015/20150102_markets", D(2015, 1, 2), "Stocks rose.", "text"),
+        Document("budget", D(2016, 6, 30), "The budget passed.", "text")]
+    (folder / "dates.tsv").unlink()
+    with pytest.raises(DataError, match=r"budget.txt: no date: its name has none .* dates.tsv does not list it"):
+        list(read_documents(str(folder)))
+    os.makedirs(tmp_path / "empty")
+    with pytest.raises(DataError, match=r"empty: a folder of text files holds no .txt file"):
+        list(read_documents(str(tmp_path / "empty")))
+
+
+def test_a_file_in_no_format_templm_reads_says_so_and_lists_the_formats(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("Heavy rain fell over the city.\nRoads closed.\n")
+    with pytest.raises(DataError, match=r"notes.txt: not a corpus format templm reads: its first line is "
+                                        r"b'Heavy rain fell.*CSV or TSV with a header row naming id, date and text"):
+        list(read_documents(str(path)))
 
 
 def test_read_documents_accepts_pathlike(tmp_path):
