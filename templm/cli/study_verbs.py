@@ -119,6 +119,9 @@ def define_reproduce():
     bounds(seed=(0, None), num_seeds=(1, None))
     flags.DEFINE_boolean("streaming", True, "Also run the Transformer-XL half (TIME-STRATIFIED vs CONTROL streaming "
                          "perplexity, dynamic evaluation) after the T5 stages.")
+    flags.DEFINE_list("only", None, "Run only these halves: time_aware, streaming (the other's models are kept).")
+    flags.DEFINE_list("skip", [], "Leave out halves (time_aware, streaming) or trailing stages of the time-aware half "
+                      "(future_probes, which adaptation needs, or adaptation); their findings say so.")
     define_overwrite()
     # Your own data instead of the embedded world (docs/study.md, "The study on your own data").
     flags.DEFINE_multi_string("corpus", None, "A dated news corpus for the study instead of the embedded world. "
@@ -168,7 +171,7 @@ def seeds_to_run() -> Optional[List[int]]:
 
 
 def main_reproduce():
-    from templm.experiments.reproduce import reproduce, reproduce_seeds, reproduction_folder
+    from templm.experiments.reproduce import reproduce, reproduce_seeds, reproduction_folder, stage_selection
     from templm.experiments.studies import study_from_gin
     from templm.reports.reproduction import write_report, write_seeds_report
     from templm.training.partitioning import is_lead
@@ -176,16 +179,19 @@ def main_reproduce():
     join_processes()  # multi-host: every host runs this command; process 0 writes the results and the report
     extra = None if FLAGS.streaming else []
     seeds = seeds_to_run()
+    stage_selection(FLAGS.only, FLAGS.skip)  # a misspelt --only or --skip before any work
     data = study_data()
     study = study_from_gin()  # study/PRESET.gin, then --gin_file and --gin bindings
     name = study.preset.name
     with reproduction_folder(FLAGS.out, FLAGS.overwrite) as out:  # before any work; the report under the lock
         if seeds is None:
             results = reproduce(study.preset, out, FLAGS.seed, extra_stages=extra, overwrite=FLAGS.overwrite,
-                                data=data, stream_preset=study.stream, settings=STATE["settings"])
+                                data=data, stream_preset=study.stream, settings=STATE["settings"], only=FLAGS.only,
+                                skip=FLAGS.skip)
         else:
             results = reproduce_seeds(study.preset, out, seeds, extra_stages=extra, overwrite=FLAGS.overwrite,
-                                      data=data, stream_preset=study.stream, settings=STATE["settings"])
+                                      data=data, stream_preset=study.stream, settings=STATE["settings"],
+                                      only=FLAGS.only, skip=FLAGS.skip)
         if not is_lead():
             return
         paths = write_report(results, out) if seeds is None else write_seeds_report(results, out)

@@ -10,7 +10,7 @@
     data/                 the task data (world, splits, SentencePiece model, TFRecords, manifest)
     models/<name>/        each model's checkpoints and metrics.jsonl
     stream_experiment/    the Transformer-XL half: its own world, TIME-STRATIFIED/CONTROL splits, models, results
-    run.json              the preset and seed of the run these folders belong to
+    run.json              per half, the preset, seed and data its models belong to
     results.json          every number, with the findings judged from them (keys sorted; times only under "timing")
 
 and returns the results dict, whose "findings" hold both halves' findings in the one shape of
@@ -19,7 +19,9 @@ figures/ (templm.reports.reproduction).
 
 A run stopped by SIGTERM saves the model it was training and raises Preempted (nothing is reported); the same command
 run again finds run.json unchanged, keeps the models and resumes each from its checkpoint, so it ends with the numbers
-of a run that never stopped. Another preset or seed in the same folder starts the models afresh.
+of a run that never stopped. Each half keeps its own record: another preset, seed or data of one half starts that
+half's models afresh and keeps the other's (a mended split folder retrains the Transformer-XL models only), and the
+run says which; `only` / `skip` (--only, --skip) run a half alone or leave one out.
 
 Models never see the future years: Uniform and Temporal train on the mixtures whose training splits hold only the
 seen years (the SeqIO tasks' default), the Yearly experts on one seen year each, and the retrained references (and the
@@ -807,40 +809,112 @@ RUN_RECORD = "run.json"
 REPRODUCTION = "reproduction"  # the kind of output folder (templm.outputs)
 
 
+# The stages of the time-aware half, in order; when the data stage is skipped (no TempLAMA), all of them are, and
+# when the future probes are, adaptation is too (it adapts to the first future year).
+T5_STAGES = ("data", "train uniform and temporal", "train yearly experts", "evaluate", "future probes", "adaptation")
+
+
+# The halves of a study, what each trains into (under out_dir) and the stages each runs. A half's models depend on
+# its own record alone (`_half_records`): changing what only one half reads retrains that half only.
+HALVES: Dict[str, Tuple[str, Tuple[str, ...]]] = {
+    "time_aware": ("models", T5_STAGES),
+    "streaming": ("stream_experiment", ("extra: streaming",)),
+}
+# What --skip may leave out besides a half, and the later stages that need it (skipped with it).
+SKIPPABLE_STAGES: Dict[str, Tuple[str, ...]] = {"future_probes": ("future probes", "adaptation"),
+                                                "adaptation": ("adaptation",)}
+
+
+def stage_selection(only: Optional[Sequence[str]] = None, skip: Sequence[str] = ()) -> Dict[str, str]:
+    """{stage: why it is not run} for --only (halves: time_aware, streaming) and --skip (a half, or future_probes
+    or adaptation, whose later stages need them and go with them). A ConfigError names an unknown choice."""
+    out: Dict[str, str] = {}
+    for flag, names, choices in (("--only", only or (), tuple(HALVES)),
+                                 ("--skip", skip, tuple(HALVES) + tuple(SKIPPABLE_STAGES))):
+        for name in names:
+            if name not in choices:
+                raise ConfigError(f"{flag} {name!r}: expected one of {', '.join(choices)}")
+    if only:
+        for half, (_, stages) in HALVES.items():
+            if half not in only:
+                out.update({stage: f"--only {','.join(only)}" for stage in stages})
+    for name in skip:
+        stages = HALVES[name][1] if name in HALVES else SKIPPABLE_STAGES[name]
+        out.update({stage: f"--skip {name}" for stage in stages})
+    return out
+
+
+def _half_records(preset: Preset, seed: int, extra: Sequence[ExtraStage], data: StudyData,
+                  stream_preset: Optional[StreamPreset]) -> Dict[str, Dict[str, Any]]:
+    """What each half's models depend on: the time-aware half on its preset, the seed and its data (the world's
+    version, or the corpus and TempLAMA release or task data); the streaming half on its preset, the seed and its
+    corpus, split files and cut-off. (The calibration file only changes an evaluation, which every run redoes.)"""
+    given = data.record()
+    source: Dict[str, Any] = {"world_version": WORLD_VERSION} if data.embedded else {}
+    halves = {"time_aware": {"preset": dataclasses.asdict(preset), "seed": seed, **source}}
+    if not data.embedded:
+        halves["time_aware"]["data"] = {k: given[k] for k in ("corpus", "templama_dir", "task_data")}
+    if any(stage.name == "streaming" for stage in extra):
+        stream = {"stream_preset": None if stream_preset is None else dataclasses.asdict(stream_preset),
+                  "study": preset.name, "seed": seed, **source}
+        if not data.embedded:
+            stream["data"] = {k: given[k] for k in ("corpus", "task_data", "stream_corpus", "split_dir", "cutoff")}
+        halves["streaming"] = stream
+    return jsonable(halves)
+
+
+def _changed(old: Any, new: Any, prefix: str = "") -> List[str]:
+    """The keys (dotted) whose values differ between two records."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [k for key in sorted(set(old) | set(new))
+                for k in _changed(old.get(key), new.get(key), f"{prefix}{key}.")]
+    return [] if old == new else [prefix.rstrip(".") or "the record"]
+
+
 def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[ExtraStage],
-                     data: StudyData = EMBEDDED, stream_preset: Optional[StreamPreset] = None) -> bool:
-    """Records the run in out_dir/run.json. The models of an earlier run with the same record are kept (each trainer
-    resumes from its checkpoint); otherwise the models of an earlier run are removed, so a run never resumes
-    another's checkpoints. The results of an earlier run (results.json, report.md) stay until this run has finished
-    and replaces them: a rerun that fails leaves them as they were. Returns True when resuming. Several processes:
-    process 0 does it, the others wait for it (and return False)."""
+                     data: StudyData = EMBEDDED, stream_preset: Optional[StreamPreset] = None,
+                     running: Sequence[str] = tuple(HALVES)) -> Dict[str, bool]:
+    """Records the run in out_dir/run.json, one record per half. A half whose record equals the earlier run's keeps
+    its models (each trainer resumes from its checkpoint, a finished one trains nothing); a half whose record differs
+    starts afresh (its models are removed, so a run never resumes another's checkpoints), and the run says which of
+    its inputs changed. Halves not `running` (--only, --skip) keep their models and their earlier record. The
+    results of an earlier run (results.json, report.md) stay until this run has finished and replaces them: a rerun
+    that fails leaves them as they were. Returns {half: reused}. Several processes: process 0 does it, the others wait
+    for it (and take nothing as reused)."""
+    halves = _half_records(preset, seed, extra, data, stream_preset)
     if not partitioning.is_lead():
         partitioning.barrier("reproduce: run.json")
-        return False
-    record = {"preset": dataclasses.asdict(preset), "seed": seed, "extra_stages": [stage.name for stage in extra]}
-    if data.embedded:
-        # The generator's version: the same seed draws other text under another one, so its models start afresh.
-        record["world_version"] = WORLD_VERSION
-    else:
-        record["data"] = data.record()
-    if stream_preset is not None and any(stage.name == "streaming" for stage in extra):
-        record["stream_preset"] = dataclasses.asdict(stream_preset)
+        return {half: False for half in halves}
     path = paths.join(out_dir, RUN_RECORD)
-    previous = None
+    previous: Dict[str, Any] = {}
     if paths.exists(path):
         with paths.open(path, encoding="utf-8") as f:
             previous = json.load(f)
-    resuming = previous == jsonable(record)
-    stale = [] if resuming else ["models", "stream_experiment"]
-    for name in stale:
-        target = paths.join(out_dir, name)
-        if paths.isdir(target):
-            paths.rmtree(target)
-        elif paths.exists(target):
-            paths.remove(target)
-    write_json(path, record)
+    before = previous.get("halves") if isinstance(previous.get("halves"), dict) else {}
+    reused = {}
+    record = dict(before)
+    names = {"time_aware": "time-aware", "streaming": "streaming"}
+    for half, rec in halves.items():
+        if half not in running:
+            continue
+        reused[half] = before.get(half) == rec
+        if reused[half]:
+            console.say(f"reproduce: the {names[half]} half's models are reused (its preset, seed and data are the "
+                        "earlier run's)")
+        else:
+            target = paths.join(out_dir, HALVES[half][0])
+            if paths.exists(target):
+                changed = _changed(before.get(half), rec) if before.get(half) else ["an earlier record's form"]
+                console.say(f"reproduce: the {names[half]} half starts afresh (changed since the earlier run: "
+                            f"{', '.join(changed[:4])}{' ...' if len(changed) > 4 else ''})")
+            if paths.isdir(target):
+                paths.rmtree(target)
+            elif paths.exists(target):
+                paths.remove(target)
+        record[half] = rec
+    write_json(path, {"halves": record})
     partitioning.barrier("reproduce: run.json")
-    return resuming
+    return reused
 
 
 @contextlib.contextmanager
@@ -857,7 +931,8 @@ def reproduction_folder(out_dir: str, overwrite: bool = False) -> Iterator[str]:
 def reproduce(preset: Union[str, Preset], out_dir: str, seed: int = 0,
               extra_stages: Optional[Sequence[ExtraStage]] = None, overwrite: bool = False,
               data: StudyData = EMBEDDED, stream_preset: Optional[StreamPreset] = None,
-              settings: Optional[Settings] = None) -> Dict[str, Any]:
+              settings: Optional[Settings] = None, only: Optional[Sequence[str]] = None,
+              skip: Sequence[str] = ()) -> Dict[str, Any]:
     """Runs the whole study for `preset` (a study name, gin_configs/study/NAME.gin, or a Preset; `stream_preset`
     sizes the streaming half, by default the study's of the preset's name) on `data` (StudyData; default: the
     embedded world) into `out_dir`; writes results.json (with the findings) and returns the results dict as it holds
@@ -866,8 +941,12 @@ def reproduce(preset: Union[str, Preset], out_dir: str, seed: int = 0,
     findings that needed it say they were not tested, and why. `settings`: what the environment configures
     (templm.settings; default: read from it now): the vocabulary the tasks read, templm's cache.
 
-    `extra_stages` default to the registered `EXTRA_STAGES`. A rerun of the same preset, seed and stages resumes the
-    models of the earlier run; any other run starts them afresh (`_start_or_resume`). SIGTERM raises Preempted from
+    `only` (halves: "time_aware", "streaming") and `skip` (a half, "future_probes" or "adaptation") leave stages
+    out; they are skipped as a stage the data cannot support is, naming the flag (`stage_selection`).
+
+    `extra_stages` default to the registered `EXTRA_STAGES`. Each half of a rerun whose preset, seed and data are
+    the earlier run's resumes its models; a half whose inputs changed starts afresh, the other keeps its models
+    (`_start_or_resume`). SIGTERM raises Preempted from
     the stage that was training, after its checkpoint: nothing is written then. `out_dir` must be absent, empty or a
     templm reproduction (unless `overwrite`), and is locked while the run writes it.
     """
@@ -875,9 +954,10 @@ def reproduce(preset: Union[str, Preset], out_dir: str, seed: int = 0,
         study = load_study(preset)
         preset, stream_preset = study.preset, stream_preset or study.stream
     extra = list(EXTRA_STAGES if extra_stages is None else extra_stages)
+    selection = stage_selection(only, skip)  # a misspelt choice before any work
     with reproduction_folder(out_dir, overwrite) as out_dir:
         return _reproduce(preset, out_dir, seed, extra, data, stream_preset,
-                          settings or Settings.from_environment())
+                          settings or Settings.from_environment(), selection)
 
 
 def check_stream_splits(data: StudyData) -> None:
@@ -893,16 +973,13 @@ def check_stream_splits(data: StudyData) -> None:
         streaming.published_split_stats(data.split_dir, corpus)
 
 
-# The stages of the time-aware half, in order; when the data stage is skipped (no TempLAMA), all of them are, and
-# when the future probes are, adaptation is too (it adapts to the first future year).
-T5_STAGES = ("data", "train uniform and temporal", "train yearly experts", "evaluate", "future probes", "adaptation")
-
-
 def _reproduce(preset: Preset, out_dir: str, seed: int, extra: List[ExtraStage], data: StudyData,
-               stream_preset: Optional[StreamPreset], settings: Settings) -> Dict[str, Any]:
+               stream_preset: Optional[StreamPreset], settings: Settings,
+               selection: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
     _enable_compilation_cache(settings.cache_dir)
-    if _start_or_resume(out_dir, preset, seed, extra, data, stream_preset):
-        console.say(f"reproduce: resuming the run in {out_dir} (same preset and seed)")
+    selection = dict(selection or {})
+    running = [half for half, (_, stages) in HALVES.items() if any(s not in selection for s in stages)]
+    _start_or_resume(out_dir, preset, seed, extra, data, stream_preset, running)
     previous_data_dir = tasks.current().get("data_dir")
     t0 = time.time()
     run = Reproduction(preset, out_dir, seed, data, stream_preset, settings)
@@ -918,6 +995,10 @@ def _reproduce(preset: Preset, out_dir: str, seed: int, extra: List[ExtraStage],
         time-aware half's stages), with one line saying why."""
         if sigterm_received():
             raise Preempted(f"before the stage '{name}' (the models trained so far are saved in {out_dir})")
+        if name in selection:
+            skipped[name] = selection[name]
+            progress.skip(name, selection[name])
+            return None
         if "data" in skipped and name in T5_STAGES:
             skipped[name] = skipped["data"]
             progress.skip(name, "the time-aware half has no data (see the data stage)")
@@ -1012,21 +1093,23 @@ def seed_dir(out_dir: str, seed: int) -> str:
 def reproduce_seeds(preset: Union[str, Preset], out_dir: str, seeds: Sequence[int],
                     extra_stages: Optional[Sequence[ExtraStage]] = None, overwrite: bool = False,
                     data: StudyData = EMBEDDED, stream_preset: Optional[StreamPreset] = None,
-                    settings: Optional[Settings] = None) -> Dict[str, Any]:
-    """The whole study once per seed, each into out_dir/seed_<S> (its own results.json, resumable as one run), then
+                    settings: Optional[Settings] = None, only: Optional[Sequence[str]] = None,
+                    skip: Sequence[str] = ()) -> Dict[str, Any]:
+    """The whole study once per seed (`only`, `skip`: as `reproduce`'s), each into out_dir/seed_<S> (its own results.json, resumable as one run), then
     the seeds combined into out_dir/results.json (`combine_seeds`): every finding tested over the per-seed effects,
     every summary number as its mean and 95 % interval over the seeds, and every seed's results whole. The seeds run
     one after another in this process, so each compiled function is compiled once."""
     seeds = [int(s) for s in seeds]
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct and at least one, got {seeds}")
+    stage_selection(only, skip)  # a misspelt choice before any work
     with reproduction_folder(out_dir, overwrite) as out_dir:
         t0 = time.time()
         per_seed = {}
         for i, seed in enumerate(seeds):
             console.say(f"reproduce: seed {seed} ({i + 1} of {len(seeds)}) into {seed_dir(out_dir, seed)}")
             per_seed[str(seed)] = reproduce(preset, seed_dir(out_dir, seed), seed, extra_stages, overwrite, data,
-                                            stream_preset, settings)
+                                            stream_preset, settings, only, skip)
         results = combine_seeds(per_seed)
         results["timing"] = {"total_s": time.time() - t0, "machine": _machine(),
                              "per_seed_s": {s: r["timing"]["total_s"] for s, r in per_seed.items()}}

@@ -4,10 +4,12 @@ published TIME-STRATIFIED / CONTROL split files, all written here in the publish
 writers); the study's years come from the data, the stage the data cannot support (calibration) is skipped with
 its reason, and a corpus without TempLAMA skips the time-aware half."""
 
+import glob
 import gzip
 import json
 import os
 import random
+import shutil
 
 import pytest
 
@@ -196,3 +198,47 @@ def test_prepared_task_data_is_read_where_it_is_and_names_its_release(own_data, 
     context = StageContext(run.preset, 0, str(tmp_path / "run"), built, manifest, "", {}, run.data)
     corpus, split_dir, cutoff = _stream_data(context)
     assert corpus == manifest["config"]["corpus"] and len(corpus) == 4 and (split_dir, cutoff) == (None, None)
+
+
+def test_mending_the_streaming_split_redoes_that_half_alone(own_data, study, tmp_path):
+    """The split folder mended (the ids the corpus lacks taken out) and the study rerun: the time-aware half's
+    models are reused as they are (their checkpoints untouched, the same F1), the streaming half starts afresh and
+    says why; --only time_aware then runs that half alone, its findings tested and the streaming half's not."""
+    out, results, _ = study
+    rerun = tmp_path / "run"
+    shutil.copytree(out, rerun)
+    mended = tmp_path / "mended"
+    os.makedirs(mended)
+    for name in os.listdir(own_data["split_dir"]):
+        with gzip.open(os.path.join(own_data["split_dir"], name), "rt", encoding="utf-8") as f:
+            kept = [line for line in f if "\tgone-" not in line]
+        with gzip.open(mended / name, "wt", encoding="utf-8") as f:
+            f.writelines(kept)
+    # The checkpoints' own files (a resumed trainer writes its config.gin again, as any run does).
+    checkpoints = {p: os.stat(p).st_mtime_ns for p in glob.glob(str(rerun / "models" / "**"), recursive=True)
+                   if os.path.isfile(p) and os.path.basename(p) != "config.gin" and "events.out" not in p}
+    assert len(checkpoints) > 50
+    result = templm("reproduce", "--preset=tiny_test", f"--out={rerun}", f"--corpus={own_data['corpus']}",
+                    f"--templama_dir={own_data['templama']}", f"--split_dir={mended}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "reproduce: the time-aware half's models are reused" in result.stderr
+    assert "reproduce: the streaming half starts afresh (changed since the earlier run: data.split_dir)" in \
+        result.stderr
+    assert "not in the corpus" not in result.stderr
+    assert {p: os.stat(p).st_mtime_ns for p in checkpoints} == checkpoints
+    with open(rerun / "results.json", encoding="utf-8") as f:
+        again = json.load(f)
+    assert again["findings"]["temporal_beats_uniform"]["effect"] == \
+        results["findings"]["temporal_beats_uniform"]["effect"]
+    assert again["extra"]["streaming"]["published_splits"]["test"]["missing"] == 0
+
+    alone = templm("reproduce", "--preset=tiny_test", f"--out={rerun}", f"--corpus={own_data['corpus']}",
+                   f"--templama_dir={own_data['templama']}", f"--split_dir={mended}", "--only=time_aware")
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert "extra: streaming: skipped: --only time_aware" in alone.stderr
+    with open(rerun / "results.json", encoding="utf-8") as f:
+        found = json.load(f)["findings"]
+    assert found["streaming_gap"]["evidence"] == ("not tested: the streaming stage was skipped (--only "
+                                                  "time_aware)")
+    assert found["temporal_beats_uniform"]["n"] == 18
+    assert os.path.isdir(rerun / "stream_experiment" / "time_stratified")  # the other half's models are kept

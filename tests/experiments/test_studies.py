@@ -85,12 +85,63 @@ def test_a_run_of_an_older_world_generator_starts_its_models_afresh(tmp_path):
 
     out = tmp_path / "run"
     (out / "models" / "uniform").mkdir(parents=True)
-    assert not _start_or_resume(str(out), PRESETS["tiny_test"], 0, ())
+    assert _start_or_resume(str(out), PRESETS["tiny_test"], 0, ()) == {"time_aware": False}
     record = json.loads((out / "run.json").read_text())
-    assert record["world_version"] == WORLD_VERSION and not (out / "models").exists()
+    assert record["halves"]["time_aware"]["world_version"] == WORLD_VERSION and not (out / "models").exists()
     (out / "models" / "uniform").mkdir(parents=True)
-    assert _start_or_resume(str(out), PRESETS["tiny_test"], 0, ())  # the same record: resumed, models kept
+    # the same record: resumed, models kept
+    assert _start_or_resume(str(out), PRESETS["tiny_test"], 0, ()) == {"time_aware": True}
     assert (out / "models" / "uniform").is_dir()
-    del record["world_version"]  # as a run of the generator before version 2 wrote it
+    del record["halves"]["time_aware"]["world_version"]  # as a run of the generator before version 2 wrote it
     (out / "run.json").write_text(json.dumps(record))
-    assert not _start_or_resume(str(out), PRESETS["tiny_test"], 0, ()) and not (out / "models").exists()
+    assert _start_or_resume(str(out), PRESETS["tiny_test"], 0, ()) == {"time_aware": False}
+    assert not (out / "models").exists()
+
+
+def test_each_half_keeps_its_models_unless_its_own_inputs_changed(tmp_path, capsys):
+    """run.json holds one record per half: a change to what only the streaming half reads (its preset here) starts
+    that half afresh and keeps the time-aware half's models, and the run says what changed; --only leaves the
+    other half's models and record alone."""
+    import dataclasses
+
+    from templm.experiments.reproduce import EXTRA_STAGES, PRESETS, _start_or_resume
+    from templm.experiments.studies import load_study
+
+    out = tmp_path / "run"
+    out.mkdir()
+    stream = load_study("tiny_test").stream
+    assert _start_or_resume(str(out), PRESETS["tiny_test"], 0, EXTRA_STAGES, stream_preset=stream) == \
+        {"time_aware": False, "streaming": False}
+    for folder in ("models/uniform", "stream_experiment/control"):
+        (out / folder).mkdir(parents=True)
+    longer = dataclasses.replace(stream, train_steps=stream.train_steps + 1)
+    capsys.readouterr()
+    assert _start_or_resume(str(out), PRESETS["tiny_test"], 0, EXTRA_STAGES, stream_preset=longer) == \
+        {"time_aware": True, "streaming": False}
+    assert (out / "models" / "uniform").is_dir() and not (out / "stream_experiment").exists()
+    err = capsys.readouterr().err
+    assert "the time-aware half's models are reused" in err
+    assert "the streaming half starts afresh (changed since the earlier run: stream_preset.train_steps)" in err
+    # Only the time-aware half, with another seed: its models go; the streaming half's stay with its record.
+    (out / "stream_experiment" / "control").mkdir(parents=True)
+    assert _start_or_resume(str(out), PRESETS["tiny_test"], 1, EXTRA_STAGES, stream_preset=longer,
+                            running=["time_aware"]) == {"time_aware": False}
+    assert not (out / "models").exists() and (out / "stream_experiment" / "control").is_dir()
+    assert _start_or_resume(str(out), PRESETS["tiny_test"], 0, EXTRA_STAGES, stream_preset=longer,
+                            running=["streaming"]) == {"streaming": True}
+
+
+def test_only_and_skip_name_their_choices():
+    from templm.errors import ConfigError
+    from templm.experiments.reproduce import T5_STAGES, stage_selection
+
+    assert stage_selection() == {}
+    assert stage_selection(only=["streaming"]) == {stage: "--only streaming" for stage in T5_STAGES}
+    assert stage_selection(skip=["future_probes"]) == {"future probes": "--skip future_probes",
+                                                       "adaptation": "--skip future_probes"}
+    assert stage_selection(skip=["streaming"]) == {"extra: streaming": "--skip streaming"}
+    with pytest.raises(ConfigError, match=r"--skip 'evaluate': expected one of time_aware, streaming, "
+                                          r"future_probes, adaptation"):
+        stage_selection(skip=["evaluate"])
+    with pytest.raises(ConfigError, match=r"--only 'adaptation': expected one of time_aware, streaming"):
+        stage_selection(only=["adaptation"])
