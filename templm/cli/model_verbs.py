@@ -45,6 +45,8 @@ def define_plan():
     bounds(devices=(1, None))
     flags.DEFINE_boolean("compile", True, "Compile the step for its temporary memory (slow for XL/XXL on a laptop); "
                          "without it, only parameters, optimizer state and batch.")
+    flags.DEFINE_string("json", None, "Also write the plan (bytes per device, verdicts, remedies) to this JSON file "
+                        "(tools/workspace_plan.py writes WORKSPACE.md's tables from it).")
     import templm.evaluation.checkpoint_eval  # noqa: F401  (registers every configurable the T5 configs bind)
     from templm.experiments.studies import register_gin
 
@@ -96,7 +98,7 @@ def main_plan():
 
     from templm.training import partitioning
     from templm.training.optimizers import make_optimizer
-    from templm.training.plan import describe, plan
+    from templm.training.plan import describe, describe_remedy, find_remedy, plan
 
     devices = jax.devices("cpu")
     if len(devices) < n:  # JAX had started already (a library touched it while the configs were read): start again
@@ -114,9 +116,21 @@ def main_plan():
         return
     optimizer = bindings.get("optimizer") or make_optimizer()
     data = training_data()
-    result = plan(bindings["model"], optimizer, data.task_feature_lengths, int(data.batch_size), mesh,
-                  partitioning.logical_axis_rules(), int(bindings.get("microbatches", 1)), kind, FLAGS.compile)
+    rules = partitioning.logical_axis_rules()
+
+    def attempt(microbatches, mesh_shape):
+        return plan(bindings["model"], optimizer, data.task_feature_lengths, int(data.batch_size),
+                    partitioning.make_mesh(mesh_shape=mesh_shape, devices=devices[:n]), rules, microbatches, kind,
+                    FLAGS.compile)
+
+    microbatches = int(bindings.get("microbatches", 1))
+    result = attempt(microbatches, shape)
     print(describe(result, " + ".join(os.path.basename(f) for f in FLAGS.gin_file)))
+    remedy = None
+    if result["fits"] is False:
+        remedy = find_remedy(attempt, shape, int(data.batch_size), microbatches)
+        print(describe_remedy(result, remedy))
+    _write_plan({"plans": [{"name": "training", "result": result, "remedy": remedy}]})
 
 
 def training_data():
@@ -139,19 +153,42 @@ def plan_study(study, mesh, kind):
     from templm.models.transformer_xl import TransformerXLConfig
     from templm.training import partitioning
     from templm.training.optimizers import learning_rate_schedule, make_optimizer
-    from templm.training.plan import describe, plan, plan_lm
+    from templm.training.plan import describe, describe_remedy, find_remedy, plan, plan_lm
 
     p, sp = study.preset, study.stream
     rules = partitioning.logical_axis_rules()
-    t5 = plan(EncoderDecoderModel(t5_config(p)), make_optimizer(name="adafactor", learning_rate=p.learning_rate),
-              {"inputs": p.inputs_length, "targets": p.targets_length}, p.batch_size, mesh, rules, 1, kind,
-              FLAGS.compile)
-    print(describe(t5, f"{p.name} study, T5 v1.1 {p.base_model}, batch {p.batch_size}"))
+    shape = tuple(mesh.shape.values())
+    devices = list(mesh.devices.flat)
+
+    def on(mesh_shape):
+        return mesh if tuple(mesh_shape) == shape else partitioning.make_mesh(mesh_shape=mesh_shape, devices=devices)
+
+    def t5_attempt(microbatches, mesh_shape):
+        return plan(EncoderDecoderModel(t5_config(p)), make_optimizer(name="adafactor", learning_rate=p.learning_rate),
+                    {"inputs": p.inputs_length, "targets": p.targets_length}, p.batch_size, on(mesh_shape), rules,
+                    microbatches, kind, FLAGS.compile)
+
     txl_config = TransformerXLConfig(vocab_size=sp.model_vocab_size, **sp.model)
-    txl = plan_lm(txl_config, make_optimizer("adam", learning_rate_schedule("cosine", sp.learning_rate, sp.warmup,
-                                                                            sp.train_steps), max_grad_norm=0.25),
-                  sp.batch_size, mesh, rules, kind, FLAGS.compile)
+
+    def txl_attempt(_, mesh_shape):  # the Transformer-XL step has no microbatches
+        return plan_lm(txl_config, make_optimizer("adam", learning_rate_schedule("cosine", sp.learning_rate,
+                                                                                 sp.warmup, sp.train_steps),
+                                                  max_grad_norm=0.25),
+                       sp.batch_size, on(mesh_shape), rules, kind, FLAGS.compile)
+
+    t5 = t5_attempt(1, shape)
+    print(describe(t5, f"{p.name} study, T5 v1.1 {p.base_model}, batch {p.batch_size}"))
+    remedies = {"t5": None, "txl": None}
+    if t5["fits"] is False:
+        remedies["t5"] = find_remedy(t5_attempt, shape, p.batch_size, 1)
+        print(describe_remedy(t5, remedies["t5"]))
+    txl = txl_attempt(None, shape)
     print(describe(txl, f"{p.name} study, Transformer-XL {sp.model.get('n_layer')} layers, batch {sp.batch_size}"))
+    if txl["fits"] is False:
+        remedies["txl"] = find_remedy(txl_attempt, shape, sp.batch_size, None)
+        print(describe_remedy(txl, remedies["txl"]))
+    _write_plan({"plans": [{"name": "t5", "result": t5, "remedy": remedies["t5"]},
+                           {"name": "txl", "result": txl, "remedy": remedies["txl"]}]})
 
     def verdict(result):
         if result["uneven"]:
@@ -169,6 +206,14 @@ def plan_study(study, mesh, kind):
     print(f"every training of the {p.name} study on {mesh.size} {kind} devices:")
     for name, steps, result in trainings:
         print(f"  {name:34s} {steps:>7,} steps  {verdict(result)}")
+
+
+def _write_plan(record):
+    """--json: the plan as data, written whole (a temporary file renamed)."""
+    if FLAGS.json:
+        from templm.io import write_json
+
+        write_json(FLAGS.json, record)
 
 
 def define_eval():

@@ -12,7 +12,7 @@ so the verdict keeps a margin (`HEADROOM`).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -158,6 +158,48 @@ def plan_lm(config: Any, tx: Any, batch_size: int, mesh, rules, device_kind: str
         parameters = sum(np.prod(p.shape, dtype=np.int64) for p in jax.tree.leaves(shapes))
         return _measure(parameters, state, batch, make_lm_train_step(model, tx, config.mem_len), mesh, device_kind,
                         compile_step)
+
+
+MICROBATCHES = (2, 4, 8, 16, 32)  # what a remedy tries first, for a step that splits its batch (T5's)
+
+
+def find_remedy(attempt: Callable[[int, Tuple[int, int]], Mapping[str, Any]], mesh_shape: Tuple[int, int],
+                batch_size: int, microbatches: Optional[int] = 1) -> Optional[Dict[str, Any]]:
+    """What makes a configuration that does not fit fit, computed: each candidate is planned (compiled) by
+    `attempt(microbatches, (data, model))` in order, and the first that fits and shards is returned as
+    {"change", "microbatches", "mesh_shape", "result"}; None when none does. Candidates: more microbatches (those
+    dividing a data shard's rows; `microbatches` None for a step without them), then a larger model axis on the same
+    devices (data / 2 x model * 2, and so on), which shards the parameters, the optimizer state and the
+    activations further but needs dimensions the new axis divides."""
+    data, model = mesh_shape
+    candidates = []
+    if microbatches is not None:
+        rows = batch_size // data
+        candidates += [(f"microbatches={m}", m, mesh_shape) for m in MICROBATCHES if m > microbatches and rows % m == 0]
+    factor = 2
+    while data % factor == 0:
+        candidates.append((f"mesh data {data // factor} x model {model * factor} "
+                           f"(templm.make_mesh.mesh_shape=({data // factor}, {model * factor}))",
+                           microbatches or 1, (data // factor, model * factor)))
+        factor *= 2
+    for change, m, shape in candidates:
+        result = attempt(m, shape)
+        if not result["uneven"] and result["fits"]:
+            return {"change": change, "microbatches": m, "mesh_shape": shape, "result": dict(result)}
+    return None
+
+
+def describe_remedy(result: Mapping[str, Any], remedy: Optional[Mapping[str, Any]]) -> str:
+    """The line `templm plan` prints under a verdict of "does not fit": the remedy it computed, or that none of the
+    candidates fits."""
+    if result["fits"] is not False:
+        return ""
+    if remedy is None:
+        return ("  no remedy among more microbatches and a larger model axis on these devices: a larger device kind, "
+                "more devices, or a smaller batch")
+    found = remedy["result"]
+    return (f"  remedy: {remedy['change']} fits ({100 * found['bytes']['total'] / found['device_memory']:.1f}% of the "
+            f"device's memory, step temporaries {found['bytes']['temp'] / GIB:.2f} GiB)")
 
 
 def describe(result: Mapping[str, Any], name: Optional[str] = None) -> str:

@@ -35,13 +35,24 @@ def sharded_params(init_fn: Callable[[jax.Array], Any], param_shardings: Any, se
 
 def optimizer_state_shardings(tx, params: Any, mesh) -> Any:
     """The layout of the optimizer state of `params` (arrays on the mesh, or ShapeDtypeStructs with their
-    shardings): what XLA propagates from the parameters through `tx.init` (Adam's moments beside their parameter,
-    Adafactor's factored statistics along the parameter's sharded axis), replicated where that would leave an
-    array on part of the mesh. Asked of the compiler without allocating anything; `train_state` lays the state out
-    so, and `templm plan` counts its bytes so."""
+    shardings): a statistic of one parameter with that parameter's shape (Adam's two moments, Adafactor's
+    unfactored second moment) lies as the parameter does; any other array (Adafactor's factored rows and columns,
+    step counts) as XLA propagates it through `tx.init`, replicated where that would leave it on part of the mesh.
+    (The moments are zeros, constants to XLA, which it would otherwise replicate: Adam's state took four times the
+    sharded parameters' bytes on a model axis.) Asked of the compiler without allocating anything; `train_state`
+    lays the state out so, and `templm plan` counts its bytes so."""
     replicated = partitioning.replicated(mesh)
-    compiled = jax.jit(tx.init).lower(params).compile()
-    return jax.tree.map(lambda s: s if len(s.device_set) == mesh.size else replicated, compiled.output_shardings)
+    compiled = jax.jit(tx.init).lower(params).compile().output_shardings
+    owners = {tuple(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+
+    def layout(path, shape, found):
+        for start in range(len(path)):  # the state's path ends with its parameter's (mu['encoder'][...]['kernel'])
+            owner = owners.get(tuple(path[start:]))
+            if owner is not None and tuple(owner.shape) == tuple(shape.shape):
+                return owner.sharding
+        return found if len(found.device_set) == mesh.size else replicated
+
+    return jax.tree_util.tree_map_with_path(layout, jax.eval_shape(tx.init, params), compiled)
 
 
 def train_state(params: Any, tx, mesh, **extra: Any) -> Tuple[Dict[str, Any], Any]:

@@ -85,6 +85,65 @@ def test_the_transformer_xl_step_is_planned_like_the_t5_one():
     assert any("['params']['embedding']: dimension 0" in line for line in uneven["uneven"])
 
 
+def test_a_configuration_that_does_not_fit_gets_the_first_remedy_that_does():
+    """The remedy is planned, not guessed: against a budget between the totals of 2 and 4 microbatches (each
+    compiled here), the search tries 2 (does not fit), then 4 (fits) and stops; with no budget any candidate meets
+    it names what is left."""
+    from templm.training.plan import describe_remedy, find_remedy
+
+    model = EncoderDecoderModel(T5_1_1_CONFIGS["tiny"])
+    rules, tx = partitioning.logical_axis_rules(), optax.adam(1e-3)
+    tried, compiled = [], {}
+
+    def measured(microbatches, shape):
+        tried.append((microbatches, shape))
+        if (microbatches, shape) not in compiled:
+            compiled[microbatches, shape] = plan(model, tx, LENGTHS, 64, _mesh(shape), rules, microbatches, "cpu")
+        return compiled[microbatches, shape]
+
+    totals = {m: measured(m, (8, 1))["bytes"]["total"] for m in (1, 2, 4)}
+    assert totals[1] > totals[2] > totals[4]  # the activations are divided
+    budget = totals[4] + 1
+
+    def attempt(microbatches, shape):
+        result = measured(microbatches, shape)
+        return {**result, "fits": result["bytes"]["total"] <= budget}
+
+    tried.clear()
+    remedy = find_remedy(attempt, (8, 1), 64, 1)
+    assert tried == [(2, (8, 1)), (4, (8, 1))]
+    assert remedy["change"] == "microbatches=4" and remedy["result"]["bytes"]["total"] == totals[4]
+    start = {**measured(1, (8, 1)), "fits": False}
+    assert describe_remedy(start, remedy).startswith("  remedy: microbatches=4 fits (")
+    tried.clear()
+    none = find_remedy(lambda m, shape: tried.append((m, shape)) or {"uneven": [], "fits": False}, (8, 1), 64, 1)
+    assert none is None and tried == [(2, (8, 1)), (4, (8, 1)), (8, (8, 1)), (1, (4, 2)), (1, (2, 4)), (1, (1, 8))]
+    assert "no remedy among more microbatches and a larger model axis" in describe_remedy(start, None)
+
+
+def test_adams_moments_lie_as_their_parameters_on_a_model_axis():
+    """The Transformer-XL trainer's state built on 8 devices (data 4 x model 2): the bytes one device holds of
+    Adam's moments are twice its parameters' (plus the step count), not four times (moments replicated over the
+    model axis, as XLA lays out the zeros tx.init makes), and `templm plan` counts exactly what is held."""
+    from templm.models.transformer_xl import TXL_CONFIGS, TransformerXL
+    from templm.training import lm_trainer, state
+    from templm.training.plan import plan_lm
+
+    config = TXL_CONFIGS["tiny"]
+    mesh, rules, tx = _mesh((4, 2)), partitioning.logical_axis_rules(), optax.adam(1e-3)
+    with state.mesh_rules(mesh, rules):
+        built, _ = lm_trainer.init_state(TransformerXL(config), tx, 8, config.mem_len, 0, mesh, rules)
+
+    def held(tree):
+        return sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(tree))
+
+    params, moments = held(built["params"]), held(built["opt_state"])
+    assert params < 4 * sum(leaf.size for leaf in jax.tree.leaves(built["params"]))  # the model axis shards some
+    assert moments <= 2 * params + 64
+    planned = plan_lm(config, tx, 8, mesh, rules, compile_step=False)["bytes"]
+    assert (planned["params"], planned["opt_state"]) == (params, moments)
+
+
 @pytest.mark.e2e
 def test_a_study_is_planned_training_by_training():
     from templm.experiments.reproduce import t5_config
