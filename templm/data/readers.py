@@ -19,7 +19,7 @@ import json
 import os
 import re
 import zlib
-from typing import Any, Callable, Dict, Iterator, List, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 from templm import console, paths, remote
 from templm.data.records import MAX_DATE, MIN_DATE, Answer, Document, Query, parse_date
@@ -98,18 +98,25 @@ class Reader:
                 except (ValueError, KeyError, TypeError) as e:
                     reason = e.reason if isinstance(e, DataError) else (
                         f"missing field {e}" if isinstance(e, KeyError) else str(e))
-                    error = DataError(reason, self.path, lineno)
-                    if self.on_error == "raise":
-                        raise error from None
-                    self.skipped += 1
-                    if len(self.first_errors) < 5:
-                        self.first_errors.append(str(error))
+                    self._bad(DataError(reason, self.path, lineno))
                     continue
                 self.read += 1
                 yield record
+        self._said("line(s)")
+
+    def _bad(self, error: DataError) -> None:
+        """A bad record: raised, or (on_error="skip") counted with the first five messages kept."""
+        if self.on_error == "raise":
+            raise error from None
+        self.skipped += 1
+        if len(self.first_errors) < 5:
+            self.first_errors.append(str(error))
+
+    def _said(self, what: str, where: Optional[str] = None) -> None:
+        """The one warning of a read that skipped bad records."""
         if self.skipped:
-            console.warn(f"{self.path}: skipped {self.skipped} bad line(s) of {self.skipped + self.read}; first: "
-                         + "; ".join(self.first_errors))
+            console.warn(f"{where or self.path}: skipped {self.skipped} bad {what} of {self.skipped + self.read}; "
+                         "first: " + "; ".join(self.first_errors))
 
     def _date(self, value: Any) -> datetime.date:
         return parse_date(value, self.min_date, self.max_date)
@@ -353,7 +360,7 @@ class DelimitedReader(Reader):
                     except StopIteration:
                         break
                     except (csv.Error, UnicodeDecodeError) as e:
-                        yield from self._bad(f"malformed {self.source.upper()} row: {e}", lineno)
+                        self._bad(DataError(f"malformed {self.source.upper()} row: {e}", self.path, lineno))
                         continue
                     if not any(cell.strip() for cell in row):
                         continue
@@ -366,25 +373,13 @@ class DelimitedReader(Reader):
                         doc = Document(doc_id, self._date(row[where["date"]]), _text(row[where["text"]]),
                                        self.source)
                     except ValueError as e:
-                        yield from self._bad(str(e), lineno)
+                        self._bad(DataError(str(e), self.path, lineno))
                         continue
                     self.read += 1
                     yield doc
         except (OSError, EOFError, zlib.error) as e:
             raise read_failure(e, self.path, "while reading it") from None
-        if self.skipped:
-            console.warn(f"{self.path}: skipped {self.skipped} bad row(s) of {self.skipped + self.read}; first: "
-                         + "; ".join(self.first_errors))
-
-    def _bad(self, reason: str, lineno: int) -> Iterator[Document]:
-        """A bad row: raised (naming the file and the row's first line) or counted, as on_error says."""
-        error = DataError(reason, self.path, lineno)
-        if self.on_error == "raise":
-            raise error
-        self.skipped += 1
-        if len(self.first_errors) < 5:
-            self.first_errors.append(str(error))
-        return iter(())
+        self._said("row(s)")
 
 
 class TsvReader(DelimitedReader):
@@ -432,18 +427,11 @@ class TextFolderReader(Reader):
                         raise ValueError(f"invalid UTF-8 at byte {e.start}") from None
                 doc = Document(name[:-len(".txt")], date, _text(text.strip()), self.source)
             except ValueError as e:
-                error = DataError(str(e), path)
-                if self.on_error == "raise":
-                    raise error from None
-                self.skipped += 1
-                if len(self.first_errors) < 5:
-                    self.first_errors.append(str(error))
+                self._bad(DataError(str(e), path))
                 continue
             self.read += 1
             yield doc
-        if self.skipped:
-            console.warn(f"{folder}: skipped {self.skipped} bad file(s) of {self.skipped + self.read}; first: "
-                         + "; ".join(self.first_errors))
+        self._said("file(s)", folder)
 
     def _sidecar(self, folder: str) -> Dict[str, str]:
         path = paths.join(folder, TEXT_DATES_FILE)
