@@ -217,9 +217,13 @@ def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None) -> 
                 writers.write("customnews", split, doc.date.year,
                               _example(tf, ex.inputs, ex.targets, [ex.targets], doc.date.year, f"{doc.id}#{i}"))
         query_years = set()
+        corpus_years, outside = set(years), {}  # outside: queries of years without news, year -> count
         if templama_dir:
             for split, path in templama_split_files(templama_dir).items():
                 for q in TemplamaReader(path):
+                    if q.year not in corpus_years:
+                        outside[q.year] = outside.get(q.year, 0) + 1
+                        continue
                     # Training uses one answer's name, drawn per query; evaluation keeps every name of every answer
                     # (aliases too) in `answers`, and a prediction scores its best F1 over them.
                     target = random.Random(f"{config.seed}-{q.id}").choice(q.answer_names)
@@ -230,6 +234,10 @@ def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None) -> 
         ticker.close()
         writers.close()
 
+    if outside:
+        console.warn(f"{sum(outside.values())} TempLAMA queries of {', '.join(map(str, sorted(outside)))} are left "
+                     f"out: the corpus has no news of those years ({min(years)}-{max(years)}), so no model could "
+                     "learn what they ask, and no year of a study can be one without news")
     all_years = sorted(set(years) | query_years)
     n_future = min(config.future_years, max(0, len(all_years) - 1))
     if n_future < config.future_years:  # the data cannot honour it: said, not silently changed

@@ -38,3 +38,27 @@ def test_the_vocabulary_has_seen_no_future_text(tmp_path):
     unseen = [p for p in pieces if p.replace("\u2581", " ").strip() not in seen_text]
     assert unseen == []  # trained on every year, the vocabulary held "Q", "x" and numbers of 2016's text
     assert len(processor.encode("Quorvexian")) > 2  # spelled in pieces of older text
+
+
+def test_templama_queries_of_years_without_news_are_left_out_and_said(tmp_path, capsys):
+    """A release covers more years than a user's corpus (TempLAMA's 2010-2020 beside news of 2014-2016): the queries
+    of years without news are left out with one warning naming the years, and the study's years are the corpus's
+    (a year without news would have had a Yearly expert with nothing to read)."""
+    lines = [json.dumps({"id": f"{y}-{k}", "date": f"{y}-03-{1 + k:02d}",
+                         "text": f"Ana Lopes plays for Red Lions in {y}. The crowd cheered Red Lions again."})
+             for y in (2014, 2015, 2016) for k in range(20)]
+    corpus = tmp_path / "news.jsonl"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    release = tmp_path / "templama"
+    os.makedirs(release)
+    for split, years in (("train", (2013, 2014, 2015)), ("val", (2016,)), ("test", (2012, 2014, 2015, 2016, 2019))):
+        rows = [json.dumps({"query": "Ana Lopes plays for _X_.", "answer": [{"wikidata_id": "Q1", "name": "Red Lions"}],
+                            "date": str(y), "id": f"Q{split}_P54_{y}", "relation": "P54"}) for y in years]
+        (release / f"{split}.json").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    manifest = prepare_task_data(TaskDataConfig(corpus=str(corpus), templama_dir=str(release), vocab_size=100,
+                                                exact_vocab_size=False, future_years=1), str(tmp_path / "tasks"))
+    assert manifest["years"] == [2014, 2015, 2016] and manifest["future_years"] == [2016]
+    assert manifest["counts"]["templama"]["test"] == {"2014": 1, "2015": 1, "2016": 1}
+    assert manifest["counts"]["templama"]["train"] == {"2014": 1, "2015": 1}
+    assert ("warning: 3 TempLAMA queries of 2012, 2013, 2019 are left out: the corpus has no news of those years "
+            "(2014-2016)") in capsys.readouterr().err
