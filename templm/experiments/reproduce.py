@@ -1095,9 +1095,10 @@ def reproduce_seeds(preset: Union[str, Preset], out_dir: str, seeds: Sequence[in
                     data: StudyData = EMBEDDED, stream_preset: Optional[StreamPreset] = None,
                     settings: Optional[Settings] = None, only: Optional[Sequence[str]] = None,
                     skip: Sequence[str] = ()) -> Dict[str, Any]:
-    """The whole study once per seed (`only`, `skip`: as `reproduce`'s), each into out_dir/seed_<S> (its own results.json, resumable as one run), then
+    """The whole study once per seed, each into out_dir/seed_<S> (its own results.json, resumable as one run), then
     the seeds combined into out_dir/results.json (`combine_seeds`): every finding tested over the per-seed effects,
-    every summary number as its mean and 95 % interval over the seeds, and every seed's results whole. The seeds run
+    every summary number as its mean and 95 % interval over the seeds, and every seed's results whole (`only`,
+    `skip`: as `reproduce`'s). The seeds run
     one after another in this process, so each compiled function is compiled once."""
     seeds = [int(s) for s in seeds]
     if not seeds or len(set(seeds)) != len(seeds):
