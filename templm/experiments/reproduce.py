@@ -256,17 +256,19 @@ class Progress:
 
 
 def _plan(preset: Preset, n_experts: int, extra: Sequence[ExtraStage]) -> List[Tuple[str, float]]:
+    # Seconds outside the steps, as the smoke study measured them on 2 CPU cores (docs/results.md): a training's
+    # pipeline start and checkpoints, one evaluation of a model. The first ETA; later ones rescale by what ran.
     rate = preset.estimated_steps_per_s
-    per_training = 25.0  # data pipeline start, compilation, checkpoint
-    plan = [("data", 15.0),
+    per_training, per_evaluation = 5.0, 2.0
+    plan = [("data", 5.0),
             ("train uniform and temporal", 2 * per_training + 2 * preset.steps / rate),
             ("train yearly experts", n_experts * (per_training + preset.yearly_steps / rate)),
-            ("evaluate", 30.0 + 8.0 * (n_experts + 6)),
-            ("future probes", 30.0),
+            ("evaluate", per_evaluation * (n_experts + 6)),
+            ("future probes", 5.0),
             ("adaptation", (2 * len(preset.alphas) + 2) * per_training
              + (2 * len(preset.alphas) * preset.adapt_steps + 2 * preset.retrain_steps) / rate
-             + 8.0 * (2 * len(preset.alphas) * (preset.adapt_eval_points + 1)
-                      + 2 * (preset.retrain_eval_points + 1)))]
+             + per_evaluation * (2 * len(preset.alphas) * (preset.adapt_eval_points + 1)
+                                 + 2 * (preset.retrain_eval_points + 1)))]
     plan += [(f"extra: {stage.name}", stage.estimate(preset)) for stage in extra]
     return plan
 
