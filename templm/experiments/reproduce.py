@@ -846,6 +846,10 @@ def stage_selection(only: Optional[Sequence[str]] = None, skip: Sequence[str] = 
     return out
 
 
+# Preset fields no model depends on (the first ETA, how the probes and evaluation run): changing them keeps the models.
+EVALUATION_ONLY = frozenset({"estimated_steps_per_s", "eval_batch_size", "max_gap", "calibration_years"})
+
+
 def _half_records(preset: Preset, seed: int, extra: Sequence[ExtraStage], data: StudyData,
                   stream_preset: Optional[StreamPreset]) -> Dict[str, Dict[str, Any]]:
     """What each half's models depend on: the time-aware half on its preset, the seed and its data (the world's
@@ -853,7 +857,8 @@ def _half_records(preset: Preset, seed: int, extra: Sequence[ExtraStage], data: 
     corpus, split files and cut-off. (The calibration file only changes an evaluation, which every run redoes.)"""
     given = data.record()
     source: Dict[str, Any] = {"world_version": WORLD_VERSION} if data.embedded else {}
-    halves = {"time_aware": {"preset": dataclasses.asdict(preset), "seed": seed, **source}}
+    shaping = {k: v for k, v in dataclasses.asdict(preset).items() if k not in EVALUATION_ONLY}
+    halves = {"time_aware": {"preset": shaping, "seed": seed, **source}}
     if not data.embedded:
         halves["time_aware"]["data"] = {k: given[k] for k in ("corpus", "templama_dir", "task_data")}
     if any(stage.name == "streaming" for stage in extra):

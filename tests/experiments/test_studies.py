@@ -129,6 +129,12 @@ def test_each_half_keeps_its_models_unless_its_own_inputs_changed(tmp_path, caps
     assert not (out / "models").exists() and (out / "stream_experiment" / "control").is_dir()
     assert _start_or_resume(str(out), PRESETS["tiny_test"], 0, EXTRA_STAGES, stream_preset=longer,
                             running=["streaming"]) == {"streaming": True}
+    # What no model depends on (the first ETA's rate, the probes' horizon) keeps the models.
+    _start_or_resume(str(out), PRESETS["tiny_test"], 0, EXTRA_STAGES, stream_preset=longer)
+    (out / "models" / "uniform").mkdir(parents=True)
+    probed = dataclasses.replace(PRESETS["tiny_test"], estimated_steps_per_s=99.0, max_gap=3)
+    assert _start_or_resume(str(out), probed, 0, EXTRA_STAGES, stream_preset=longer)["time_aware"]
+    assert (out / "models" / "uniform").is_dir()
 
 
 def test_only_and_skip_name_their_choices():
