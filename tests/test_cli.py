@@ -309,7 +309,8 @@ def test_paths_of_the_wrong_kind_are_one_message(tmp_path):
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
     cases = [
-        (("data", "stats", f"--corpus={a_dir}"), f"{a_dir}: is a folder; expected a file"),
+        # A folder is a corpus of text files (--format text): one without any says so.
+        (("data", "stats", f"--corpus={a_dir}"), f"{a_dir}: a folder of text files holds no .txt file"),
         (("data", "templama", f"--dump={a_dir}", f"--out={tmp_path / 'tl'}"), f"{a_dir}: is a folder"),
         (("data", "world", f"--out={a_file}", *WORLD_FLAGS), f"{a_file}: is a file, not a folder"),
     ]

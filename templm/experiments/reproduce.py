@@ -906,8 +906,8 @@ def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[Ex
             continue
         reused[half] = before.get(half) == rec
         if reused[half]:
-            console.say(f"reproduce: the {names[half]} half's models are reused (its preset, seed and data are the "
-                        "earlier run's)")
+            console.say(f"reproduce: resuming the {names[half]} half's models in {out_dir} (its preset, seed and data "
+                        "are the earlier run's)")
         else:
             target = paths.join(out_dir, HALVES[half][0])
             if paths.exists(target):

@@ -42,7 +42,7 @@ def test_the_study_into_a_bucket_stopped_and_resumed_gives_the_local_study_s_res
 
     result = run_templm(*study, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "resuming the run" in result.stderr
+    assert "resuming the time-aware half's models" in result.stderr
     assert os.listdir(tmp_path) == []
     local_dir, _, _ = tiny_study()
     with open(os.path.join(local_dir, "results.json"), encoding="utf-8") as f:

@@ -326,7 +326,7 @@ def test_sigterm_stops_a_run_of_several_seeds_and_a_rerun_resumes_it_to_each_see
 
     again = templm(*args)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "resuming the run" in again.stderr
+    assert "resuming the time-aware half's models" in again.stderr
     assert "holds no input state" not in again.stderr  # a finished model is kept without touching its input
     assert f"templm reproduce: tiny_test preset, seeds 0,4: {out}/report.md" in again.stdout
     # Seed 0 resumed: the numbers of the run that never stopped, its streaming half apart (without it, results.json

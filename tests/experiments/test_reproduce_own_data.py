@@ -221,7 +221,7 @@ def test_mending_the_streaming_split_redoes_that_half_alone(own_data, study, tmp
     result = templm("reproduce", "--preset=tiny_test", f"--out={rerun}", f"--corpus={own_data['corpus']}",
                     f"--templama_dir={own_data['templama']}", f"--split_dir={mended}")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "reproduce: the time-aware half's models are reused" in result.stderr
+    assert f"reproduce: resuming the time-aware half's models in {rerun}" in result.stderr
     assert "reproduce: the streaming half starts afresh (changed since the earlier run: data.split_dir)" in \
         result.stderr
     assert "not in the corpus" not in result.stderr

@@ -120,7 +120,7 @@ def test_each_half_keeps_its_models_unless_its_own_inputs_changed(tmp_path, caps
         {"time_aware": True, "streaming": False}
     assert (out / "models" / "uniform").is_dir() and not (out / "stream_experiment").exists()
     err = capsys.readouterr().err
-    assert "the time-aware half's models are reused" in err
+    assert f"resuming the time-aware half's models in {out}" in err
     assert "the streaming half starts afresh (changed since the earlier run: stream_preset.train_steps)" in err
     # Only the time-aware half, with another seed: its models go; the streaming half's stay with its record.
     (out / "stream_experiment" / "control").mkdir(parents=True)
