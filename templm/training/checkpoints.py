@@ -277,6 +277,25 @@ class Checkpointer:
             self._set_aside(newer)
         return restored["state"], restored["meta"]
 
+    def record(self, step: int) -> Optional[dict]:
+        """The JSON record saved with `step` (seeds, data, model), without its arrays; None where it cannot be read
+        (a damaged step: `restore` then names it and falls back)."""
+        self.wait()
+        try:
+            return dict(self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
+        except Exception:  # noqa: BLE001  (orbax raises many kinds for unreadable bytes; restore reports them)
+            return None
+
+    def saved_shapes(self, step: int) -> Optional[Dict[str, Tuple[int, ...]]]:
+        """{array name: shape} of the state saved at `step`, read from its metadata (no array is read); None where
+        the metadata cannot be read."""
+        try:
+            with ocp.StandardCheckpointer() as reader:
+                tree = reader.metadata(self.path / str(step) / "state").item_metadata.tree
+        except Exception:  # noqa: BLE001  (as in `record`)
+            return None
+        return leaf_shapes(tree)
+
     def _set_aside(self, steps: List[int]) -> None:
         """Moves the damaged `steps` (and their digest records) into damaged/, so that the run's own saves of those
         step numbers take their place (orbax saves no step it already has) and later restores find the new ones."""
@@ -319,6 +338,28 @@ class Checkpointer:
                     shutil.rmtree(partial, ignore_errors=True) if partial.is_dir() else partial.unlink(missing_ok=True)
         # After a failed save standard error stays silenced: orbax's threads report their closed event loop until
         # the process ends (the command line prints its error through its own copy of standard error).
+
+
+def _key_name(key: Any) -> str:
+    for attribute in ("key", "name", "idx"):
+        if hasattr(key, attribute):
+            return str(getattr(key, attribute))
+    return str(key)
+
+
+def leaf_shapes(tree: Any) -> Dict[str, Tuple[int, ...]]:
+    """{"params/encoder/.../kernel": shape} of a state's arrays (or of their abstract descriptions, or of orbax's
+    metadata of a saved state: the names are the same whether a level is a dict, a tuple or a named tuple)."""
+    leaves = jax.tree_util.tree_leaves_with_path(tree, is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"))
+    return {"/".join(_key_name(k) for k in path): tuple(leaf.shape) for path, leaf in leaves}
+
+
+def fit_problems(saved: Mapping[str, Tuple[int, ...]], wanted: Mapping[str, Tuple[int, ...]]) -> List[str]:
+    """What differs between a checkpoint's arrays and a run's state, one line per array (names sorted: the
+    parameters before the optimizer state)."""
+    order = sorted(set(saved) | set(wanted), key=lambda name: (not name.startswith("params/"), name))
+    return [f"{name}: checkpoint {saved.get(name, 'missing')}, this run {wanted.get(name, 'missing')}"
+            for name in order if saved.get(name) != wanted.get(name)]
 
 
 def abstract_like(tree: Any) -> Any:

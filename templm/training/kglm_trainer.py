@@ -27,6 +27,9 @@ from templm.training.configs import CheckpointConfig, OptimizerConfig, SaveCheck
 
 WHICH = ("model", "proposal")
 _RESUME_KEYS = ("which", "seed", "batch_size", "data_fingerprint", "model_config")
+# What sets each (named in the message of a resume refused).
+_RESUME_BINDINGS = {"which": "the model or its proposal", "seed": "the run's seed", "batch_size": "batch_size",
+                    "data_fingerprint": "the documents it trains on", "model_config": "the model's config"}
 
 
 def documents_fingerprint(docs: Sequence[LinkedDocument]) -> str:
@@ -138,7 +141,7 @@ def train_latent_lm(model_dir: str, which: str, config: KGLMConfig, dataset: Lin
         example = document_batch(docs[:1], shapes, graph)
         params = jax.device_put(init_params(which, config, shapes, example, seed), replicated)
         state, shardings = train_state.train_state(params, tx, mesh)
-        state, start_step, last, _ = folder.resume(state, meta, _RESUME_KEYS)
+        state, start_step, last, _ = folder.resume(state, meta, _RESUME_KEYS, _RESUME_BINDINGS)
         batch_shardings = jax.tree.map(lambda _: data_sharding, batch_at(0))
         step_fn = train_state.compile_step(step, shardings, batch_shardings, mesh)
         context = loop.RunContext(folder.checkpointer, folder.log, meta, jax.random.key(seed + 1), start_step,

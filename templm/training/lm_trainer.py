@@ -196,6 +196,13 @@ def init_state(model: TransformerXL, tx, batch_size: int, mem_len: int, seed: in
 # What a resumed run must share with the checkpoint it resumes.
 _RESUME_KEYS = ("seed", "data_seed", "data_order", "batch_size", "tgt_len", "mem_len", "data_fingerprint",
                 "model_config")
+# The gin binding that sets each (named in the message of a resume refused).
+_RESUME_BINDINGS = {
+    "seed": "templm.train_lm.random_seed, SEED", "data_seed": "templm.CorpusConfig.seed",
+    "data_order": "templm.CorpusConfig.data_order", "batch_size": "templm.CorpusConfig.batch_size, BATCH_SIZE",
+    "tgt_len": "templm.train_lm.config, MODEL_CONFIG", "mem_len": "templm.train_lm.config, MODEL_CONFIG",
+    "data_fingerprint": "the corpus, its split and SentencePiece model: CORPUS, SPLIT_DIR, SPLIT, SPM_MODEL",
+    "model_config": "templm.train_lm.config, MODEL_CONFIG"}
 
 
 @gin.configurable(module="templm", denylist=["options"])
@@ -295,7 +302,7 @@ def train_lm(model_dir: str = gin.REQUIRED, config: Union[str, TransformerXLConf
         state, state_shardings = init_state(model, tx, batch_size, mem_len, seed, mesh, rules)
 
         # --- Resume: the state (memories included) and the data position. -------------------------------------
-        state, start_step, last, _ = folder.resume(state, meta, _RESUME_KEYS)
+        state, start_step, last, _ = folder.resume(state, meta, _RESUME_KEYS, _RESUME_BINDINGS)
         if start_step:
             logging.info("resumed from step %d", start_step)
 

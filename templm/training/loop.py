@@ -34,7 +34,7 @@ from templm import console, paths, remote
 from templm.errors import DataError, Preempted, TrainingError, sigterm_received, watch_sigterm
 from templm.io import atomic_write
 from templm.outputs import lock_inside
-from templm.training.checkpoints import Checkpointer, abstract_like
+from templm.training.checkpoints import Checkpointer, abstract_like, fit_problems, leaf_shapes
 
 CONFIG_GIN = "config.gin"  # the run's operative gin config in MODEL_DIR, as T5X names it
 
@@ -134,10 +134,10 @@ def model_dir_lock(model_dir: str) -> contextlib.AbstractContextManager:
 
 class RunFolder:
     """What every trainer sets up around `run`, as one object: MODEL_DIR made and held (one run at a time,
-    `model_dir_lock`), the operative gin config written to MODEL_DIR/config.gin (by process 0, where given), the
-    checkpointer (MODEL_DIR/checkpoints) and the metrics log opened; all closed again, in reverse, on leaving the
-    `with` block, however it is left. `resume` restores the latest checkpoint and checks that it was written by the
-    same run."""
+    `model_dir_lock`), the checkpointer (MODEL_DIR/checkpoints) and the metrics log opened; all closed again, in
+    reverse, on leaving the `with` block, however it is left. `resume` checks that the latest checkpoint was written
+    by a run of the same settings, restores it and then writes the operative gin config to MODEL_DIR/config.gin (by
+    process 0, where given)."""
 
     def __init__(self, model_dir: str, save_period: int, keep_checkpoints: Optional[int],
                  async_checkpoints: bool = True, config_gin: Optional[str] = None):
@@ -154,8 +154,6 @@ class RunFolder:
         paths.makedirs(self.model_dir)
         with contextlib.ExitStack() as held:
             held.enter_context(model_dir_lock(self.model_dir))
-            if self._config_gin and jax.process_index() == 0:
-                atomic_write(paths.join(self.model_dir, CONFIG_GIN), self._config_gin)
             self.checkpointer = Checkpointer(paths.join(self.model_dir, "checkpoints"), *self._args)
             held.callback(self.checkpointer.close)
             self.log = MetricsLog(self.model_dir)
@@ -166,20 +164,78 @@ class RunFolder:
     def __exit__(self, *exc_info) -> None:
         self._held.close()
 
-    def resume(self, state: Any, meta: Mapping[str, Any], keys: Tuple[str, ...] = ()
+    def resume(self, state: Any, meta: Mapping[str, Any], keys: Tuple[str, ...] = (),
+               bindings: Optional[Mapping[str, str]] = None
                ) -> Tuple[Any, int, Optional[Dict[str, float]], Dict[str, Any]]:
         """(state, start step, the last logged train metrics, the checkpoint's record) from the latest checkpoint,
-        or (state, 0, None, {}) when there is none. Each of `keys` must be the same in the checkpoint's record as in
-        `meta`, else a DataError names the first that differs and the checkpoint folder."""
-        if self.checkpointer.latest_step() is None:
+        or (state, 0, None, {}) when there is none; then the run's config.gin is written (T5X's operative config).
+
+        Before anything is restored or written, the run is checked against the checkpoint (the one resume contract
+        of every trainer): each of `keys` (what shapes the run's state or its data) must be the same in the
+        checkpoint's record as in `meta` (a key the record lacks, written before templm recorded it, is not
+        checked), and the saved arrays must have the names and shapes of `state`'s. Otherwise one DataError names
+        each difference with its old and new value and the gin binding that sets it (`bindings`: key -> binding),
+        and MODEL_DIR is left as it was: nothing trained, config.gin not overwritten."""
+        latest = self.checkpointer.latest_step()
+        if latest is not None:
+            self._check_resumable(latest, state, meta, keys, bindings or {})
+        if self._config_gin and jax.process_index() == 0:
+            atomic_write(paths.join(self.model_dir, CONFIG_GIN), self._config_gin)
+        if latest is None:
             return state, 0, None, {}
         state, saved = self.checkpointer.restore(abstract_like(state))
-        for key in keys:
-            if saved.get(key) != meta.get(key):
-                raise DataError(f"the checkpoint was written with {key}={saved.get(key)!r}, this run has "
-                                f"{meta.get(key)!r}: use another model_dir or the same settings and data",
-                                self.checkpointer.directory)
         return state, int(saved["data_position"]), saved.get("train"), saved
+
+    def _check_resumable(self, step: int, state: Any, meta: Mapping[str, Any], keys: Tuple[str, ...],
+                         bindings: Mapping[str, str]) -> None:
+        record = self.checkpointer.record(step) or {}
+        own = paths.join(self.model_dir, CONFIG_GIN)
+        advice = ("nothing was trained or overwritten; resume the run with its own settings"
+                  + (f" (--gin_file={own})" if paths.exists(own) else "") + " or train into another MODEL_DIR")
+        differ = []
+        for key in keys:
+            old, new = record.get(key), _as_json(meta.get(key))
+            if key in record and old != new:
+                where = f" ({bindings[key]})" if key in bindings else ""
+                if isinstance(old, dict) and isinstance(new, dict):  # a config: the fields that differ
+                    fields = [name for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
+                    old = {name: old.get(name) for name in fields}
+                    new = {name: new.get(name) for name in fields}
+                differ.append(f"{key} {_shown(old)} there, {_shown(new)} in this run{where}")
+        if differ:
+            raise DataError(f"MODEL_DIR holds a run trained with other settings: {'; '.join(differ)}: {advice}",
+                            self.checkpointer.directory)
+        saved = self.checkpointer.saved_shapes(step)
+        problems = fit_problems(saved, leaf_shapes(state)) if saved is not None else []
+        if problems:
+            what = "model" if any(p.startswith("params/") for p in problems) else "optimizer"
+            sizes = _config_difference(record.get("model_config"), _as_json(meta.get("model_config")))
+            if what == "optimizer" and record.get("optimizer") and meta.get("optimizer"):
+                sizes = f" (the checkpoint's optimizer: {record['optimizer']}, this run's: {meta['optimizer']})"
+            raise DataError(f"checkpoint {step} does not fit this run's {what}{sizes}: {len(problems)} array(s) "
+                            f"differ, e.g. {'; '.join(problems[:3])}: {advice}", self.checkpointer.directory)
+
+
+def _as_json(value: Any) -> Any:
+    """`value` as it reads back from a checkpoint's JSON record (tuples as lists, ...)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _config_difference(saved: Any, wanted: Any) -> str:
+    """" (the checkpoint's mlp_dim 128, this run's 256)" for two recorded model configs, or "" where either is
+    missing or none of their fields differ."""
+    if not isinstance(saved, dict) or not isinstance(wanted, dict):
+        return ""
+    fields = [name for name in sorted(set(saved) | set(wanted)) if saved.get(name) != wanted.get(name)]
+    if not fields:
+        return ""
+    return (" (the checkpoint's " + ", ".join(f"{name} {_shown(saved.get(name))}" for name in fields)
+            + "; this run's " + ", ".join(f"{name} {_shown(wanted.get(name))}" for name in fields) + ")")
 
 
 def check_finite(metrics: Mapping[str, Any], step: int, checkpointer: Checkpointer) -> None:

@@ -16,6 +16,8 @@ import gin
 import jax.numpy as jnp
 import optax
 
+from templm.errors import require_numbers
+
 OPTIMIZERS = ("adafactor", "adam", "adamw")
 SCHEDULES = ("constant", "rsqrt", "cosine")
 RSQRT_WARMUP_STEPS = 10_000  # T5X's default
@@ -26,6 +28,9 @@ def learning_rate_schedule(kind: str = "constant", base_learning_rate: float = 0
                            warmup_steps: Optional[int] = None, decay_steps: int = 1):
     """The learning rate by step. warmup_steps: default 10,000 for "rsqrt" (T5X), 0 otherwise; decay_steps: where
     "cosine" reaches 0 (the run's train_steps)."""
+    require_numbers("templm.learning_rate_schedule", {
+        "base_learning_rate": (base_learning_rate, float, 0, None), "warmup_steps": (warmup_steps, int, 0, None),
+        "decay_steps": (decay_steps, int, 1, None)}, optional=("warmup_steps",))
     if kind == "rsqrt":
         warmup = RSQRT_WARMUP_STEPS if warmup_steps is None else warmup_steps
         if warmup < 1:
@@ -49,6 +54,13 @@ def make_optimizer(name: str = "adafactor", learning_rate=None, decay_rate: floa
                    max_grad_norm: float = 0.0) -> optax.GradientTransformation:
     """`adafactor` (T5's defaults), `adam` or `adamw`; learning_rate: a number or a schedule (default: the gin-bound
     `learning_rate_schedule()`)."""
+    if not callable(learning_rate):  # a number (a schedule is checked where it is made)
+        require_numbers("templm.make_optimizer", {"learning_rate": (learning_rate, float, 0, None)},
+                        optional=("learning_rate",))
+    require_numbers("templm.make_optimizer", {
+        "decay_rate": (decay_rate, float, 0, None), "clipping_threshold": (clipping_threshold, float, 0, None),
+        "b1": (b1, float, 0, None), "b2": (b2, float, 0, None), "weight_decay": (weight_decay, float, 0, None),
+        "max_grad_norm": (max_grad_norm, float, 0, None)})
     learning_rate = learning_rate if learning_rate is not None else learning_rate_schedule()
     if name == "adafactor":
         tx = optax.adafactor(learning_rate=learning_rate, decay_rate=decay_rate, clipping_threshold=clipping_threshold,
@@ -83,3 +95,12 @@ def bound_optimizer() -> str:
     `make_optimizer()` builds with equal bindings compile the same update step (the step cache's key, loop.py)."""
     return repr([sorted(gin.get_bindings(f"templm.{name}").items(), key=lambda item: item[0])
                  for name in ("make_optimizer", "learning_rate_schedule")])
+
+
+def bound_optimizer_name() -> str:
+    """The optimizer `make_optimizer()` builds as gin binds it ("adafactor", "adam" or "adamw"): what a checkpoint's
+    record says of the optimizer whose state it holds."""
+    try:
+        return str(gin.query_parameter("templm.make_optimizer.name"))
+    except ValueError:  # not bound: make_optimizer's default
+        return "adafactor"

@@ -23,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import hashlib
+import json
 import os
 import tempfile
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
@@ -44,7 +46,7 @@ from templm.training import loop, partitioning, state as train_state
 from templm.training.configs import CheckpointConfig, DatasetConfig, require_config
 from templm.training.checkpoints import load_params
 from templm.training.input_pipeline import TrainingInput
-from templm.training.optimizers import bound_optimizer, logged_learning_rate, make_optimizer
+from templm.training.optimizers import bound_optimizer, bound_optimizer_name, logged_learning_rate, make_optimizer
 
 # The model and its sizes are bound in gin (gin_configs/models/*.gin): `MODEL = @templm.EncoderDecoderModel()`.
 gin.external_configurable(T5Config, module="templm")
@@ -254,14 +256,16 @@ def train(model_dir: str = gin.REQUIRED, model: Any = gin.REQUIRED, train_datase
             logging.info("initialised from %s", start_from)
         state, state_shardings = init_state(model, tx, lengths, seed, mesh, rules, loaded)
 
-        # --- Resume. --------------------------------------------------------------------------------------------
-        state, start_step, last, saved = folder.resume(state, {"seed": seed, "data_seed": data_cfg.seed},
-                                                       ("seed", "data_seed"))
+        # --- Resume: what shapes the state or the data checked against the checkpoint's record first. ----------
+        meta = {"seed": seed, "data_seed": data_cfg.seed, "mixture_or_task_name": data_cfg.mixture_or_task_name,
+                "batch_size": batch_size, "task_feature_lengths": lengths, "pack": data_cfg.pack,
+                "split": data_cfg.split, "vocabulary": _vocabulary_digest(data_cfg.mixture_or_task_name),
+                "model_config": describe_model(model),
+                "optimizer": bound_optimizer_name() if optimizer is None else None}
+        keys = tuple(k for k in _RESUME_BINDINGS if k != "data_shards") + (("data_shards",) if data_cfg.shards else ())
+        state, start_step, last, saved = folder.resume(state, {**meta, "data_shards": data_cfg.shards}, keys,
+                                                       _RESUME_BINDINGS)
         if start_step:
-            if data_cfg.shards and saved.get("data_shards", data_cfg.shards) != data_cfg.shards:
-                raise DataError(f"checkpoint {saved['step']} drew its batches from {saved['data_shards']} data "
-                                f"shards, this run asks for {data_cfg.shards}: set train/templm.DatasetConfig."
-                                f"shards={saved['data_shards']} (or 0) to resume it", checkpointer.directory)
             logging.info("resumed from step %d", start_step)
 
         # --- The loop. ----------------------------------------------------------------------------------------
@@ -303,8 +307,7 @@ def train(model_dir: str = gin.REQUIRED, model: Any = gin.REQUIRED, train_datase
                                  f"{start_step} batches it had consumed again to get back to its data position")
                     inputs.replay(start_step)
 
-            meta = {"seed": seed, "data_seed": data_cfg.seed, "mixture_or_task_name": data_cfg.mixture_or_task_name,
-                    "batch_size": batch_size, "task_feature_lengths": lengths, "data_shards": inputs.data_shards}
+            meta = {**meta, "data_shards": inputs.data_shards}
             hooks = loop.Hooks(
                 evaluate=evaluate, eval_period=eval_period, input_state=inputs.state,
                 final_input_state=save.input_state_at_end, progress=options.progress,
@@ -317,6 +320,32 @@ def train(model_dir: str = gin.REQUIRED, model: Any = gin.REQUIRED, train_datase
             state, logged = loop.run(
                 step_fn, state, lambda position: train_state.global_batch(inputs.next(), batch_sharding), context)
     return loop.finish(start_step, total_steps, state, logged, last, eval=evaluated.get("eval"))
+
+
+# What a resumed run must share with its checkpoint (the state's shapes are checked besides), and the gin binding
+# that sets each: a difference is refused before anything is restored (loop.RunFolder.resume).
+_RESUME_BINDINGS = {
+    "seed": "templm.train.random_seed, SEED", "data_seed": "train/templm.DatasetConfig.seed",
+    "mixture_or_task_name": "train/templm.DatasetConfig.mixture_or_task_name, MIXTURE_OR_TASK_NAME",
+    "batch_size": "train/templm.DatasetConfig.batch_size, BATCH_SIZE",
+    "task_feature_lengths": "train/templm.DatasetConfig.task_feature_lengths, TASK_FEATURE_LENGTHS",
+    "pack": "train/templm.DatasetConfig.pack", "split": "train/templm.DatasetConfig.split",
+    "vocabulary": "the task's vocabulary, TEMPLM_VOCABULARY",
+    "data_shards": "train/templm.DatasetConfig.shards (0: the checkpoint's)"}
+
+
+def _vocabulary_digest(mixture_or_task_name: str) -> Optional[str]:
+    """The SHA-256 of the task's SentencePiece model (None for a vocabulary that is not one)."""
+    vocabulary = seqio.get_mixture_or_task(mixture_or_task_name).output_features["targets"].vocabulary
+    model = getattr(vocabulary, "sp_model", None)
+    return hashlib.sha256(model).hexdigest() if isinstance(model, bytes) else None
+
+
+def describe_model(model: Any) -> Dict[str, Any]:
+    """A model's class and config as a JSON record (what a checkpoint's record says of the model that wrote it)."""
+    config = getattr(model, "config", None)
+    fields = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
+    return {"class": type(model).__qualname__, **json.loads(json.dumps(fields, default=str))}
 
 
 def _model_key(model: Any) -> Any:

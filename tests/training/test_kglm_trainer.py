@@ -56,7 +56,8 @@ def test_the_loss_falls_and_a_resumed_run_ends_where_an_unbroken_one_does(data, 
     assert resumed.start_step == STEPS // 2 and resumed.step == STEPS
     for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(resumed.params)):
         np.testing.assert_array_equal(a, b)
-    with pytest.raises(DataError, match="written with data_fingerprint=") as err:
+    with pytest.raises(DataError, match=r"other settings: data_fingerprint .* there, .* in this run "
+                                        r"\(the documents it trains on\)") as err:
         train(data, tmp_path / "broken", which, STEPS + 1, docs=data["docs"][:16])
     assert "checkpoints" in str(err.value)
 

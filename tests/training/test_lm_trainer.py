@@ -111,8 +111,25 @@ def test_resume_is_bitwise_exact_with_memories_across_an_epoch(data, tmp_path):
     assert resumed.params["layer_0"]["mlp"]["wi"]["kernel"].sharding.spec == P(None, "model")
     assert resumed.mems[0].sharding.spec == P("data", None, None)
 
-    with pytest.raises(DataError, match="data_order"):  # other data in the same run folder: refused
-        _train(data, tmp_path / "resumed", 16, save_period=3, **{**common, "data_order": "date"})
+    # Other data, batch or model in the same run folder: refused before any step, naming the binding and both values,
+    # the folder left byte for byte as it was (the one resume contract of every trainer: loop.RunFolder.resume).
+    (tmp_path / "resumed" / "config.gin").write_text("# the run's own config\n")
+    before = _snapshot(tmp_path / "resumed")
+    for match, changed in ((r"data_order 'shuffle' there, 'date' in this run \(templm.CorpusConfig.data_order\)",
+                            {"data_order": "date"}),
+                           (r"batch_size 8 there, 4 in this run \(templm.CorpusConfig.batch_size, BATCH_SIZE\)",
+                            {"batch_size": 4}),
+                           (r'model_config \{"d_inner": 64\} there, \{"d_inner": 128\} in this run',
+                            {"config": dataclasses.replace(TINY, d_inner=128)})):
+        with pytest.raises(DataError, match=match):
+            _train(data, tmp_path / "resumed", 16, save_period=3, config_gin="# another config\n",
+                   **{**common, **changed})
+        assert _snapshot(tmp_path / "resumed") == before
+
+
+def _snapshot(folder):
+    return {os.path.relpath(os.path.join(root, name), folder): open(os.path.join(root, name), "rb").read()
+            for root, _, names in os.walk(folder) for name in names}
 
 
 def test_nan_stops_and_keeps_the_last_good_checkpoint(data, tmp_path):

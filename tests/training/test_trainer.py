@@ -107,7 +107,7 @@ def test_a_checkpoint_without_input_state_is_resumed_by_replaying_its_batches(tr
     checkpoints = old / "checkpoints"
     states = [name for name in os.listdir(checkpoints / "40" / "input") if name.endswith(".state")]
     assert states == ["shard-00000-of-00001.state"]
-    with pytest.raises(DataError, match="drew its batches from 1 data shards, this run asks for 2"):
+    with pytest.raises(DataError, match=r"data_shards 1 there, 2 in this run \(train/templm.DatasetConfig.shards"):
         _train(old, 41, data_shards=2)
     for step in ("20", "40"):
         (checkpoints / "integrity" / f"{step}.json").unlink()
@@ -125,6 +125,56 @@ def test_a_checkpoint_without_input_state_is_resumed_by_replaying_its_batches(tr
     same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), result.params,
                         resumed.params)
     assert all(jax.tree.leaves(same))
+
+
+def _snapshot(folder):
+    """{relative path: bytes} of every file under `folder`."""
+    return {os.path.relpath(os.path.join(root, name), folder): open(os.path.join(root, name), "rb").read()
+            for root, _, names in os.walk(folder) for name in names}
+
+
+def test_resuming_with_other_settings_is_refused_naming_the_binding_before_any_step(trained, tmp_path):
+    """The one resume contract (loop.RunFolder.resume): a run resumed with another task, batch, model width or
+    optimizer than its checkpoint's is refused with one message naming the binding and both values, before any step;
+    MODEL_DIR (checkpoints, metrics, config.gin) is left byte for byte as it was. Before, the T5 trainer compared the
+    seeds only: another task trained on and overwrote config.gin, another batch ended in a TensorFlow traceback,
+    another width called both intact steps damaged."""
+    model_dir, _ = trained
+    old = tmp_path / "old"
+    shutil.copytree(model_dir, old)
+    (old / "config.gin").write_text("# the run's own config\n")
+    before = _snapshot(old)
+    changed = RunOptions(mesh=partitioning.make_mesh(mesh_shape=(4, 2), devices=jax.devices()[:8]),
+                         config_gin="# another config\n")
+
+    def refused(match, model=None, **dataset):
+        config = {"mixture_or_task_name": "temporal_mixture", "task_feature_lengths": LENGTHS, "batch_size": 16,
+                  **dataset}
+        with pytest.raises(DataError, match=match) as e:
+            trainer.train(model_dir=str(old), model=model or _model(), train_dataset_cfg=DatasetConfig(**config),
+                          total_steps=50, optimizer=ADAFACTOR, options=changed)
+        assert _snapshot(old) == before
+        return str(e.value)
+
+    message = refused(r"mixture_or_task_name 'temporal_mixture' there, 'uniform_mixture' in this run "
+                      r"\(train/templm.DatasetConfig.mixture_or_task_name, MIXTURE_OR_TASK_NAME\)",
+                      mixture_or_task_name="uniform_mixture")
+    assert message.startswith(f"{old}/checkpoints: MODEL_DIR holds a run trained with other settings: ")
+    assert (f"nothing was trained or overwritten; resume the run with its own settings (--gin_file={old}/config.gin) "
+            "or train into another MODEL_DIR") in message
+    refused(r"batch_size 16 there, 32 in this run \(train/templm.DatasetConfig.batch_size, BATCH_SIZE\)",
+            batch_size=32)
+    refused(r'task_feature_lengths \{"targets": 8\} there, \{"targets": 16\} in this run',
+            task_feature_lengths={"inputs": 32, "targets": 16})
+    wider = EncoderDecoderModel(dataclasses.replace(T5_1_1_CONFIGS["tiny"], mlp_dim=T5_1_1_CONFIGS["tiny"].mlp_dim * 2))
+    message = refused(r"checkpoint 40 does not fit this run's model \(the checkpoint's mlp_dim "
+                      rf"{T5_1_1_CONFIGS['tiny'].mlp_dim}; this run's mlp_dim {2 * T5_1_1_CONFIGS['tiny'].mlp_dim}\)",
+                      model=wider)
+    assert "damaged" not in message and "wi_0/kernel: checkpoint (" in message
+    with pytest.raises(DataError, match=r"checkpoint 40 does not fit this run's optimizer: \d+ array\(s\) differ"):
+        trainer.train(model_dir=str(old), model=_model(), total_steps=50, optimizer=optax.adam(1e-3), options=changed,
+                      train_dataset_cfg=DatasetConfig("temporal_mixture", LENGTHS, 16))
+    assert _snapshot(old) == before
 
 
 def test_a_finished_run_is_kept_without_touching_its_input(trained, tmp_path, capsys):
