@@ -37,6 +37,8 @@ _SIGNATURES: Dict[str, Sequence[str]] = {
     "task data": ("manifest.json",),
     "CALM corpus": ("vocab",),
     "reproduction": ("run.json",),
+    "importance-sampling evaluation": ("is_eval.json",),
+    "CALM run": ("learner.jsonl", "baseline.jsonl"),
 }
 _HELD: Dict[str, int] = {}  # lock path -> depth: a process may take its own lock again (nested stages)
 
@@ -57,9 +59,12 @@ def kind_of(folder: str) -> str:
     return ""
 
 
-def check_output_folder(folder: str, kind: str, overwrite: bool = False) -> None:
+def check_output_folder(folder: str, kind: str, overwrite: bool = False,
+                        how: str = "pass --overwrite to replace it") -> None:
     """Raises DataError unless templm may write a `kind` output at `folder`: it is absent, empty, a templm output of
-    the same kind, or `overwrite` is set. The message names what is there."""
+    the same kind, or `overwrite` is set. The message names what is there and `how` to go on anyway. An output path
+    that names no folder of its own ('', '.', '..') or is too long is refused first (_require_named)."""
+    _require_named(folder)
     if not paths.lexists(folder):
         return
     if not paths.isdir(folder):
@@ -70,10 +75,14 @@ def check_output_folder(folder: str, kind: str, overwrite: bool = False) -> None
     found = kind_of(folder)
     if found == kind:
         return
-    what = f"a templm {found}" if found else "not a templm output"
+    what = f"{_a(found)} templm {found}" if found else "not a templm output"
     shown = ", ".join(entries[:6]) + (f", ... ({len(entries)} entries)" if len(entries) > 6 else "")
-    raise DataError(f"the output folder is not empty and is {what}, not a {kind} ({shown}); nothing was changed: "
-                    "choose another folder, or pass --overwrite to replace it", folder)
+    raise DataError(f"the output folder is not empty and is {what}, not {_a(kind)} {kind} ({shown}); nothing was "
+                    f"changed: choose another folder, or {how}", folder)
+
+
+def _a(kind: str) -> str:
+    return "an" if kind[:1].lower() in "aeiou" else "a"
 
 
 def mark(folder: str, kind: str) -> None:
@@ -207,6 +216,25 @@ def writing_into(folder: str, kind: str, overwrite: bool = False) -> Iterator[st
         yield folder
 
 
+def claim_output_folder(folder: str, kind: str, overwrite: bool = False,
+                        how: str = "pass --overwrite to write into it", create: bool = True) -> str:
+    """For a function that writes its results into `folder` as it goes (is-eval, appendices, a CALM run, a stream
+    evaluation): refuses it before any work unless check_output_folder allows it (absent, empty or a templm `kind`
+    output; a user's folder or another verb's output only with `overwrite`, which the message says `how` to set),
+    creates it and marks it as a `kind` output (with `create`; without, the caller claims it again when it writes,
+    so that input refused after the check leaves no folder); returns the folder (absolute where it is a URL)."""
+    _require_named(folder)
+    folder = paths.absolute(folder) if paths.is_url(folder) else os.fspath(folder)
+    remote.check_location(folder, f"the {kind} folder")
+    check_output_folder(folder, kind, overwrite, how)
+    if not create:
+        return folder
+    paths.makedirs(folder)
+    if not paths.exists(paths.join(folder, MARKER)):
+        mark(folder, kind)
+    return folder
+
+
 def build_output_folder(out_dir: str, kind: str, build: Callable[[str], Any], overwrite: bool = False,
                         lock: bool = True) -> Any:
     """Runs build(tmp) in a fresh folder beside `out_dir` (`out_dir` + ".partial"), marks it as a `kind` output and
@@ -324,10 +352,39 @@ def _swap_in(partial: str, out_dir: str, files: Sequence[str]) -> None:
     paths.rmtree(partial)
 
 
+# The longest suffix templm adds to an output folder's name (build_output_folder's ".templm-old-<pid>").
+_SUFFIX = len(".templm-old-") + 10
+
+
 def _require_named(folder: str) -> None:
-    """An empty output path would build into the working folder's hidden `.partial`: refused before any work."""
-    if not os.fspath(folder).strip():
+    """Refused before any work, the cause named: an empty output path (it would build into the working folder's
+    hidden `.partial`), one ending in '.' or '..' (a folder that cannot be built beside and swapped in: name it), and
+    a last name too long for the names templm builds beside it."""
+    text = os.fspath(folder)
+    if not text.strip():
         raise ConfigError("the output folder is an empty path (--out ''): name the folder to write")
+    last = text.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1] if text.rstrip("/\\") else text
+    if last in (".", ".."):
+        raise ConfigError(f"the output folder {text!r} names the current or parent folder: name the folder to write "
+                          "(e.g. --out runs/NAME)")
+    if paths.is_url(text):  # an object name may be 1,024 bytes long, its parts any length
+        return
+    limit = _name_max(text)
+    if len(last.encode("utf-8")) + _SUFFIX > limit:
+        raise ConfigError(f"the output folder {text}: its name is {len(last.encode('utf-8'))} bytes long, templm "
+                          f"builds it beside itself under a name {_SUFFIX} bytes longer, and names on this file "
+                          f"system hold at most {limit} bytes: choose a shorter name")
+
+
+def _name_max(folder: str) -> int:
+    """The longest file name the file system of `folder` (or of its nearest existing parent) allows."""
+    place = os.path.abspath(folder)
+    while not os.path.exists(place) and os.path.dirname(place) != place:
+        place = os.path.dirname(place)
+    try:
+        return int(os.pathconf(place, "PC_NAME_MAX"))
+    except (OSError, ValueError):
+        return 255
 
 
 def _check_own_partial(tmp: str) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from templm.data.task_data import TaskDataConfig, prepare_task_data
 from templm.data.world import WorldConfig, generate_world
-from templm.errors import DataError
+from templm.errors import ConfigError, DataError
 from templm.outputs import MARKER, build_output_folder, check_output_folder, kind_of, locked
 from templm_testing import lock_holder, run_templm as templm, wait_for_path
 
@@ -192,3 +192,38 @@ def test_data_world_refuses_then_overwrites_when_asked(tmp_path):
     done = templm("data", "world", f"--out={mine}", "--overwrite", *WORLD_FLAGS)
     assert done.returncode == 0, done.stderr[-2000:]
     assert kind_of(str(mine)) == "world" and not (mine / "notes.md").exists()
+
+
+def test_every_verb_that_writes_into_its_folder_refuses_a_users_folder_before_any_work(tmp_path):
+    """is-eval (both models), appendices, a CALM run and a stream evaluation wrote into any folder they were given,
+    replacing a user's results.json or is_eval.json without a word; each now claims its folder as reproduce does
+    (templm.outputs.claim_output_folder): a user's folder or another verb's output is refused before any work and left
+    as it was. An output path of '.' or '..', or a name too long for the names templm builds beside it, is refused
+    with its cause for every verb (outputs._require_named)."""
+    from templm.experiments.appendices import run_appendices
+    from templm.experiments.calm import run_calm
+    from templm.experiments.importance_sampling import run_is_eval, run_latent_is_eval
+    from templm.experiments.streaming import stream_evaluation
+
+    calls = {"importance-sampling evaluation": [run_is_eval, lambda out: run_latent_is_eval(out, progress=False)],
+             "appendices study": [run_appendices], "CALM run": [lambda out: run_calm(out_dir=out)],
+             "stream evaluation": [lambda out: stream_evaluation(out, str(tmp_path / "no_run"))]}
+    for kind, functions in calls.items():
+        for call in functions:
+            mine = _mine(tmp_path / "mine")
+            (mine / "results.json").write_text('{"mine": 1}')
+            with pytest.raises(DataError, match=f"is not a templm output, not an? {kind} "
+                                                r"\(notes.md, results.json, sub\)"):
+                call(str(mine))
+            assert sorted(os.listdir(mine)) == ["notes.md", "results.json", "sub"]
+            assert (mine / "results.json").read_text() == '{"mine": 1}'
+    world = tmp_path / "world"
+    generate_world(TINY_WORLD, str(world))
+    with pytest.raises(DataError, match="is a templm world, not an appendices study"):
+        run_appendices(str(world))
+    for bad, cause in ((".", "names the current or parent folder"), (str(tmp_path / ".."), "current or parent"),
+                       (str(tmp_path / ("x" * 250)), "bytes long, templm builds it beside itself")):
+        for call in (run_is_eval, run_appendices, lambda out: generate_world(TINY_WORLD, out)):
+            with pytest.raises(ConfigError, match=cause):
+                call(bad)
+    assert not os.path.exists(tmp_path / ("x" * 250))

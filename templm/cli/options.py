@@ -228,9 +228,13 @@ def bounds(**ranges: Tuple[Optional[float], Optional[float]]) -> None:
         flags.register_validator(name, ok, message=f"--{name} must be {what}")
 
 
-def define_overwrite():
-    flags.DEFINE_boolean("overwrite", False, "Replace --out even when it is not empty and not a templm output of "
-                         "this kind (what is in it is deleted); without it such a folder is refused.")
+def define_overwrite(into: bool = False):
+    """--overwrite: a verb that builds --out whole replaces it (what is in it is deleted); one that writes into it as
+    it goes (`into`) writes beside what is there."""
+    flags.DEFINE_boolean("overwrite", False, (
+        "Write into --out even when it is not empty and not a templm output of this kind (its files of the same "
+        "names are replaced, the others kept)" if into else "Replace --out even when it is not empty and not a "
+        "templm output of this kind (what is in it is deleted)") + "; without it such a folder is refused.")
 
 
 CORPUS_HELP = ("Corpus file (.gz and .bz2 are read transparently); repeat it, or give a quoted glob pattern "

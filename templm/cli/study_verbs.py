@@ -56,6 +56,7 @@ def define_is_eval():
                        "the gold annotations gives the annotated option (0: no such proposal).")
     flags.DEFINE_integer("exact_sentences", 2, "kglm: the exact check sums every reading of the test documents' "
                          "first N sentences (0: no check).")
+    define_overwrite(into=True)
     bounds(seed=(0, None), repeats=(1, None), num_states=(1, 4096), vocab_size=(1, 1 << 20), num_docs=(1, None),
             doc_length=(2, None), mean_sentence_length=(1, None), peakedness=(0, None), test_docs=(2, None),
             train_steps=(1, None), gold_weight=(0, 0.999), exact_sentences=(0, None))
@@ -91,12 +92,13 @@ def main_is_eval():
                                     ks=ks or [2 ** i for i in range(8)], repeats=FLAGS.repeats or 4,
                                     temperatures=temperatures, gold_weight=FLAGS.gold_weight,
                                     test_docs=FLAGS.test_docs, train_steps=FLAGS.train_steps,
-                                    exact_sentences=FLAGS.exact_sentences)
+                                    exact_sentences=FLAGS.exact_sentences, overwrite=FLAGS.overwrite)
     else:
         result = run_is_eval(FLAGS.out, FLAGS.seed, ks=ks or [2 ** i for i in range(9)],
                              temperatures=temperatures, repeats=FLAGS.repeats or 8, num_states=FLAGS.num_states,
                              vocab_size=FLAGS.vocab_size, num_docs=FLAGS.num_docs, doc_length=FLAGS.doc_length,
-                             mean_sentence_length=FLAGS.mean_sentence_length, peakedness=FLAGS.peakedness)
+                             mean_sentence_length=FLAGS.mean_sentence_length, peakedness=FLAGS.peakedness,
+                             overwrite=FLAGS.overwrite)
     written = write_is_report(result, FLAGS.out)
     with storage.open(written["md"], encoding="utf-8") as f:
         print(f.read())
@@ -222,6 +224,7 @@ def define_appendices():
                       "and the cut-off.")
     flags.DEFINE_multi_string("corpus", None, "A dated corpus (any format templm reads; a file or a quoted glob) "
                               "instead of the embedded world.")
+    define_overwrite(into=True)
     bounds(seed=(0, None))
 
     def whole_numbers(values):
@@ -241,7 +244,7 @@ def main_appendices():
     from templm.reports.appendices import write_appendices_report
 
     results = run_appendices(FLAGS.out, FLAGS.which, FLAGS.preset, FLAGS.seed, [int(s) for s in FLAGS.shifts],
-                             [int(g) for g in FLAGS.gaps], corpus_flag())
+                             [int(g) for g in FLAGS.gaps], corpus_flag(), overwrite=FLAGS.overwrite)
     written = write_appendices_report(results, storage.absolute(FLAGS.out))
     with storage.open(written["report.md"], encoding="utf-8") as f:
         print(f.read())

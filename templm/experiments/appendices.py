@@ -25,7 +25,7 @@ import json
 import time
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from templm import console, paths, remote
+from templm import console, paths
 from templm.data.lm_data import split_path
 from templm.data.readers import Corpus, read_documents
 from templm.data.splits import distance_splits, read_split_file
@@ -38,6 +38,9 @@ from templm.io import format_duration, write_json
 from templm.metrics.findings import APPENDICES, judge
 from templm.metrics.stream import document_log_ppl
 from templm.models.transformer_xl import TransformerXLConfig
+from templm.outputs import claim_output_folder
+
+APPENDICES_KIND = "appendices study"  # the kind of output folder (templm.outputs)
 
 WHICH = ("shifted", "distance")
 
@@ -129,7 +132,7 @@ def run_increasing_distance(out_dir: str, preset: Union[str, StreamPreset] = "sm
     results = stream_evaluation(paths.join(out_dir, "stream"), runs[names[0]], control,
                                 StreamData(corpus=data["corpus"], split_dir=split_dir), DynamicEvalConfig(()),
                                 StreamAnalyses(topics=False, pos=False), seed=seed,
-                                extra_dirs={name: runs[name] for name in names[1:]})
+                                extra_dirs={name: runs[name] for name in names[1:]}, overwrite=True)
     months_ctl = {m: v["word_ppl"] for m, v in results["runs"]["control"]["static"]["by_month"].items()}
     stored = {name: "time_stratified" if name == names[0] else name for name in names}
     out: Dict[str, Any] = {"cutoff": section["cutoff"], "size": section["size"],
@@ -150,15 +153,14 @@ def run_increasing_distance(out_dir: str, preset: Union[str, StreamPreset] = "sm
 
 def run_appendices(out_dir: str, which: Sequence[str] = WHICH, preset: Union[str, StreamPreset] = "smoke",
                    seed: int = 0, shifts: Sequence[int] = (0, 1, 2), gaps: Sequence[int] = (0, 6, 12, 18, 24),
-                   corpus: Optional[Corpus] = None, mesh=None) -> Dict[str, Any]:
+                   corpus: Optional[Corpus] = None, mesh=None, overwrite: bool = False) -> Dict[str, Any]:
     """The appendices asked for (`which`: "shifted", "distance") into out_dir (shifted/, distance/), then
     out_dir/results.json with both and their findings; returns it."""
     unknown = sorted(set(which) - set(WHICH))
     if unknown or not which:
         raise ValueError(f"which must name some of {WHICH}, got {list(which)}")
     started = time.time()
-    out_dir = paths.absolute(out_dir)
-    remote.check_location(out_dir, "--out")  # a bucket, before the work
+    out_dir = paths.absolute(claim_output_folder(out_dir, APPENDICES_KIND, overwrite))  # a user's folder refused
     p = _static(preset)
     results: Dict[str, Any] = {"config": {"preset": preset if isinstance(preset, str) else "custom", "seed": seed,
                                           "which": list(which), "shifts": sorted({int(s) for s in shifts}),

@@ -50,7 +50,7 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from templm import console, remote
+from templm import console
 from templm import paths as storage  # `paths` names the run's files
 from templm.data.calm_corpus import build_world_corpus, check_corpus
 from templm.data.calm_log import LossLogger, read_loss_log
@@ -61,6 +61,9 @@ from templm.errors import ConfigError
 from templm.io import format_duration, write_json
 from templm.metrics.calm import BURN_IN_SEGMENTS, MIN_SEGMENTS, compute_metrics
 from templm.models.transformer_xl import TransformerXL
+from templm.outputs import claim_output_folder
+
+CALM_RUN = "CALM run"  # the kind of output folder (templm.outputs)
 
 BASELINES = ("pretrained", "init")
 
@@ -134,7 +137,7 @@ class CalmBaselineConfig:
 def run_calm(out_dir: Optional[str] = None, stream: CalmStreamConfig = CalmStreamConfig(),
              model: CalmModelConfig = CalmModelConfig(), learner: OnlineLearnerConfig = OnlineLearnerConfig(),
              baseline: CalmBaselineConfig = CalmBaselineConfig(), seed: int = 0,
-             progress_every: int = 100) -> Dict[str, Any]:
+             progress_every: int = 100, overwrite: bool = False) -> Dict[str, Any]:
     """Runs the CALM evaluation of a Transformer-XL online learner against a static baseline (module docstring).
 
     Writes into `out_dir`: learner.jsonl, baseline.jsonl and results.json (report.md and loss.png are
@@ -167,8 +170,9 @@ def run_calm(out_dir: Optional[str] = None, stream: CalmStreamConfig = CalmStrea
     corpus_info: Dict[str, Any] = {}
     if corpus_dir is not None:
         check_corpus(corpus_dir)  # before anything is written
-    remote.check_location(out_dir, "the CALM run's out_dir")  # a bucket, before the work
-    storage.makedirs(out_dir)
+    # A bucket that cannot be written, a user's folder: refused before the work.
+    out_dir = claim_output_folder(out_dir, CALM_RUN, overwrite,
+                                  "bind templm.run_calm.overwrite = True to write into it")
     if corpus_dir is None:
         world_dir = world_dir or storage.join(out_dir, "world")
         corpus_dir = storage.join(out_dir, "corpus")

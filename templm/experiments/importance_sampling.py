@@ -31,6 +31,9 @@ from templm.metrics.importance_sampling import (LEVELS, level_rank, np_logsumexp
                                                 unit_statistics)
 from templm.models.hmm import forward_log_likelihood, random_hmm, sample_proposal, sample_sequences
 from templm.models.kglm import KGLMConfig, parameter_count
+from templm.outputs import claim_output_folder
+
+IS_EVAL = "importance-sampling evaluation"  # the kind of output folder (templm.outputs)
 
 
 def _proposal_label(proposal: str, temperature: Optional[float]) -> str:
@@ -71,7 +74,7 @@ def make_is_eval_problem(seed: int = 0, num_states: int = 6, vocab_size: int = 1
 def run_is_eval(out_dir: str, seed: int = 0, *, ks: Sequence[int] = tuple(2 ** i for i in range(9)),
                 temperatures: Sequence[float] = (0.5, 2.0), repeats: int = 8, num_states: int = 6,
                 vocab_size: int = 12, num_docs: int = 12, doc_length: int = 24, mean_sentence_length: float = 6.0,
-                peakedness: float = 1.5) -> Dict[str, Any]:
+                peakedness: float = 1.5, overwrite: bool = False) -> Dict[str, Any]:
     """Estimated perplexity against K for every proposal and aggregation level, with the exact value.
 
     For each latent unit m (token, sentence, document: the HMM of `make_is_eval_problem` with its chain restarting at
@@ -96,7 +99,7 @@ def run_is_eval(out_dir: str, seed: int = 0, *, ks: Sequence[int] = tuple(2 ** i
     start = time.time()
     prob = make_is_eval_problem(seed, num_states, vocab_size, num_docs, doc_length, mean_sentence_length,
                                 peakedness)  # checks its sizes before anything is written
-    paths.makedirs(out_dir)
+    out_dir = claim_output_folder(out_dir, IS_EVAL, overwrite)  # a user's folder refused (outputs.py)
     hmm, tokens, counts, seg = prob["hmm"], prob["tokens"], prob["token_counts"], prob["segment_ids"]
     proposals: List[Tuple[str, float]] = [("prior", 1.0)] + [("tempered", float(t)) for t in temperatures] + \
         [("posterior", 1.0)]
@@ -187,7 +190,7 @@ def run_latent_is_eval(out_dir: str, seed: int = 0, *, world_dir: Optional[str] 
                        temperatures: Sequence[float] = (0.5, 2.0), gold_weight: float = 0.9, test_docs: int = 40,
                        train_steps: int = 400, batch_size: int = 16, learning_rate: float = 3e-3, hidden: int = 64,
                        exact_sentences: int = 2, exact_limit: int = 4096, world: Optional[Any] = None,
-                       progress: bool = True) -> Dict[str, Any]:
+                       progress: bool = True, overwrite: bool = False) -> Dict[str, Any]:
     """Logan, Gardner and Singh's measurements on the knowledge-graph LM (templm.models.kglm): the estimate against
     K, aggregated per token, sentence and document side by side, for the trained proposal, the same at each of
     `temperatures`, and a proposal that sees the gold annotations (`gold_weight`); with an exact check on short
@@ -221,7 +224,7 @@ def run_latent_is_eval(out_dir: str, seed: int = 0, *, world_dir: Optional[str] 
         if not tau > 0:
             raise ValueError(f"temperatures must be > 0, got {tau}")
     start = time.time()
-    paths.makedirs(out_dir)
+    out_dir = claim_output_folder(out_dir, IS_EVAL, overwrite)  # a user's folder refused (outputs.py)
     say = console.say if progress else (lambda message: None)
 
     # --- The world: its graph, its documents linked to it; the latest documents evaluated. -----------------------

@@ -41,8 +41,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from templm import console, paths, remote
-from templm.outputs import build_output_folder
+from templm import console, paths
 from templm.data.lm_data import load_processor, read_split_documents, split_path, tokenize_documents
 from templm.data.readers import Corpus, read_documents, resolve_corpus
 from templm.data.splits import UnsplittableCorpus, check_split_ids, make_splits, read_split_file
@@ -58,10 +57,13 @@ from templm.metrics.findings import STREAMING, judge
 from templm.metrics.stream import (CONTROL_TOKENIZER_RUN, LARGER_MODEL_RUN, moses_word_log_probs, moses_words,
                                    perplexity, stream_results, summarize, tokenizer_comparison)
 from templm.models.transformer_xl import TransformerXLConfig
+from templm.outputs import build_output_folder, claim_output_folder
 from templm.training import partitioning
 from templm.training.configs import CheckpointConfig, CorpusConfig, OptimizerConfig, SaveCheckpointConfig
 from templm.training.lm_trainer import load_lm, train_lm
 from templm.training.loop import RunOptions
+
+STREAM_EVALUATION = "stream evaluation"  # the kind of output folder (templm.outputs)
 
 # Dynamic evaluation variants of the TIME-STRATIFIED model (names become the report's modes). Each variant's rate
 # is chosen among its "lrs" on the TIME-STRATIFIED validation stream (the months after the cut-off, before the test
@@ -232,7 +234,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
                       control_dir: Optional[str] = None, data: StreamData = StreamData(),
                       dynamic: DynamicEvalConfig = DynamicEvalConfig(), analyses: StreamAnalyses = StreamAnalyses(),
                       seed: int = 0, step: Optional[int] = None,
-                      extra_dirs: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+                      extra_dirs: Optional[Mapping[str, str]] = None, overwrite: bool = False) -> Dict[str, Any]:
     """Streaming evaluation of a TIME-STRATIFIED (and a CONTROL) checkpoint; writes out_dir/results.json.
 
     Args:
@@ -275,8 +277,9 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
     batch_size, corpus_format, dynamic_on_control = data.batch_size, data.corpus_format, dynamic.on_control
     allow_missing = bool(data.allow_missing_ids)
     out_dir = paths.absolute(out_dir) if paths.is_url(out_dir) else os.fspath(out_dir)
-    if partitioning.is_lead():  # an output bucket that cannot be written is said before the models are read
-        remote.check_location(out_dir, "OUT_DIR")
+    if partitioning.is_lead():  # a bucket that cannot be written, a user's folder: refused before the models are read
+        out_dir = claim_output_folder(out_dir, STREAM_EVALUATION, overwrite,
+                                      "bind templm.stream_evaluation.overwrite = True to write into it", create=False)
 
     # --- Checkpoints and the files they name. -----------------------------------------------------------------
     runs_dirs = {"time_stratified": time_stratified_dir}
@@ -408,7 +411,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
     results["timings_sec"] = {**timings, "total": time.time() - started}
     path = paths.join(out_dir, "results.json")
     if partitioning.is_lead():  # a multi-host run: every process evaluated alike, process 0 writes
-        paths.makedirs(out_dir)
+        claim_output_folder(out_dir, STREAM_EVALUATION, overwrite)  # created and marked now that there are results
         write_json(path, results)
     results["files"] = {"results.json": path}
     return results
@@ -623,7 +626,7 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
                                 dynamic=DynamicEvalConfig(p.dynamic, ms_segments=p.ms_segments),
                                 analyses=StreamAnalyses(train_count_documents=p.train_count_documents,
                                                         min_test_count=p.min_test_count, n_topics=p.n_topics),
-                                seed=seed,
+                                seed=seed, overwrite=True,  # its own folder, inside the one it claimed
                                 extra_dirs={name: paths.join(out_dir, name) for name, *_ in setups[2:]} or None)
     timings["evaluate"] = time.time() - t0
     summary = summarize(results)

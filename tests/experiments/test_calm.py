@@ -36,7 +36,8 @@ def test_run_calm_returns_its_results_and_writes_json_and_logs_only(tmp_path, ca
     out = tmp_path / "run"
     world = WorldConfig(seed=0, start_year=2014, end_year=2014, subjects_per_relation=10, docs_per_month=10)
     results = run_calm(out_dir=str(out), stream=dataclasses.replace(TINY_STREAM, world=world), **TINY)
-    assert sorted(os.listdir(out)) == ["baseline.jsonl", "corpus", "learner.jsonl", "results.json", "world"]
+    assert sorted(os.listdir(out)) == [".templm.json", "baseline.jsonl", "corpus", "learner.jsonl", "results.json",
+                                       "world"]
     assert results["files"] == {name: str(out / name) for name in ("learner.jsonl", "baseline.jsonl",
                                                                    "results.json")}
     assert json.loads((out / "results.json").read_text()) == jsonable(results)

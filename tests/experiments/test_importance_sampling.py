@@ -29,7 +29,7 @@ def test_run_is_eval_writes_its_json_and_the_exact_line(tmp_path, is_problem):
                              vocab_size=V, num_docs=B, doc_length=T)
     assert (tmp_path / "is_eval.json").stat().st_size > 0
     # The JSON only (no temporary files): the Markdown and the figure are the report's (tests/reports).
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["is_eval.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".templm.json", "is_eval.json"]  # the folder's marker
     assert result["files"] == {"json": str(tmp_path / "is_eval.json")}
     saved = json.loads((tmp_path / "is_eval.json").read_text())
     assert saved["rows"] == result["rows"]
@@ -81,7 +81,7 @@ def test_is_eval_end_to_end(tmp_path):
     # The verb prints the report it wrote; progress goes to standard error, one line per latent unit and proposal.
     assert result.stdout == (out / "is_eval.md").read_text() + "\n"
     assert "is-eval: [9/9] latent=document proposal=posterior done" in result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["is_eval.json", "is_eval.md", "is_eval.png"]
+    assert sorted(p.name for p in out.iterdir()) == [".templm.json", "is_eval.json", "is_eval.md", "is_eval.png"]
 
 
 @pytest.mark.e2e
@@ -130,8 +130,8 @@ def test_is_eval_of_the_knowledge_graph_lm_end_to_end(tmp_path):
                                       "is_flatter_proposal_tighter", "is_gold_proposal_tighter"]
     for finding in data["findings"].values():
         assert finding["n"] == 4 and finding["verdict"] in ("appears", "opposite", "inconclusive")
-    assert sorted(p.name for p in out.iterdir()) == ["is_eval.json", "is_eval.md", "is_eval.png", "model",
-                                                     "proposal"]
+    assert sorted(p.name for p in out.iterdir()) == [".templm.json", "is_eval.json", "is_eval.md", "is_eval.png",
+                                                     "model", "proposal"]
     assert result.stdout == (out / "is_eval.md").read_text() + "\n"
     assert "## The effects" in result.stdout and "| gold | document | 2 |" in result.stdout
     assert "is-eval: [5/5] exact check on 4 of 4 prefixes of 1 sentence(s)" in result.stderr

@@ -97,8 +97,8 @@ def test_stream_verb_writes_the_report_for_every_test_month(runs, tmp_path):
                    out=tmp_path / "out")
     out, err = proc.stdout, proc.stderr
     assert proc.returncode == 0, err[-3000:]
-    assert sorted(os.listdir(tmp_path / "out")) == ["emerging_words.png", "relative_perplexity.png", "report.md",
-                                                    "results.json"]
+    assert sorted(os.listdir(tmp_path / "out")) == [".templm.json", "emerging_words.png", "relative_perplexity.png",
+                                                    "report.md", "results.json"]
     with open(tmp_path / "out" / "results.json") as f:
         results = json.load(f)
     with open(os.path.join(runs["split_dir"], "stats.json")) as f:
@@ -253,7 +253,7 @@ def test_models_with_different_vocabularies_or_no_out_dir_are_refused(runs, tmp_
 def test_stream_evaluation_writes_results_json_only(runs, tmp_path):
     """The experiment writes its numbers, nothing for people: report.md and figures are the report's (the verb's)."""
     results = stream_evaluation(str(tmp_path / "out"), runs["time_stratified"], runs["control"], **QUICK)
-    assert os.listdir(tmp_path / "out") == ["results.json"]
+    assert sorted(os.listdir(tmp_path / "out")) == [".templm.json", "results.json"]
     assert results["files"] == {"results.json": str(tmp_path / "out" / "results.json")}
     with open(tmp_path / "out" / "results.json") as f:
         written = json.load(f)
