@@ -8,15 +8,17 @@ Every layer raises these and nothing above them needs to be imported to catch th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
-import json
 import math
 import numbers
+import json
 import os
 import re
 import signal
 import sys
 import threading
+import typing
 from typing import Any, Iterator, Mapping, Optional, Tuple
 
 import gin
@@ -191,6 +193,39 @@ def require_numbers(function: str, values: Mapping[str, Number], optional: Tuple
             raise ConfigError(f"{_binding(function, name, macro)}: must be at least {least:g}, got {value!r}")
 
 
+def _plain_kind(hint: Any) -> Tuple[Optional[type], bool]:
+    """(int, float, bool or str; whether None is allowed) of a field's annotation; (None, _) for any other."""
+    optional = False
+    if typing.get_origin(hint) is typing.Union:
+        members = [m for m in typing.get_args(hint) if m is not type(None)]
+        optional = len(members) < len(typing.get_args(hint))
+        if len(members) != 1:
+            return None, optional
+        hint = members[0]
+    return (hint if hint in (int, float, bool, str) else None), optional
+
+
+def require_field_types(config: Any, name: str) -> None:
+    """Raises a ConfigError naming `name.field` for the first field of the dataclass `config` whose value is not of
+    its annotated kind: int a whole number (not 20.5, not '32', not True), float a finite number, bool True or False,
+    str a string; each may be None where the annotation is Optional. Other annotations are the config's own to
+    check. Every gin-configurable config calls it first in __post_init__, so that a quoted number or an infinity
+    bound in gin is named before anything compares or uses it (the range checks follow, the config's own)."""
+    hints = typing.get_type_hints(type(config))
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        kind, optional = _plain_kind(hints.get(field.name))
+        if kind is None or value is gin.REQUIRED or (value is None and optional):
+            continue
+        if kind in (int, float):
+            require_numbers(name, {field.name: (value, kind, None, None)})
+        elif not isinstance(value, kind):
+            quoted = " (quotes make it a string in gin: write True or False bare)" if kind is bool and isinstance(
+                value, str) else ""
+            expected = {bool: "True or False", str: "a string"}[kind]
+            raise ConfigError(f"{name}.{field.name}: expected {expected}, got {value!r}{quoted}")
+
+
 def require_folder(function: str, name: str, macro: Optional[str], path: str) -> None:
     """Raises a ConfigError naming `function.name` (and its macro) when `path` exists and is not a folder."""
     if os.path.lexists(path) and not os.path.isdir(path):
@@ -225,6 +260,17 @@ def as_os_error(error: BaseException, path: str, doing: str) -> Optional[OSError
     return OSError(code, f"{os.strerror(code)} while {doing}", path)
 
 
+def loads_json(text: "str | bytes") -> Any:
+    """json.loads for what a user's file holds: a value nested too deeply for Python's parser (a crafted line of
+    thousands of brackets) is a json.JSONDecodeError like any other malformed JSON (a ValueError every reader already
+    names with its file and line, or skips with on_error=skip), not a RecursionError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested deeper than templm reads (about a thousand levels of brackets)", "",
+                                   0) from None
+
+
 def read_json(path: str, missing: str) -> Any:
     """The JSON value of the file `path`; a DataError naming it where it is absent (`missing`: what that means) or
     is not JSON (ValueError covers a decoding error of either kind)."""
@@ -232,7 +278,7 @@ def read_json(path: str, missing: str) -> Any:
 
     try:
         with paths.open(path, encoding="utf-8") as f:
-            return json.load(f)
+            return loads_json(f.read())
     except FileNotFoundError:
         raise DataError(missing, path) from None
     except (OSError, ValueError) as e:

@@ -11,7 +11,7 @@ from absl import flags
 from templm import console, paths
 from templm.cli.options import (FLAGS, STATE, bounds, configure_tasks, define_distributed, join_processes,
                                 writable_folder)
-from templm.errors import ConfigError
+from templm.errors import ConfigError, loads_json
 
 
 def define_train():
@@ -271,7 +271,7 @@ def read_inference_inputs(path: str, regime: str):
             if not raw.strip():
                 continue
             try:
-                row = json.loads(raw)
+                row = loads_json(raw)
                 if "inputs" in row:
                     text = str(row["inputs"])
                 else:

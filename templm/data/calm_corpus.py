@@ -55,7 +55,7 @@ from absl import logging
 
 from templm import console, paths
 from templm.data.world import FACT_TEMPLATES, TOPICS, WorldConfig, generate_world
-from templm.errors import DataError
+from templm.errors import DataError, loads_json
 from templm.io import atomic_write
 from templm.outputs import build_output_folder
 
@@ -368,7 +368,7 @@ def _world_lines(path: str, what: str):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = loads_json(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"not JSON ({e.msg}); expected a {what} object", path, lineno) from None
             if not isinstance(row, dict):

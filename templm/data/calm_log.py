@@ -20,7 +20,7 @@ import numpy as np
 
 from templm import paths
 from templm.data.calm_stream import CALM, CalmBatch
-from templm.errors import DataError
+from templm.errors import DataError, loads_json
 
 LOG_FIELDS = ("loss", "domain", "domain_name", "sequence")
 
@@ -136,7 +136,7 @@ def read_loss_log(log_file: str) -> List[LogRow]:
                     raise DataError("empty line; expected a JSON object with loss, domain, domain_name, sequence",
                                     log_file, lineno)
                 try:
-                    row = json.loads(line)
+                    row = loads_json(line)
                 except json.JSONDecodeError as e:
                     raise DataError(f"not JSON ({e.msg}); expected an object with loss, domain, domain_name, "
                                     f"sequence", log_file, lineno) from None

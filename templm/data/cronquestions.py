@@ -30,6 +30,7 @@ import io
 import json
 import os
 import pickle
+import pickletools
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from templm import paths, remote
@@ -65,10 +66,57 @@ def load_plain_pickle(path: str) -> Any:
             data = f.read()
     except FileNotFoundError:
         raise DataError("no such file", path) from None
+    _check_claims(data, path)
     try:
-        return PlainUnpickler(io.BytesIO(data)).load()
+        value = PlainUnpickler(io.BytesIO(data)).load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as e:
         raise DataError(f"not a readable pickle of plain data: {e}", path) from None
+    except (MemoryError, RecursionError, OverflowError) as e:  # what the checks above cannot see ahead
+        raise DataError(f"not a readable pickle of plain data: it asks for more than its {len(data):,} bytes can "
+                        f"hold ({type(e).__name__})", path) from None
+    _check_depth(value, path)
+    return value
+
+
+# The opcodes that store into the unpickler's memo at an index the file gives: the C unpickler sizes its memo by
+# that index, so a 20-byte file could ask for gigabytes.
+_MEMO_PUTS = ("PUT", "BINPUT", "LONG_BINPUT")
+
+
+def _check_claims(data: bytes, path: str) -> None:
+    """Refuses, before anything is unpickled, a pickle whose opcodes claim more than its bytes: a length beyond the
+    end of the file (pickletools reads only what is there and says so), a memo index larger than the file (a real
+    pickle numbers its memo from 0, one entry per object), or opcodes after the end. A DataError names the file and
+    the byte."""
+    try:
+        for opcode, argument, position in pickletools.genops(data):
+            if opcode.name in _MEMO_PUTS and int(argument) > len(data):
+                break
+        else:
+            return
+    except (ValueError, TypeError) as e:  # a claimed length past the end, an unknown opcode, a missing STOP
+        raise DataError(f"not a readable pickle of plain data: {e}", path) from None
+    raise DataError(f"not a readable pickle of plain data: its memo index {int(argument):,} at byte {position} is "
+                    f"beyond anything a {len(data):,}-byte pickle stores", path)
+
+
+MAX_DEPTH = 32  # a CronQuestions file nests three levels (a list of dicts of lists or sets)
+
+
+def _check_depth(value: Any, path: str) -> None:
+    """Refuses plain data nested deeper than MAX_DEPTH (a crafted file: the unpickler builds any depth, and what
+    reads it after would end in a RecursionError); walked without recursion, each container once."""
+    seen, todo = set(), [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if not isinstance(item, (list, tuple, dict, set, frozenset)) or id(item) in seen:
+            continue
+        if depth > MAX_DEPTH:
+            raise DataError(f"not a readable pickle of plain data: it nests containers more than {MAX_DEPTH} levels "
+                            "deep", path)
+        seen.add(id(item))
+        children = list(item.keys()) + list(item.values()) if isinstance(item, dict) else item
+        todo.extend((child, depth + 1) for child in children)
 
 
 def read_entity_names(path: str) -> Dict[str, str]:

@@ -35,7 +35,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from templm import paths
-from templm.errors import DataError, read_json
+from templm.errors import DataError, loads_json, read_json
 
 # Decision kinds, per token position.
 WORD, NEW, RELATED, INSIDE = 0, 1, 2, 3
@@ -254,7 +254,7 @@ def read_linked_documents(world_dir: str) -> Tuple[List[Dict[str, object]], List
                     if not line.strip():
                         continue
                     try:
-                        rows.append(json.loads(line))
+                        rows.append(loads_json(line))
                     except json.JSONDecodeError as e:
                         raise DataError(f"line {n} is not valid JSON ({e.msg})", path) from None
         except FileNotFoundError:

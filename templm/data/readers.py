@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Unio
 
 from templm import console, paths, remote
 from templm.data.records import MAX_DATE, MIN_DATE, Answer, Document, Query, parse_date
-from templm.errors import DataError, as_os_error
+from templm.errors import DataError, as_os_error, loads_json
 
 ON_ERROR = ("raise", "skip")
 
@@ -124,7 +124,7 @@ class Reader:
 
 def _json_object(line: str) -> Dict[str, Any]:
     try:
-        obj = json.loads(line)
+        obj = loads_json(line)
     except json.JSONDecodeError as e:
         raise ValueError(f"malformed JSON: {e.msg} at column {e.colno}") from None
     if not isinstance(obj, dict):
@@ -500,7 +500,7 @@ def detect_format(path: str) -> str:
     if not first:
         return "jsonl"  # an empty file: no documents
     try:
-        obj = json.loads(first.decode("utf-8"))
+        obj = loads_json(first.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
         obj = None
     if isinstance(obj, dict):

@@ -45,7 +45,7 @@ from templm.data.readers import open_text
 from templm.data.records import MAX_DATE, MIN_DATE
 from templm.data.templama import (SPLITS, TEMPLATES, Fact, changing_facts, queries_from_facts, split_by_subject,
                                   write_queries)
-from templm.errors import DataError
+from templm.errors import DataError, loads_json
 from templm.io import format_duration
 
 START_QUALIFIER = "P580"
@@ -139,7 +139,7 @@ class _Dump:
         if text in ("", "[", "]"):
             return None
         try:
-            entity = json.loads(text)
+            entity = loads_json(text)
         except json.JSONDecodeError as e:
             raise DataError(f"malformed JSON: {e.msg} at column {e.colno}; expected one entity object a line",
                             self.path, lineno) from None

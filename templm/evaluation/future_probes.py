@@ -26,7 +26,7 @@ import numpy as np
 from templm import paths
 from templm.data import regimes
 from templm.data.salient_spans import cloze_to_ssm
-from templm.errors import DataError
+from templm.errors import DataError, loads_json
 from templm.metrics import qa, time_analysis
 
 EOS_ID = 1
@@ -152,7 +152,7 @@ def read_calibration(path: str) -> List[Dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = loads_json(line)
                 key = (obj["id"].split("_")[0], obj["relation"])
                 row = {"subject": key[0], "relation": key[1], "query": obj["query"],
                        "change_class": obj["change_class"], "candidates": list(obj["candidates"])}

@@ -5,6 +5,7 @@ trained on the first answer, the best SQuAD EM and F1 over every answer."""
 import json
 import os
 import pickle
+import struct
 
 import numpy as np
 import pytest
@@ -123,6 +124,23 @@ def test_a_pickle_that_names_a_function_is_refused_and_never_runs(tmp_path):
         (tmp_path / "array.pickle").write_bytes(pickle.dumps([np.arange(3)]))
         load_plain_pickle(str(tmp_path / "array.pickle"))
     assert load_plain_pickle(str(path.with_name("train.pickle")))[1]["answers"] == {2009, 2010, 2012, 2016}
+
+
+@pytest.mark.parametrize("data, message", [
+    # 20-byte files whose opcodes claim a terabyte string, a gigabyte memo (MemoryError tracebacks before) ...
+    (b"\x80\x04\x8d" + struct.pack("<Q", 1 << 40) + b"abc.", r"expected 1099511627776 bytes in a unicodestring8, "
+                                                              r"but only 4 remain"),
+    (b"\x80\x03]r" + struct.pack("<I", 1 << 30) + b".", r"its memo index 1,073,741,824 at byte 3 is beyond anything a "
+                                                        r"9-byte pickle stores"),
+    # ... and lists nested 100,000 deep (a RecursionError traceback in whatever read them after).
+    (b"\x80\x03" + b"]" * 100_000 + b"a" * 99_999 + b".", r"it nests containers more than 32 levels deep"),
+    (b"\x80\x03]", r"pickle exhausted before seeing STOP"),
+])
+def test_a_pickle_that_claims_more_than_its_bytes_is_refused_before_it_is_unpickled(tmp_path, data, message):
+    path = tmp_path / "test.pickle"
+    path.write_bytes(data)
+    with pytest.raises(DataError, match=f"{path}: not a readable pickle of plain data: {message}"):
+        load_plain_pickle(str(path))
 
 
 @pytest.mark.parametrize("change, message", [

@@ -325,6 +325,10 @@ INVALID_UTF8_AT = INVALID_UTF8_LINE.index(bytes([0xE9]))
 JSONL_BAD = [
     pytest.param('{"id": "a", "date": "2014-01-01", "text": "x"', ("malformed JSON",), id="truncated-json"),
     pytest.param("not json at all", ("malformed JSON", "column 1"), id="not-json"),
+    # A crafted line nested past Python's parser (a RecursionError traceback before, even with on_error=skip).
+    pytest.param("[" * 100_000 + "]" * 100_000, ("malformed JSON", "nested deeper than templm reads"), id="deep-json"),
+    pytest.param('{"id": "a", "date": "2014-01-01", "text": ' + '{"x": ' * 50_000 + "1" + "}" * 50_000 + "}",
+                 ("malformed JSON", "nested deeper"), id="deep-object"),
     pytest.param("[1, 2, 3]", ("expected a JSON object", "got list"), id="array"),
     pytest.param('"a string"', ("expected a JSON object", "got str"), id="string"),
     pytest.param("42", ("expected a JSON object", "got int"), id="number"),

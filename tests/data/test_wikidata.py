@@ -257,6 +257,11 @@ def test_bad_json_line_names_file_and_line_and_writes_nothing(tmp_path):
     assert (e.value.path, e.value.line) == (dump, 3)
     assert f"{dump}:3: malformed JSON" in str(e.value)
     assert not out.exists()
+    lines[1] = '{"id": "Q9", "claims": ' + "[" * 100_000 + "]" * 100_000 + "}"  # nested past Python's parser
+    write_dump(dump, lines)
+    with pytest.raises(DataError, match=r":3: malformed JSON: nested deeper than templm reads"):
+        build_templama(dump, str(out), require_enwiki=False)
+    assert not out.exists()
     # A failed rebuild leaves an earlier build as it was.
     build_templama(DUMP, str(out), max_subjects=4, require_enwiki=False)
     before = {name: (out / name).read_bytes() for name in os.listdir(out)}
