@@ -245,21 +245,20 @@ def _main(argv: List[str]) -> int:
     v = VERBS[name]
     if verbosity < 1:
         _quiet_libraries()
-    # Loading TensorFlow and the verb's modules takes seconds. A Ctrl-C meanwhile is noted and answered once they
-    # are loaded: raised inside TensorFlow's import it aborts the process (SIGABRT) or prints a long traceback.
-    stopped = []
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, lambda *_: stopped.append(True))
-    try:
-        if v.tensorflow:
-            load_tensorflow(quiet=verbosity < 1)
-        v.define()
-    finally:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Loading TensorFlow and the verb's modules takes seconds. A Ctrl-C or a SIGTERM meanwhile is noted and answered
+    # once they are loaded: raised inside TensorFlow's import it aborts the process (SIGABRT) or prints a long
+    # traceback, and SIGTERM's default ended the process (exit 143) without a word.
+    stopped: List[int] = []
+    main_thread = threading.current_thread() is threading.main_thread()
+    if main_thread:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda received, _: stopped.append(received))
+    # The notes stay until the verb runs (_run_verb puts the command line's handlers in their place).
+    if v.tensorflow:
+        load_tensorflow(quiet=verbosity < 1)
+    v.define()
     if stopped:
-        print(f"templm {name}: interrupted while starting; nothing was written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _stopped_while_starting(name, stopped[0])
     if v.takes_gin:
         define_gin_flags()
     flags.DEFINE_enum("progress", "lines", console.PROGRESS_MODES, "How long work shows its progress: lines (lines "
@@ -283,10 +282,20 @@ def _main(argv: List[str]) -> int:
         logging.set_verbosity(logging.FATAL)  # libraries' errors surface as exceptions, which we print
     err, own = _error_stream()
     try:
+        if stopped:
+            return _stopped_while_starting(name, stopped[0])
         return _run_verb(name, v, err)
     finally:
         if own:
             err.close()
+
+
+def _stopped_while_starting(name: str, signum: int) -> int:
+    if signum == signal.SIGTERM:
+        print(f"templm {name}: stopped by SIGTERM while starting; nothing was written", file=sys.stderr)
+        return EXIT_PREEMPTED
+    print(f"templm {name}: interrupted while starting; nothing was written", file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 def _run_verb(name: str, v: Verb, err: TextIO) -> int:
