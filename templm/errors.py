@@ -205,12 +205,14 @@ def _plain_kind(hint: Any) -> Tuple[Optional[type], bool]:
     return (hint if hint in (int, float, bool, str) else None), optional
 
 
-def require_field_types(config: Any, name: str) -> None:
+def require_field_types(config: Any, name: str, macros: Optional[Mapping[str, str]] = None) -> None:
     """Raises a ConfigError naming `name.field` for the first field of the dataclass `config` whose value is not of
     its annotated kind: int a whole number (not 20.5, not '32', not True), float a finite number, bool True or False,
     str a string; each may be None where the annotation is Optional. Other annotations are the config's own to
     check. Every gin-configurable config calls it first in __post_init__, so that a quoted number or an infinity
-    bound in gin is named before anything compares or uses it (the range checks follow, the config's own)."""
+    bound in gin is named before anything compares or uses it (the range checks follow, the config's own).
+    `macros`: {field: the gin macro the shipped configs bind it to}, named with the field."""
+    macros = macros or {}
     hints = typing.get_type_hints(type(config))
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
@@ -218,12 +220,13 @@ def require_field_types(config: Any, name: str) -> None:
         if kind is None or value is gin.REQUIRED or (value is None and optional):
             continue
         if kind in (int, float):
-            require_numbers(name, {field.name: (value, kind, None, None)})
+            require_numbers(name, {field.name: (value, kind, None, macros.get(field.name))})
         elif not isinstance(value, kind):
             quoted = " (quotes make it a string in gin: write True or False bare)" if kind is bool and isinstance(
                 value, str) else ""
             expected = {bool: "True or False", str: "a string"}[kind]
-            raise ConfigError(f"{name}.{field.name}: expected {expected}, got {value!r}{quoted}")
+            raise ConfigError(f"{_binding(name, field.name, macros.get(field.name))}: expected {expected}, got "
+                              f"{value!r}{quoted}")
 
 
 def require_folder(function: str, name: str, macro: Optional[str], path: str) -> None:

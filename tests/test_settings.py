@@ -35,14 +35,11 @@ def test_the_trainers_refuse_a_bad_number_before_touching_their_folder(tmp_path)
     folder = tmp_path / "never"
     data = DatasetConfig("temporal_mixture", {"inputs": 8, "targets": 4}, 2)
     t5 = dict(model_dir=str(folder), train_dataset_cfg=data, total_steps=2, model=object())
-    save = CheckpointConfig(SaveCheckpointConfig(period=2.5))
     for change, binding in [({"total_steps": 20.5}, "templm.train.total_steps (the gin macro TRAIN_STEPS)"),
                             ({"total_steps": -5}, "templm.train.total_steps"),
                             ({"random_seed": -1}, "templm.train.random_seed (the gin macro SEED)"),
-                            ({"train_dataset_cfg": dataclasses.replace(data, batch_size="32")},
-                             "train/templm.DatasetConfig.batch_size (the gin macro BATCH_SIZE)"),
-                            ({"checkpoint_cfg": save}, "templm.CheckpointConfig.save.period (the gin macro "
-                                                       "SAVE_PERIOD)"),
+                            ({"checkpoint_cfg": CheckpointConfig(SaveCheckpointConfig(period=-2))},
+                             "templm.CheckpointConfig.save.period (the gin macro SAVE_PERIOD)"),
                             ({"train_dataset_cfg": dataclasses.replace(data, task_feature_lengths={"inputs": 8,
                                                                                                     "targets": 0})},
                              "train/templm.DatasetConfig.task_feature_lengths['targets']"),
@@ -50,13 +47,24 @@ def test_the_trainers_refuse_a_bad_number_before_touching_their_folder(tmp_path)
                              "train_eval/templm.DatasetConfig.num_examples")]:
         with pytest.raises(ConfigError, match=re.escape(binding)):
             trainer.train(**{**t5, **change})
+    # A number of the wrong kind is refused where the config is made (gin builds it before any verb runs).
+    for make, binding in [(lambda: dataclasses.replace(data, batch_size="32"),
+                           "templm.DatasetConfig.batch_size (the gin macro BATCH_SIZE)"),
+                          (lambda: SaveCheckpointConfig(period=2.5),
+                           "templm.SaveCheckpointConfig.period (the gin macro SAVE_PERIOD)"),
+                          (lambda: OptimizerConfig(learning_rate=float("nan")),
+                           "templm.OptimizerConfig.learning_rate (the gin macro LEARNING_RATE)"),
+                          (lambda: CorpusConfig("corpus.jsonl", "spm.model", 2.5),
+                           "templm.CorpusConfig.batch_size (the gin macro BATCH_SIZE)")]:
+        with pytest.raises(ConfigError, match=re.escape(binding)):
+            make()
     corpus = CorpusConfig("corpus.jsonl", "spm.model", 2, split_file="train.gz")
     txl = dict(model_dir=str(folder), config="tiny", train_dataset_cfg=corpus, total_steps=2)
-    for change, binding in [({"optimizer_cfg": OptimizerConfig(learning_rate=float("nan"))},
+    for change, binding in [({"total_steps": 0}, "templm.train_lm.total_steps"),
+                            ({"optimizer_cfg": OptimizerConfig(learning_rate=-1.0)},
                              "templm.OptimizerConfig.learning_rate (the gin macro LEARNING_RATE)"),
-                            ({"total_steps": 0}, "templm.train_lm.total_steps"),
                             ({"optimizer_cfg": OptimizerConfig(warmup_steps=-1)}, "templm.OptimizerConfig.warmup_steps"),
-                            ({"train_dataset_cfg": dataclasses.replace(corpus, batch_size=2.5)},
+                            ({"train_dataset_cfg": dataclasses.replace(corpus, batch_size=0)},
                              "templm.CorpusConfig.batch_size (the gin macro BATCH_SIZE)")]:
         with pytest.raises(ConfigError, match=re.escape(binding)):
             lm_trainer.train_lm(**{**txl, **change})

@@ -36,6 +36,7 @@ from templm import paths
 from templm.data.records import MAX_DATE, MIN_DATE, Query
 from templm.data.templama import (TEMPLATES, Fact, changing_facts, queries_from_facts, split_by_subject,
                                   write_queries)
+from templm.errors import require_field_types
 from templm.outputs import build_output_folder, check_output_folder
 
 # Part of the embedded world's cache name (templm.data.task_data.world_cache_dir): raised whenever the same config
@@ -66,6 +67,7 @@ class WorldConfig:
     new_word_sentence_share: float = 0.02  # sentences that use a coined word
 
     def __post_init__(self):
+        require_field_types(self, "templm.WorldConfig")  # a quoted number or an infinity from gin, named
         if self.end_year < self.start_year:
             raise ValueError(f"end_year {self.end_year} is before start_year {self.start_year}")
         if self.start_year < MIN_DATE.year or self.end_year > MAX_DATE.year:

@@ -57,7 +57,7 @@ from templm.data.calm_log import LossLogger, read_loss_log
 from templm.data.calm_stream import CALM, check_segment_law, class_wraps, switch_points
 from templm.evaluation.calm_online import RULES, init_params, make_learner, pretrain, run_online, txl_config_for
 from templm.evaluation.dynamic_eval import adapt_mask, collect_ms
-from templm.errors import ConfigError
+from templm.errors import ConfigError, require_field_types
 from templm.io import format_duration, write_json
 from templm.metrics.calm import BURN_IN_SEGMENTS, MIN_SEGMENTS, compute_metrics
 from templm.models.transformer_xl import TransformerXL
@@ -93,6 +93,9 @@ class CalmStreamConfig:
     batch_size: int = 4
     segment_lengths: str = "original"
 
+    def __post_init__(self):
+        require_field_types(self, "templm.CalmStreamConfig")  # a quoted number or an infinity from gin, named
+
 
 @gin.configurable(module="templm")
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +108,9 @@ class CalmModelConfig:
     d_inner: int = 128
     n_layer: int = 2
     mem_len: Optional[int] = None
+
+    def __post_init__(self):
+        require_field_types(self, "templm.CalmModelConfig")  # a quoted number or an infinity from gin, named
 
 
 @gin.configurable(module="templm")
@@ -119,6 +125,9 @@ class OnlineLearnerConfig:
     rms_decay: float = 0.0
     rms_eps: float = 1e-3
 
+    def __post_init__(self):
+        require_field_types(self, "templm.OnlineLearnerConfig")  # a quoted number or an infinity from gin, named
+
 
 @gin.configurable(module="templm")
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +140,9 @@ class CalmBaselineConfig:
     pretrain_batches: int = 100
     pretrain_passes: int = 2
     pretrain_lr: float = 3e-3
+
+    def __post_init__(self):
+        require_field_types(self, "templm.CalmBaselineConfig")  # a quoted number or an infinity from gin, named
 
 
 @gin.configurable(module="templm")

@@ -48,7 +48,7 @@ from templm.data.splits import UnsplittableCorpus, check_split_ids, make_splits,
 from templm.data.token_stream import TokenStream, build_stream, word_counts
 from templm.data.vocab import train_spm
 from templm.data.world import WorldConfig, generate_world
-from templm.errors import ConfigError, DataError, StageSkipped, require_macros, require_numbers
+from templm.errors import ConfigError, DataError, StageSkipped, require_field_types, require_macros, require_numbers
 from templm.evaluation import dynamic_eval
 from templm.evaluation.stream_eval import evaluate_stream
 from templm.experiments.studies import StreamPreset, load_study, study_names, world_config
@@ -198,6 +198,9 @@ class StreamData:
     mem_len: Optional[int] = None
     allow_missing_ids: bool = False
 
+    def __post_init__(self):
+        require_field_types(self, "templm.StreamData")  # a quoted number or an infinity from gin, named
+
 
 @gin.configurable(module="templm")
 @dataclasses.dataclass(frozen=True)
@@ -211,6 +214,9 @@ class DynamicEvalConfig:
     variants: Sequence[Mapping[str, Any]] = DEFAULT_DYNAMIC
     on_control: bool = False
     ms_segments: int = 64
+
+    def __post_init__(self):
+        require_field_types(self, "templm.DynamicEvalConfig")  # a quoted number or an infinity from gin, named
 
 
 @gin.configurable(module="templm")
@@ -227,6 +233,9 @@ class StreamAnalyses:
     n_topics: int = 10
     topics: bool = True
     pos: bool = True
+
+    def __post_init__(self):
+        require_field_types(self, "templm.StreamAnalyses")  # a quoted number or an infinity from gin, named
 
 
 @gin.configurable(module="templm")

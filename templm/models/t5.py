@@ -67,7 +67,7 @@ import flax.linen as nn
 from jax import lax
 from safetensors.numpy import load_file, save_file
 
-from templm.errors import DataError, read_json
+from templm.errors import DataError, read_json, require_field_types
 
 Array = jax.Array
 PyTree = Any
@@ -128,6 +128,7 @@ class T5Config:
     remat_policy: str = "none"  # "none" | "full" (recompute each layer) | "minimal" (save matmul outputs)
 
     def __post_init__(self):
+        require_field_types(self, "templm.T5Config")  # a quoted number or an infinity from gin, named
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
         for name in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim", "num_encoder_layers",
                      "num_decoder_layers", "relative_attention_num_buckets", "relative_attention_max_distance"):

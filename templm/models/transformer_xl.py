@@ -53,6 +53,8 @@ import jax.numpy as jnp
 import numpy as np
 import flax.linen as nn
 
+from templm.errors import require_field_types
+
 Array = jax.Array
 
 # Logical axis names of activations (a rules table elsewhere maps them onto mesh axes).
@@ -96,6 +98,7 @@ class TransformerXLConfig:
     eval_mem_len: Optional[int] = None
 
     def __post_init__(self):
+        require_field_types(self, "templm.TransformerXLConfig")  # a quoted number or an infinity from gin, named
         for name in ("vocab_size", "d_model", "n_head", "d_head", "d_inner", "n_layer", "tgt_len"):
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"TransformerXLConfig.{name} must be positive, got {getattr(self, name)!r}")

@@ -23,7 +23,7 @@ from typing import Mapping, Optional, Sequence, Union
 import gin
 import optax
 
-from templm.errors import ConfigError, require_macros, require_numbers
+from templm.errors import ConfigError, require_field_types, require_macros, require_numbers
 from templm.training.optimizers import learning_rate_schedule, make_optimizer
 
 
@@ -54,6 +54,9 @@ class DatasetConfig:
     pack: bool = True
     shards: int = 0
     num_examples: Optional[int] = None
+
+    def __post_init__(self):
+        require_field_types(self, "templm.DatasetConfig", {"batch_size": "BATCH_SIZE"})  # from gin, named
 
     def check(self, binding: str) -> None:
         """A ConfigError naming `binding.field` (e.g. "train/templm.DatasetConfig.batch_size") and its macro."""
@@ -92,6 +95,9 @@ class CorpusConfig:
     on_error: str = "raise"
     allow_missing_ids: bool = False
 
+    def __post_init__(self):
+        require_field_types(self, "templm.CorpusConfig", {"batch_size": "BATCH_SIZE"})  # from gin, named
+
     def check(self, binding: str) -> None:
         require_macros(binding, {"corpus": ("CORPUS", self.corpus), "spm_model": ("SPM_MODEL", self.spm_model),
                                  "batch_size": ("BATCH_SIZE", self.batch_size)})
@@ -112,6 +118,9 @@ class SaveCheckpointConfig:
     async_save: bool = True
     input_state_at_end: bool = True
 
+    def __post_init__(self):
+        require_field_types(self, "templm.SaveCheckpointConfig", {"period": "SAVE_PERIOD"})  # from gin, named
+
     def check(self, binding: str) -> None:
         require_numbers(binding, {"period": (self.period, int, 0, "SAVE_PERIOD"), "keep": (self.keep, int, 1, None)},
                         optional=("keep",))
@@ -125,12 +134,18 @@ class RestoreCheckpointConfig:
 
     path: Optional[str] = None
 
+    def __post_init__(self):
+        require_field_types(self, "templm.RestoreCheckpointConfig")  # a quoted number or an infinity from gin, named
+
 
 @gin.configurable(module="templm")
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
     save: SaveCheckpointConfig = SaveCheckpointConfig()
     restore: RestoreCheckpointConfig = RestoreCheckpointConfig()
+
+    def __post_init__(self):
+        require_field_types(self, "templm.CheckpointConfig")  # a quoted number or an infinity from gin, named
 
     def check(self, binding: str) -> None:
         self.save.check(f"{binding}.save")
@@ -149,6 +164,9 @@ class OptimizerConfig:
     max_grad_norm: float = 0.25
     name: str = "adam"
     weight_decay: float = 0.0
+
+    def __post_init__(self):
+        require_field_types(self, "templm.OptimizerConfig", {"learning_rate": "LEARNING_RATE"})  # from gin
 
     def check(self, binding: str) -> None:
         require_numbers(binding, {
