@@ -12,14 +12,19 @@ import numpy as np
 import seqio
 
 from templm import console
+from templm.errors import Preempted, sigterm_received
 
 MODEL_FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights")
 
 
 def _batches(dataset, batch_size: int) -> Iterable[Tuple[List[int], Dict[str, np.ndarray], int]]:
-    """(indices, padded batch, number of real rows) from seqio's enumerated (index, features) dataset."""
+    """(indices, padded batch, number of real rows) from seqio's enumerated (index, features) dataset. SIGTERM noted
+    by a training loop (errors.watch_sigterm) stops it at the next batch with Preempted: an evaluation inside a
+    training run stops within a batch, not at its end."""
     rows: List[Tuple[int, Mapping[str, np.ndarray]]] = []
     for index, features in dataset.as_numpy_iterator():
+        if sigterm_received():
+            raise Preempted("during the evaluation")
         rows.append((int(index), features))
         if len(rows) == batch_size:
             yield _stack(rows, batch_size)

@@ -103,6 +103,24 @@ class MetricsLog:
         if time.monotonic() - self._last_put >= self._put_period:
             self.flush()
 
+    def has_evaluation(self, step: int) -> bool:
+        """Whether metrics.jsonl holds an evaluation's row ("SPLIT/TASK") at `step`: a run stopped during its last
+        evaluation has none, and its rerun evaluates again."""
+        if self._rows and any(json.loads(row)["step"] == step and "/" in json.loads(row)["split"]
+                              for row in self._rows):
+            return True
+        if not paths.exists(self.path):
+            return False
+        with paths.open(self.path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:  # a line cut by a kill: not an evaluation's
+                    continue
+                if row.get("step") == step and "/" in str(row.get("split", "")):
+                    return True
+        return False
+
     def flush(self) -> None:
         """In a bucket: puts metrics.jsonl with the rows written since the last put."""
         if not (self._remote and self.enabled and self._rows):
@@ -356,6 +374,20 @@ def finish(start_step: int, total_steps: int, state: Any, logged: Optional[Dict[
                        train=logged if logged is not None else last, **fields)
 
 
+def evaluate_or_stop(evaluate: Callable[[int, Any], None], step: int, state: Any, directory: str,
+                     last: bool = True) -> None:
+    """evaluate(step, state) inside a training run (under watch_sigterm): SIGTERM stops it at its next batch (the
+    evaluator raises Preempted) or, for the last evaluation, once it returns; either way Preempted names the step and
+    its saved checkpoint, and no result of the unfinished evaluation is reported. A rerun of the finished run
+    evaluates its last step again (the trainer asks MetricsLog.has_evaluation)."""
+    try:
+        evaluate(step, state)
+    except Preempted:
+        raise Preempted(f"at step {step}, during its evaluation (checkpoint saved in {directory})", step) from None
+    if last and sigterm_received():
+        raise Preempted(f"at step {step}, during its evaluation (checkpoint saved in {directory})", step)
+
+
 def run(step_fn: Callable, state: Any, batch_at: Callable[[int], Mapping[str, jax.Array]],
         context: RunContext) -> Tuple[Any, Optional[Dict[str, float]]]:
     """Runs steps start_step+1 .. train_steps (module docstring); returns (state, the last logged train metrics).
@@ -397,10 +429,7 @@ def run(step_fn: Callable, state: Any, batch_at: Callable[[int], Mapping[str, ja
                 if stopping:
                     raise Preempted(f"at step {step} (checkpoint saved in {c.checkpointer.directory})", step)
                 if hooks.evaluate is not None and hooks.eval_period and (step % hooks.eval_period == 0 or last):
-                    hooks.evaluate(step, state)
-                    if last and sigterm_received():  # during the last evaluation: saved, but no result is reported
-                        raise Preempted(f"at step {step}, during its evaluation (checkpoint saved in "
-                                        f"{c.checkpointer.directory})", step)
+                    evaluate_or_stop(hooks.evaluate, step, state, c.checkpointer.directory, last)
     finally:
         if ticker is not None:
             ticker.close()

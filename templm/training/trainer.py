@@ -38,7 +38,7 @@ import seqio
 from absl import logging
 
 from templm import console, paths
-from templm.errors import ConfigError, DataError, require_folder, require_macros, require_numbers
+from templm.errors import ConfigError, DataError, require_folder, require_macros, require_numbers, watch_sigterm
 from templm.io import file_sha256
 from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, T5Config, load_hf_checkpoint
 import templm.tasks  # noqa: F401  (registers the SeqIO tasks the configs name)
@@ -319,6 +319,13 @@ def train(model_dir: str = gin.REQUIRED, model: Any = gin.REQUIRED, train_datase
                                       stats_period, batch_size * (lengths["inputs"] + lengths["targets"]), hooks)
             state, logged = loop.run(
                 step_fn, state, lambda position: train_state.global_batch(inputs.next(), batch_sharding), context)
+        elif eval_period and evaluator is not None and not log.has_evaluation(start_step):
+            # A run stopped during its last evaluation (SIGTERM): its checkpoint is final, its result was never
+            # reported; the rerun evaluates that step now.
+            console.say(f"{os.path.basename(os.path.normpath(model_dir))}: step {start_step} was saved but its "
+                        "evaluation did not finish: evaluating it now")
+            with watch_sigterm():
+                loop.evaluate_or_stop(evaluate, start_step, state, checkpointer.directory)
     return loop.finish(start_step, total_steps, state, logged, last, eval=evaluated.get("eval"))
 
 

@@ -22,8 +22,8 @@ from templm import tasks
 from templm.cli import parse_gin
 from templm.data.task_data import TaskDataConfig, read_manifest
 from templm.data.world import WorldConfig
-from templm.errors import EXIT_PREEMPTED, ConfigError, DataError, TrainingError
-from templm.evaluation.checkpoint_eval import evaluate_checkpoint  # (and registers the configurables base.gin binds)
+from templm.errors import EXIT_PREEMPTED, ConfigError, DataError, Preempted, TrainingError
+from templm.evaluation.checkpoint_eval import evaluate_checkpoint, evaluate_params  # (registers base.gin's)
 from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, save_hf_checkpoint
 from templm.training import partitioning, trainer
 from templm.training.checkpoints import load_params
@@ -56,7 +56,7 @@ ADAFACTOR = optax.adafactor(0.01)
 
 
 def _train(model_dir, steps, mesh_shape=(4, 2), optimizer=None, save_period=1000, data_shards=0,
-           initial_checkpoint_path=None, **kwargs):
+           initial_checkpoint_path=None, evaluator=None, **kwargs):
     devices = jax.devices()[:int(np.prod(mesh_shape))]
     mesh = partitioning.make_mesh(mesh_shape=mesh_shape, devices=devices)
     return trainer.train(model_dir=str(model_dir), model=_model(),
@@ -64,7 +64,7 @@ def _train(model_dir, steps, mesh_shape=(4, 2), optimizer=None, save_period=1000
                          total_steps=steps, optimizer=optimizer or ADAFACTOR, stats_period=1,
                          checkpoint_cfg=CheckpointConfig(SaveCheckpointConfig(period=save_period),
                                                          RestoreCheckpointConfig(initial_checkpoint_path)),
-                         options=RunOptions(mesh=mesh), **kwargs)
+                         options=RunOptions(mesh=mesh, evaluator=evaluator), **kwargs)
 
 
 def _losses(model_dir):
@@ -175,6 +175,35 @@ def test_resuming_with_other_settings_is_refused_naming_the_binding_before_any_s
         trainer.train(model_dir=str(old), model=_model(), total_steps=50, optimizer=optax.adam(1e-3), options=changed,
                       train_dataset_cfg=DatasetConfig("temporal_mixture", LENGTHS, 16))
     assert _snapshot(old) == before
+
+
+def test_sigterm_during_the_last_evaluation_stops_it_and_the_rerun_evaluates_that_step(trained, tmp_path, capsys):
+    """SIGTERM during a run's last evaluation was answered only once the evaluation had ended, and the rerun, finding
+    the final checkpoint, exited 0 without ever evaluating it. The evaluation now stops at its next batch (Preempted
+    naming the step and its checkpoint, no result), and the rerun of the finished run evaluates that step."""
+    model_dir, _ = trained
+    run = tmp_path / "run"
+    shutil.copytree(model_dir, run)
+    batches = []
+
+    def stopped_while_evaluating(*args):  # the real evaluator, with SIGTERM arriving as it starts
+        os.kill(os.getpid(), signal.SIGTERM)
+        batches.append(args)
+        return evaluate_params(*args)
+
+    with pytest.raises(Preempted, match=r"at step 41, during its evaluation \(checkpoint saved in "):
+        _train(run, 41, eval_period=1000, evaluator=stopped_while_evaluating)
+    assert batches and load_params(str(run / "checkpoints"))[1]["step"] == 41
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert not [row for row in rows if "/" in row["split"]]  # nothing of the unfinished evaluation
+    rerun = _train(run, 41, eval_period=1000, evaluator=evaluate_params)
+    assert rerun.start_step == rerun.step == 41 and rerun.eval and all(m["count"] > 0 for m in rerun.eval.values())
+    assert "step 41 was saved but its evaluation did not finish: evaluating it now" in capsys.readouterr().err
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "/" in row["split"]] and all(
+        row["step"] == 41 for row in rows if "/" in row["split"])
+    again = _train(run, 41, eval_period=1000, evaluator=evaluate_params)  # evaluated once: not again
+    assert again.eval is None
 
 
 def test_a_finished_run_is_kept_without_touching_its_input(trained, tmp_path, capsys):
