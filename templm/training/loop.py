@@ -430,6 +430,8 @@ def run(step_fn: Callable, state: Any, batch_at: Callable[[int], Mapping[str, ja
                     raise Preempted(f"at step {step} (checkpoint saved in {c.checkpointer.directory})", step)
                 if hooks.evaluate is not None and hooks.eval_period and (step % hooks.eval_period == 0 or last):
                     evaluate_or_stop(hooks.evaluate, step, state, c.checkpointer.directory, last)
+            if sigterm_received():  # during the last step's save: the run is complete and on disk, the command stops
+                raise Preempted(f"after its last step {step} (checkpoint saved in {c.checkpointer.directory})", step)
     finally:
         if ticker is not None:
             ticker.close()

@@ -60,6 +60,23 @@ def test_sigterm_saves_then_raises_and_a_rerun_resumes(tmp_path):
     assert float(resumed["params"]) == 15.0  # the same as a run that never stopped
 
 
+def test_sigterm_during_the_last_save_is_not_dropped(tmp_path):
+    """SIGTERM that arrived while the last step was being saved was dropped: the loop ended normally and the caller
+    went on (is-eval trained its proposal and wrote results 43 s later, exit 0). The run is complete and saved, and
+    the command stops there with Preempted (a rerun finds the finished run)."""
+    def input_state():  # called while the last step's checkpoint is being saved
+        os.kill(os.getpid(), signal.SIGTERM)
+        return None
+
+    with pytest.raises(Preempted, match=r"stopped by SIGTERM after its last step 4 \(checkpoint saved in "):
+        run(tmp_path, zero_state(), 4, input_state=input_state)
+    assert steps(tmp_path / "checkpoints") == ["4"]
+    checkpointer = Checkpointer(str(tmp_path / "checkpoints"))
+    state, meta = checkpointer.restore(abstract_like(zero_state()))
+    checkpointer.close()
+    assert meta["data_position"] == 4 and float(state["params"]) == 1 + 2 + 3 + 4  # the whole run, saved
+
+
 def test_sigterm_between_two_trainings_stops_the_next_one_at_its_first_step(tmp_path):
     """A study watching SIGTERM around its stages (templm reproduce): a signal that arrives after one model's loop has
     ended, before the next one starts, stops the next loop at its first step, not after all of its steps."""
