@@ -144,6 +144,34 @@ def note_sigterm() -> None:
         signal.signal(signal.SIGTERM, handler)
 
 
+@contextlib.contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Within it, SIGTERM and Ctrl-C are noted instead of answered, and answered when it ends (the signal sent again
+    to the process, so that the handlers outside raise as usual): for the renames that put a result's files in
+    place together (results.json, report.md, figures), which must not stop halfway. `signal_during_commit()` then
+    says the result was complete when the signal was answered. Outside the main thread it defers nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list = []
+    previous = {s: signal.signal(s, lambda received, _: noted.append(received))
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if noted:
+            _SIGINT["during_commit"] = True
+            os.kill(os.getpid(), noted[0])
+
+
+def signal_during_commit() -> bool:
+    """Whether the signal that stopped the command arrived while a result was being put in place (deferred_signals):
+    the result is complete and written."""
+    return bool(_SIGINT.get("during_commit"))
+
+
 def reset_signal_notes() -> None:
     """Forgets a Ctrl-C or SIGTERM noted by an earlier command of this process (templm.cli.main, at each call)."""
     _SIGINT.clear()

@@ -104,10 +104,14 @@ def jsonable(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+def json_text(value: Any, sort_keys: bool = False) -> str:
+    """`jsonable(value)` as the indented JSON text templm writes (`write_json`)."""
+    return json.dumps(jsonable(value), indent=1, sort_keys=sort_keys, allow_nan=False) + "\n"
+
+
 def write_json(path: str, value: Any, sort_keys: bool = False) -> str:
     """`jsonable(value)` as indented JSON, written atomically; returns the path."""
-    text = json.dumps(jsonable(value), indent=1, sort_keys=sort_keys, allow_nan=False) + "\n"
-    return atomic_write(path, text)
+    return atomic_write(path, json_text(value, sort_keys))
 
 
 def file_sha256(path: str) -> str:

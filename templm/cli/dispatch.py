@@ -20,7 +20,7 @@ from templm.cli.options import (FLAGS, STATE, Verb, define_gin_flags, load_tenso
 from templm.settings import Settings
 from templm.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_SYSTEM, EXIT_TRAINING, EXIT_USAGE,
                            SYSTEM_ERRNOS, ConfigError, Preempted, Terminated, TrainingError, check_interrupted,
-                           note_sigint, note_sigterm, reset_signal_notes)
+                           note_sigint, note_sigterm, reset_signal_notes, signal_during_commit)
 
 
 VERBS: Dict[str, Verb] = {v.name: v for v in [
@@ -342,10 +342,18 @@ def _run_verb(name: str, v: Verb, err: TextIO) -> int:
             code = int(match.group(1)) if match else None
         return EXIT_SYSTEM if code in SYSTEM_ERRNOS else EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print(f"templm {name}: interrupted; nothing half-written was left (a training run resumes from its last "
-              "checkpoint when run again)", file=err)
+        if signal_during_commit():
+            print(f"templm {name}: interrupted as its results were being put in place; they were complete and are "
+                  "written whole", file=err)
+        else:
+            print(f"templm {name}: interrupted; nothing half-written was left (a training run resumes from its "
+                  "last checkpoint when run again)", file=err)
         return EXIT_INTERRUPTED
     except Terminated:
-        print(f"templm {name}: stopped by SIGTERM; nothing half-written was left and no result was written: run "
-              "the same command again", file=err)
+        if signal_during_commit():
+            print(f"templm {name}: stopped by SIGTERM as its results were being put in place; they were complete "
+                  "and are written whole", file=err)
+        else:
+            print(f"templm {name}: stopped by SIGTERM; nothing half-written was left and no result was written: "
+                  "run the same command again", file=err)
         return EXIT_PREEMPTED

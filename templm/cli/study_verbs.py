@@ -189,14 +189,17 @@ def main_reproduce():
         if seeds is None:
             results = reproduce(study.preset, out, FLAGS.seed, extra_stages=extra, overwrite=FLAGS.overwrite,
                                 data=data, stream_preset=study.stream, settings=STATE["settings"], only=FLAGS.only,
-                                skip=FLAGS.skip)
+                                skip=FLAGS.skip, write_results=False)
         else:
             results = reproduce_seeds(study.preset, out, seeds, extra_stages=extra, overwrite=FLAGS.overwrite,
                                       data=data, stream_preset=study.stream, settings=STATE["settings"],
-                                      only=FLAGS.only, skip=FLAGS.skip)
+                                      only=FLAGS.only, skip=FLAGS.skip, write_results=False)
         if not is_lead():
             return
-        paths = write_report(results, out) if seeds is None else write_seeds_report(results, out)
+        # results.json, report.md and the figures as one commit: a stop or a full disk leaves the earlier run's
+        # files as they were, never a mix of two runs
+        paths = write_report(results, out, results_json=True) if seeds is None else write_seeds_report(
+            results, out, results_json=True)
     if seeds is None:
         print(f"templm reproduce: {name} preset, seed {FLAGS.seed}: {paths['report']}")
     else:

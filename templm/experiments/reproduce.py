@@ -885,8 +885,9 @@ def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[Ex
     its models (each trainer resumes from its checkpoint, a finished one trains nothing); a half whose record differs
     starts afresh (its models are removed, so a run never resumes another's checkpoints), and the run says which of
     its inputs changed. Halves not `running` (--only, --skip) keep their models and their earlier record. The
-    results of an earlier run (results.json, report.md) stay until this run has finished and replaces them: a rerun
-    that fails leaves them as they were. Returns {half: reused}. Several processes: process 0 does it, the others wait
+    results of an earlier run (results.json, report.md, figures/) stay until this run has finished and replaces them
+    (one commit: a rerun that fails leaves them as they were), unless a half starts afresh: they describe the models
+    it removes, so they are removed with them, and the line that says so comes first. Returns {half: reused}. Several processes: process 0 does it, the others wait
     for it (and take nothing as reused)."""
     halves = _half_records(preset, seed, extra, data, stream_preset)
     if not partitioning.is_lead():
@@ -912,8 +913,16 @@ def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[Ex
             target = paths.join(out_dir, HALVES[half][0])
             if paths.exists(target):
                 changed = _changed(before.get(half), rec) if before.get(half) else ["an earlier record's form"]
+                # Said before anything is removed: the models, and the earlier results that describe them (a
+                # results.json and report beside models that are gone would describe models no longer there).
+                stale = [name for name in RESULT_FILES if paths.exists(paths.join(out_dir, name))]
                 console.say(f"reproduce: the {names[half]} half starts afresh (changed since the earlier run: "
-                            f"{', '.join(changed[:4])}{' ...' if len(changed) > 4 else ''})")
+                            f"{', '.join(changed[:4])}{' ...' if len(changed) > 4 else ''}): removing its models "
+                            f"in {target}" + (f" and the earlier results that describe them ({', '.join(stale)})"
+                                               if stale else ""))
+                for name in stale:  # results.json first: without it nothing here claims to be a result
+                    stale_path = paths.join(out_dir, name)
+                    paths.rmtree(stale_path) if paths.isdir(stale_path) else paths.remove(stale_path)
             if paths.isdir(target):
                 paths.rmtree(target)
             elif paths.exists(target):
@@ -922,6 +931,10 @@ def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[Ex
     write_json(path, {"halves": record})
     partitioning.barrier("reproduce: run.json")
     return reused
+
+
+# A finished run's result, as `templm reproduce` commits it (templm.reports.reproduction.write_report).
+RESULT_FILES = ("results.json", "report.md", "figures")
 
 
 @contextlib.contextmanager
@@ -939,7 +952,7 @@ def reproduce(preset: Union[str, Preset], out_dir: str, seed: int = 0,
               extra_stages: Optional[Sequence[ExtraStage]] = None, overwrite: bool = False,
               data: StudyData = EMBEDDED, stream_preset: Optional[StreamPreset] = None,
               settings: Optional[Settings] = None, only: Optional[Sequence[str]] = None,
-              skip: Sequence[str] = ()) -> Dict[str, Any]:
+              skip: Sequence[str] = (), write_results: bool = True) -> Dict[str, Any]:
     """Runs the whole study for `preset` (a study name, gin_configs/study/NAME.gin, or a Preset; `stream_preset`
     sizes the streaming half, by default the study's of the preset's name) on `data` (StudyData; default: the
     embedded world) into `out_dir`; writes results.json (with the findings) and returns the results dict as it holds
@@ -955,7 +968,9 @@ def reproduce(preset: Union[str, Preset], out_dir: str, seed: int = 0,
     the earlier run's resumes its models; a half whose inputs changed starts afresh, the other keeps its models
     (`_start_or_resume`). SIGTERM raises Preempted from
     the stage that was training, after its checkpoint: nothing is written then. `out_dir` must be absent, empty or a
-    templm reproduction (unless `overwrite`), and is locked while the run writes it.
+    templm reproduction (unless `overwrite`), and is locked while the run writes it. `write_results` False: results.json
+    is left to the caller, which writes it with the report as one commit (templm.reports.reproduction.write_report
+    with results_json, as `templm reproduce` does).
     """
     if isinstance(preset, str):
         study = load_study(preset)
@@ -964,7 +979,7 @@ def reproduce(preset: Union[str, Preset], out_dir: str, seed: int = 0,
     selection = stage_selection(only, skip)  # a misspelt choice before any work
     with reproduction_folder(out_dir, overwrite) as out_dir:
         return _reproduce(preset, out_dir, seed, extra, data, stream_preset,
-                          settings or Settings.from_environment(), selection)
+                          settings or Settings.from_environment(), selection, write_results)
 
 
 def check_stream_splits(data: StudyData) -> None:
@@ -982,7 +997,7 @@ def check_stream_splits(data: StudyData) -> None:
 
 def _reproduce(preset: Preset, out_dir: str, seed: int, extra: List[ExtraStage], data: StudyData,
                stream_preset: Optional[StreamPreset], settings: Settings,
-               selection: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+               selection: Optional[Mapping[str, str]] = None, write_results: bool = True) -> Dict[str, Any]:
     _enable_compilation_cache(settings.cache_dir)
     selection = dict(selection or {})
     running = [half for half, (_, stages) in HALVES.items() if any(s not in selection for s in stages)]
@@ -1081,7 +1096,7 @@ def _reproduce(preset: Preset, out_dir: str, seed: int, extra: List[ExtraStage],
             found.update(judge({}, extra_stage.half, skipped=skipped))
     results["findings"].update(found)
     partitioning.barrier("reproduce: done")  # every process has finished its part before process 0 writes
-    if partitioning.is_lead():
+    if partitioning.is_lead() and write_results:
         write_json(paths.join(out_dir, "results.json"), results, sort_keys=True)
     return results
 
@@ -1101,7 +1116,7 @@ def reproduce_seeds(preset: Union[str, Preset], out_dir: str, seeds: Sequence[in
                     extra_stages: Optional[Sequence[ExtraStage]] = None, overwrite: bool = False,
                     data: StudyData = EMBEDDED, stream_preset: Optional[StreamPreset] = None,
                     settings: Optional[Settings] = None, only: Optional[Sequence[str]] = None,
-                    skip: Sequence[str] = ()) -> Dict[str, Any]:
+                    skip: Sequence[str] = (), write_results: bool = True) -> Dict[str, Any]:
     """The whole study once per seed, each into out_dir/seed_<S> (its own results.json, resumable as one run), then
     the seeds combined into out_dir/results.json (`combine_seeds`): every finding tested over the per-seed effects,
     every summary number as its mean and 95 % interval over the seeds, and every seed's results whole (`only`,
@@ -1117,11 +1132,11 @@ def reproduce_seeds(preset: Union[str, Preset], out_dir: str, seeds: Sequence[in
         for i, seed in enumerate(seeds):
             console.say(f"reproduce: seed {seed} ({i + 1} of {len(seeds)}) into {seed_dir(out_dir, seed)}")
             per_seed[str(seed)] = reproduce(preset, seed_dir(out_dir, seed), seed, extra_stages, overwrite, data,
-                                            stream_preset, settings, only, skip)
+                                            stream_preset, settings, only, skip, write_results)
         results = combine_seeds(per_seed)
         results["timing"] = {"total_s": time.time() - t0, "machine": _machine(),
                              "per_seed_s": {s: r["timing"]["total_s"] for s, r in per_seed.items()}}
-        if partitioning.is_lead():
+        if partitioning.is_lead() and write_results:
             write_json(paths.join(out_dir, "results.json"), results, sort_keys=True)
     return results
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 from templm.io import atomic_write
 
 
@@ -14,6 +16,16 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def figure_png(fig, dpi: int = 100) -> bytes:
+    """`fig` as PNG bytes (then closed): for writers that put several files in place together."""
+    try:
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=dpi)
+        return buffer.getvalue()
+    finally:
+        pyplot().close(fig)
 
 
 def save_figure(fig, path: str, dpi: int = 100) -> str:

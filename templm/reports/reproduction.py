@@ -7,9 +7,10 @@
     figures/*.png      F1 by year gap for yearly experts, F1 by answer duration, log-likelihood change into the
                        future, entropy by change class and year, adaptation curves, and the streaming stage's figures
 
-beside the results.json the experiment wrote. Every file is written to a temporary name and renamed, so a report is
-never half-written. The findings are judged from the numbers alone (templm.metrics.findings); where one does not
-appear the report says so.
+beside the results.json the experiment wrote, or with it (`results_json`): every file is written to a temporary name
+first and all are renamed together, with SIGTERM and Ctrl-C deferred until the last rename, so a report is never
+half-written and never beside another run's results. The findings are judged from the numbers alone
+(templm.metrics.findings); where one does not appear the report says so.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from templm import paths as storage  # `paths` names the files a writer returns
 from templm.data.regimes import ORDER as REGIME_TABLE_ORDER, label as regime_label
-from templm.io import atomic_write, jsonable, lookup
+from templm.errors import deferred_signals
+from templm.io import atomic_write, atomic_write_files, json_text, jsonable, lookup
 from templm.metrics.findings import CHANGE_CLASSES, STUDY, STUDY_HALVES, TIME_AWARE, judge
 from templm.metrics.statistics import ALPHA, mean_interval
 from templm.metrics.time_analysis import DURATION_BUCKETS, duration_bucket
 from templm.reports import stream
-from templm.reports.figures import pyplot, save_figure
+from templm.reports.figures import figure_png, pyplot
 from templm.reports.tables import Estimate, finding_line, fmt_number, markdown_table
 
 REGIME_ORDER = REGIME_TABLE_ORDER  # Uniform, Yearly, Temporal (templm.data.regimes)
@@ -623,9 +625,15 @@ def _figure_adaptation(results, axes) -> None:
 
 def write_figures(results: Mapping[str, Any], fig_dir: str) -> Dict[str, str]:
     """Draws every figure into `fig_dir` (PNG, written atomically); returns {name: path}."""
+    storage.makedirs(fig_dir)
+    drawn = draw_figures(results)
+    return {name: atomic_write(storage.join(fig_dir, f"{name}.png"), png) for name, png in drawn.items()}
+
+
+def draw_figures(results: Mapping[str, Any]) -> Dict[str, bytes]:
+    """Every figure as PNG bytes: {name: png}."""
     results = jsonable(results)
     plt = pyplot()
-    storage.makedirs(fig_dir)
     out = {}
     for name in FIGURES:
         if name == "adaptation":
@@ -636,18 +644,36 @@ def write_figures(results: Mapping[str, Any], fig_dir: str) -> Dict[str, str]:
             {"yearly_gap": _figure_yearly_gap, "answer_duration": _figure_duration, "future_loglik": _figure_loglik,
              "future_entropy": _figure_entropy}[name](results, ax)
         fig.tight_layout(rect=(0, 0.17, 1, 1) if name == "adaptation" else (0, 0, 1, 1))
-        out[name] = save_figure(fig, storage.join(fig_dir, f"{name}.png"))
+        out[name] = figure_png(fig)
     return out
 
 
-def write_report(results: Mapping[str, Any], out_dir: str) -> Dict[str, Any]:
-    """Writes report.md and figures/*.png into `out_dir` (beside the experiment's results.json); returns their
-    paths."""
-    storage.makedirs(out_dir)
+def write_report(results: Mapping[str, Any], out_dir: str, results_json: bool = False) -> Dict[str, Any]:
+    """Writes report.md and figures/*.png into `out_dir` (beside the experiment's results.json; with `results_json`,
+    results.json too) as one commit (`commit`); returns their paths."""
     fig_dir = storage.join(out_dir, "figures")
-    paths: Dict[str, Any] = {"figures": write_figures(results, fig_dir)}
-    paths["report"] = atomic_write(storage.join(out_dir, "report.md"), markdown(results, fig_dir))
+    figures = {name: storage.join(fig_dir, f"{name}.png") for name in FIGURES}
+    drawn = draw_figures(results)
+    files: Dict[str, Any] = {figures[name]: png for name, png in drawn.items()}
+    files[storage.join(out_dir, "report.md")] = markdown(results, fig_dir)
+    if results_json:
+        files[storage.join(out_dir, "results.json")] = json_text(results, sort_keys=True)
+    commit(files)
+    paths: Dict[str, Any] = {"figures": {name: figures[name] for name in drawn},
+                             "report": storage.join(out_dir, "report.md")}
+    if results_json:
+        paths["results"] = storage.join(out_dir, "results.json")
     return paths
+
+
+def commit(files: Mapping[str, Any]) -> None:
+    """Puts a result's files in place together: each written to a temporary name beside its place first (a full
+    disk fails here, leaving every earlier file as it was), then all renamed with SIGTERM and Ctrl-C deferred until
+    the last rename (errors.deferred_signals)."""
+    for path in files:
+        storage.makedirs(storage.dirname(path))
+    with deferred_signals():
+        atomic_write_files(files)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -690,16 +716,21 @@ def _section_seeds(results: Mapping[str, Any]) -> str:
         + ", ".join(f"[seed {s}](seed_{s}/report.md)" for s in seeds) + "."])
 
 
-def write_seeds_report(results: Mapping[str, Any], out_dir: str) -> Dict[str, Any]:
+def write_seeds_report(results: Mapping[str, Any], out_dir: str, results_json: bool = False) -> Dict[str, Any]:
     """The report of a run over several seeds: each seed's own report in out_dir/seed_<S>, and out_dir/report.md
-    with figures/*.png from `seeds_view` (means with their intervals over the seeds). Returns the paths."""
-    per_seed = {s: write_report(results["per_seed"][str(s)], storage.join(out_dir, f"seed_{s}"))
+    with figures/*.png from `seeds_view` (means with their intervals over the seeds), each folder's files one commit
+    (with `results_json`, its results.json too). Returns the paths."""
+    per_seed = {s: write_report(results["per_seed"][str(s)], storage.join(out_dir, f"seed_{s}"), results_json)
                 for s in results["seeds"]}
     view = seeds_view(results)
     fig_dir = storage.join(out_dir, "figures")
-    paths: Dict[str, Any] = {"figures": write_figures(view, fig_dir), "per_seed": per_seed}
+    drawn = draw_figures(view)
+    files: Dict[str, Any] = {storage.join(fig_dir, f"{name}.png"): png for name, png in drawn.items()}
     title, _, rest = markdown(view).partition("\n\n")
     title = title.replace(" preset)", f" preset, {len(results['seeds'])} seeds)")
-    paths["report"] = atomic_write(storage.join(out_dir, "report.md"),
-                                   "\n\n".join([title, _section_seeds(results), rest]))
-    return paths
+    files[storage.join(out_dir, "report.md")] = "\n\n".join([title, _section_seeds(results), rest])
+    if results_json:
+        files[storage.join(out_dir, "results.json")] = json_text(results, sort_keys=True)
+    commit(files)
+    return {"figures": {name: storage.join(fig_dir, f"{name}.png") for name in drawn}, "per_seed": per_seed,
+            "report": storage.join(out_dir, "report.md")}

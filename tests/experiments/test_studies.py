@@ -122,11 +122,20 @@ def test_each_half_keeps_its_models_unless_its_own_inputs_changed(tmp_path, caps
     err = capsys.readouterr().err
     assert f"resuming the time-aware half's models in {out}" in err
     assert "the streaming half starts afresh (changed since the earlier run: stream_preset.train_steps)" in err
-    # Only the time-aware half, with another seed: its models go; the streaming half's stay with its record.
+    # Only the time-aware half, with another seed: its models go; the streaming half's stay with its record. The
+    # earlier results described the models removed: they go with them, and the run says so before (a seed-0 report
+    # stayed beside a seed-1 run's models).
     (out / "stream_experiment" / "control").mkdir(parents=True)
+    for name in ("results.json", "report.md", "figures/yearly_gap.png"):
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_text("seed 0's")
     assert _start_or_resume(str(out), PRESETS["tiny_test"], 1, EXTRA_STAGES, stream_preset=longer,
                             running=["time_aware"]) == {"time_aware": False}
     assert not (out / "models").exists() and (out / "stream_experiment" / "control").is_dir()
+    assert not [name for name in ("results.json", "report.md", "figures") if (out / name).exists()]
+    assert (f"the time-aware half starts afresh (changed since the earlier run: seed): removing its models in "
+            f"{out / 'models'} and the earlier results that describe them (results.json, report.md, figures)"
+            in capsys.readouterr().err)
     assert _start_or_resume(str(out), PRESETS["tiny_test"], 0, EXTRA_STAGES, stream_preset=longer,
                             running=["streaming"]) == {"streaming": True}
     # What no model depends on (the first ETA's rate, the probes' horizon) keeps the models.

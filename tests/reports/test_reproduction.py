@@ -192,3 +192,39 @@ def test_the_figures_show_n_intervals_and_keep_legends_off_the_data(results):
         assert max(drawn) == adapt
     assert any("retrained from scratch (" in t.get_text() for t in fig.legends[0].get_texts())
     plt.close(fig)
+
+
+def test_results_report_and_figures_are_one_commit(results, tmp_path):
+    """`templm reproduce` wrote results.json at the end of the study and report.md and the figures after it: a stop
+    in between left a new results.json beside an older report (or none) and said no result was written. With
+    results_json the three are put in place together: each file written under a temporary name first, then all
+    renamed, SIGTERM deferred until the last rename and answered after it (the result was complete)."""
+    import signal
+
+    from templm.errors import Terminated, note_sigterm, reset_signal_notes, signal_during_commit
+
+    paths = report.write_report(results, str(tmp_path), results_json=True)
+    with open(paths["results"], encoding="utf-8") as f:
+        assert json.load(f) == json.loads(json.dumps(results))
+    assert sorted(os.listdir(tmp_path)) == ["figures", "report.md", "results.json"]
+    previous = signal.getsignal(signal.SIGTERM)
+    reset_signal_notes()
+    note_sigterm()
+    try:
+        def stopped_while_written(tmp):  # SIGTERM arrives while the commit writes its files
+            os.kill(os.getpid(), signal.SIGTERM)
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write("# another report\n")
+
+        files = {str(tmp_path / "results.json"): '{"another": 1}\n', str(tmp_path / "report.md"): stopped_while_written,
+                 str(tmp_path / "figures" / "yearly_gap.png"): b"another figure"}
+        with pytest.raises(Terminated):
+            report.commit(files)
+        assert signal_during_commit()  # answered after the commit: the command says the result is whole
+        assert (tmp_path / "report.md").read_text() == "# another report\n"
+        assert (tmp_path / "results.json").read_text() == '{"another": 1}\n'
+        assert (tmp_path / "figures" / "yearly_gap.png").read_bytes() == b"another figure"
+        assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        reset_signal_notes()
