@@ -258,7 +258,12 @@ def require_field_types(config: Any, name: str, macros: Optional[Mapping[str, st
 
 
 def require_folder(function: str, name: str, macro: Optional[str], path: str) -> None:
-    """Raises a ConfigError naming `function.name` (and its macro) when `path` exists and is not a folder."""
+    """Raises a ConfigError naming `function.name` (and its macro) when `path` exists and is not a folder, or names
+    the current or parent folder ('.', '..': a run's files would land among whatever is there)."""
+    last = os.path.basename(os.path.normpath(path)) if path.strip() else path
+    if last in (".", "..") or os.path.normpath(path) in (".", ".."):
+        raise ConfigError(f"{_binding(function, name, macro)}: {path!r} names the current or parent folder: name the "
+                          "run's own folder")
     if os.path.lexists(path) and not os.path.isdir(path):
         raise ConfigError(f"{_binding(function, name, macro)}: {path} is a file; it must be a folder (absent, or one "
                           "a run writes into)")
