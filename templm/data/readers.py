@@ -19,13 +19,28 @@ import json
 import os
 import re
 import zlib
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from templm import console, paths, remote
 from templm.data.records import MAX_DATE, MIN_DATE, Answer, Document, Query, parse_date
 from templm.errors import DataError, as_os_error, loads_json
 
 ON_ERROR = ("raise", "skip")
+# The longest line a reader takes whole (a WMT document, a Wikidata entity: megabytes at most). A longer one (a
+# crafted or broken file: a gzip of a 3 GB "line") is read through in pieces and dropped, never held in memory.
+MAX_LINE_BYTES = 256 << 20
+
+
+def read_line(f: Any, limit: int = MAX_LINE_BYTES) -> Tuple[bytes, bool]:
+    """(the next line of the binary file `f`, whether it was whole): a line longer than `limit` bytes is read to its
+    end in pieces of a megabyte and dropped, returning its first `limit` bytes and False."""
+    raw = f.readline(limit + 1)
+    if len(raw) <= limit or raw.endswith(b"\n"):
+        return raw, True
+    rest = raw
+    while rest and not rest.endswith(b"\n"):
+        rest = f.readline(1 << 20)
+    return raw[:limit], False
 
 
 def open_text(path: str, mode: str = "rb"):
@@ -58,13 +73,14 @@ class Reader:
     source = ""
 
     def __init__(self, path: str, on_error: str = "raise", min_date: datetime.date = MIN_DATE,
-                 max_date: datetime.date = MAX_DATE):
+                 max_date: datetime.date = MAX_DATE, max_line_bytes: int = MAX_LINE_BYTES):
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         self.path = os.fspath(path)
         self.on_error = on_error
         self.min_date = min_date
         self.max_date = max_date
+        self.max_line_bytes = max_line_bytes
         self.read = 0
         self.skipped = 0
         self.first_errors: List[str] = []
@@ -79,12 +95,16 @@ class Reader:
             lineno = 0
             while True:
                 try:
-                    raw = f.readline()
+                    raw, whole = read_line(f, self.max_line_bytes)
                 except (OSError, EOFError, zlib.error) as e:
                     raise read_failure(e, self.path, f"after line {lineno}") from None
                 if not raw:
                     break
                 lineno += 1
+                if not whole:
+                    self._bad(DataError(f"a line longer than {self.max_line_bytes:,} bytes: not read (a document "
+                                        "or record is megabytes at most)", self.path, lineno))
+                    continue
                 if not raw.strip():
                     continue
                 if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark

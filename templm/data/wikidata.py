@@ -41,7 +41,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set,
 from absl import logging
 
 from templm import console, paths, remote
-from templm.data.readers import open_text
+from templm.data.readers import MAX_LINE_BYTES, open_text, read_line
 from templm.data.records import MAX_DATE, MIN_DATE
 from templm.data.templama import (SPLITS, TEMPLATES, Fact, changing_facts, queries_from_facts, split_by_subject,
                                   write_queries)
@@ -104,12 +104,15 @@ class _Dump:
             raw_file = _raw_file(f)
             while True:
                 try:
-                    raw = f.readline()
+                    raw, whole = read_line(f, MAX_LINE_BYTES)
                 except (OSError, EOFError, zlib.error) as e:  # corrupt or truncated compressed file
                     raise DataError(f"corrupt or truncated file after line {self.lines}: {e}", self.path) from None
                 if not raw:
                     break
                 self.lines += 1
+                if not whole:
+                    raise DataError(f"a line longer than {MAX_LINE_BYTES:,} bytes: not read (an entity is megabytes "
+                                    "at most)", self.path, self.lines)
                 if self.lines % PROGRESS_EVERY == 0:
                     self._progress(started, raw_file)
                 yield self.lines, raw

@@ -1149,3 +1149,21 @@ def test_a_file_the_system_cannot_read_is_its_error_not_corrupt_data():
             read("/proc/self/mem")
         assert not isinstance(excinfo.value, DataError)
         assert excinfo.value.errno == errno.EIO and excinfo.value.filename == "/proc/self/mem"
+
+
+def test_a_line_longer_than_the_limit_is_dropped_without_being_held(tmp_path):
+    """A gzip whose one "line" decompresses to gigabytes was read whole into memory. A line over the reader's limit
+    (MAX_LINE_BYTES, 256 MiB; here 1,000 bytes) is read through in pieces and dropped: with on_error=skip the lines
+    around it are read, by default it is refused naming its line."""
+    path = tmp_path / "bomb.jsonl.gz"
+    with gzip.open(path, "wb") as f:
+        f.write((jdoc("a") + "\n").encode())
+        f.write(b"x" * 50_000 + b"\n")  # 50 KB on one line, a few dozen bytes compressed
+        f.write((jdoc("b") + "\n").encode())
+    reader = JsonlReader(str(path), on_error="skip", max_line_bytes=1000)
+    assert [d.id for d in reader] == ["a", "b"] and reader.skipped == 1
+    assert reader.first_errors[0].startswith(f"{path}:2: a line longer than 1,000 bytes: not read")
+    with pytest.raises(DataError, match=r":2: a line longer than 1,000 bytes"):
+        list(JsonlReader(str(path), max_line_bytes=1000))
+    default = JsonlReader(str(path), on_error="skip")  # 50 KB is within the default limit: read, then bad JSON
+    assert [d.id for d in default] == ["a", "b"] and "malformed JSON" in default.first_errors[0]
