@@ -58,6 +58,7 @@ import json
 import math
 import numbers
 import os
+import re
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import jax
@@ -1057,6 +1058,22 @@ def hf_output_layer(hf: Mapping[str, Any], tensors: Mapping[str, np.ndarray], co
     return HFOutputLayer("shared.weight" if tie else "lm_head.weight", tie)
 
 
+def _span(numbers: Any) -> str:
+    """"0-11" for the numbers 0..11, "none" for none, "0-3, 7" otherwise (the first runs)."""
+    if not numbers:
+        return "none"
+    runs, ordered = [], sorted(numbers)
+    start = prev = ordered[0]
+    for n in ordered[1:] + [None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        runs.append(f"{start}-{prev}" if prev != start else f"{start}")
+        if n is not None:
+            start = prev = n
+    return ", ".join(runs[:4]) + (" ..." if len(runs) > 4 else "")
+
+
 def load_hf_checkpoint(path_or_dir: str, dtype: Any = jnp.float32) -> Tuple[T5Config, PyTree]:
     """(T5Config, float32 numpy params) from a Hugging Face T5 checkpoint: a directory with `config.json` and
     `model.safetensors` (or `model.safetensors.index.json` and its shards), or the path of the `.safetensors` file
@@ -1078,6 +1095,14 @@ def load_hf_checkpoint(path_or_dir: str, dtype: Any = jnp.float32) -> Tuple[T5Co
         raise DataError("config.json must hold a JSON object", config_path)
     config = config_from_hf(hf_config, config_path, dtype)
     tensors, weights_path = _read_hf_tensors(directory, weights_file)
+    # The layers config.json claims, checked against the blocks the weights hold before any model is built from it
+    # (a config claiming ten million layers grew memory for minutes).
+    for side, claimed in (("encoder", config.num_encoder_layers), ("decoder", config.num_decoder_layers)):
+        held = {int(match.group(1)) for match in map(re.compile(rf"{side}\.block\.(\d+)\.").match, tensors)
+                if match}
+        if held != set(range(claimed)):
+            raise DataError(f"config.json ({config_path}) says {claimed:,} {side} layers, the weights hold "
+                            f"{len(held):,} (blocks {_span(held)})", weights_path)
     output = hf_output_layer(hf_config, tensors, config_path, weights_path)
     # templm's tied output layer is T5X's: the embedding, scaled. Any other (its own head, or an unscaled
     # embedding) is an output layer of its own, the scale folded into its kernel.

@@ -441,6 +441,12 @@ def test_hf_import_errors(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(dict(hf, feed_forward_proj="gated-tanh")))
     with pytest.raises(DataError, match="feed_forward_proj"):
         t5.load_hf_checkpoint(str(tmp_path))
+    # A config.json claiming ten million layers: refused against the weights' blocks before any model is built (it
+    # grew memory for minutes).
+    (tmp_path / "config.json").write_text(json.dumps(dict(hf, num_layers=10_000_000)))
+    with pytest.raises(DataError, match=r"model.safetensors: config.json \(.*config.json\) says 10,000,000 encoder "
+                                        r"layers, the weights hold 2 \(blocks 0-1\)"):
+        t5.load_hf_checkpoint(str(tmp_path))
 
 
 def test_relative_position_bucket_matches_hf():
