@@ -64,3 +64,12 @@ def test_every_numeric_and_boolean_binding_of_every_config_is_checked_by_kind(na
                 dataclasses.replace(sample, **{field.name: wrong})
             checked += 1
     assert checked or not any(_plain_kind(hints.get(f.name))[0] in WRONG for f in dataclasses.fields(cls))
+
+
+def test_a_mesh_of_no_partitions_is_named():
+    """`templm plan` with num_partitions=0 ended in a ZeroDivisionError traceback."""
+    from templm.training.partitioning import make_mesh
+
+    for bad, said in ((0, "must be at least 1, got 0"), (2.5, "expected a whole number, got 2.5")):
+        with pytest.raises(ConfigError, match=rf"^templm\.make_mesh\.num_partitions: {said}"):
+            make_mesh(bad)

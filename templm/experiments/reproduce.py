@@ -70,7 +70,8 @@ from templm.data.regimes import SHARED_MODEL
 from templm.data.readers import Corpus, TemplamaReader, resolve_corpus, templama_split_files
 from templm.data.task_data import TaskDataConfig, prepare_task_data, read_manifest
 from templm.data.world import WORLD_VERSION, load_world
-from templm.errors import ConfigError, DataError, Preempted, StageSkipped, sigterm_received, watch_sigterm
+from templm.errors import (ConfigError, DataError, Preempted, StageSkipped, read_json, sigterm_received,
+                           watch_sigterm)
 from templm.evaluation.checkpoint_eval import evaluate_params
 from templm.evaluation.future_probes import TextScorer, future_calibration, future_degradation, read_calibration
 from templm.evaluation.inference import ModelFns
@@ -896,8 +897,9 @@ def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[Ex
     path = paths.join(out_dir, RUN_RECORD)
     previous: Dict[str, Any] = {}
     if paths.exists(path):
-        with paths.open(path, encoding="utf-8") as f:
-            previous = json.load(f)
+        previous = read_json(path, "no run record")  # a corrupt one is named
+        if not isinstance(previous, dict):
+            raise DataError("a run record must hold a JSON object: remove it to start the run afresh", path)
     before = previous.get("halves") if isinstance(previous.get("halves"), dict) else {}
     reused = {}
     record = dict(before)

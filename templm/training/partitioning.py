@@ -14,6 +14,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from templm.errors import require_numbers
+
 MESH_AXES = ("data", "model")
 
 # T5X's standard rules (t5x.partitioning.standard_logical_axis_rules with 1-D parameter partitioning).
@@ -40,6 +42,7 @@ def make_mesh(num_partitions: int = 1, mesh_shape: Optional[Sequence[int]] = Non
     """A ("data", "model") mesh: `mesh_shape` = (data, model) if given, else model = `num_partitions`."""
     devices = list(devices if devices is not None else jax.devices())
     if mesh_shape is None:
+        require_numbers("templm.make_mesh", {"num_partitions": (num_partitions, int, 1, None)})
         if len(devices) % num_partitions:
             raise ValueError(f"num_partitions={num_partitions} does not divide the {len(devices)} devices")
         mesh_shape = (len(devices) // num_partitions, num_partitions)

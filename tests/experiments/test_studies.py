@@ -98,6 +98,19 @@ def test_a_run_of_an_older_world_generator_starts_its_models_afresh(tmp_path):
     assert not (out / "models").exists()
 
 
+def test_a_corrupt_run_record_is_named(tmp_path):
+    """A run.json that is not JSON ended in a JSONDecodeError traceback naming no file."""
+    from templm.errors import DataError
+    from templm.experiments.reproduce import PRESETS, _start_or_resume
+
+    (tmp_path / "run.json").write_text('{"halves": ')
+    with pytest.raises(DataError, match=f"^{tmp_path / 'run.json'}: cannot read it as JSON"):
+        _start_or_resume(str(tmp_path), PRESETS["tiny_test"], 0, ())
+    (tmp_path / "run.json").write_text("[1, 2]")
+    with pytest.raises(DataError, match="a run record must hold a JSON object: remove it"):
+        _start_or_resume(str(tmp_path), PRESETS["tiny_test"], 0, ())
+
+
 def test_each_half_keeps_its_models_unless_its_own_inputs_changed(tmp_path, capsys):
     """run.json holds one record per half: a change to what only the streaming half reads (its preset here) starts
     that half afresh and keeps the time-aware half's models, and the run says what changed; --only leaves the
