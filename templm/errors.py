@@ -257,6 +257,31 @@ def require_field_types(config: Any, name: str, macros: Optional[Mapping[str, st
                               f"{value!r}{quoted}")
 
 
+def machine_memory() -> int:
+    """This machine's physical memory in bytes (0 where the system does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def require_memory(needed: float, what: str) -> None:
+    """Raises a ConfigError, before any allocation, when settings that are each in range together need more than
+    half of this machine's memory: `needed` bytes, computed from them by the caller, `what` naming the settings
+    (e.g. "--ks (largest 2^40) x --repeats 8 x ... 4-byte floats")."""
+    total = machine_memory()
+    if total and needed > total / 2:
+        raise ConfigError(f"{what}: about {_bytes(needed)}, more than half of this machine's {_bytes(total)} of "
+                          "memory; choose smaller values")
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n:,.0f} bytes"
+
+
 def require_folder(function: str, name: str, macro: Optional[str], path: str) -> None:
     """Raises a ConfigError naming `function.name` (and its macro) when `path` exists and is not a folder, or names
     the current or parent folder ('.', '..': a run's files would land among whatever is there)."""

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from templm import console, paths
+from templm.errors import require_memory
 from templm.data import linked_mentions as lm
 from templm.data.world import WorldConfig, generate_world
 from templm.evaluation.latent_lm_perplexity import exact_log_marginals, sample_token_log_weights, truncate_documents
@@ -97,6 +98,11 @@ def run_is_eval(out_dir: str, seed: int = 0, *, ks: Sequence[int] = tuple(2 ** i
         if not tau > 0:
             raise ValueError(f"temperatures must be > 0, got {tau}")
     start = time.time()
+    # The proposals' samples: one Gumbel draw of documents x samples x tokens x states 4-byte floats, and as much
+    # again for the paths and weights, checked before anything is allocated.
+    require_memory(2.0 * 4 * num_docs * ks[-1] * repeats * doc_length * num_states,
+                   f"--ks (largest {ks[-1]:,}) x --repeats {repeats} samples of --num_docs {num_docs} documents of "
+                   f"--doc_length {doc_length} tokens over --num_states {num_states} states")
     prob = make_is_eval_problem(seed, num_states, vocab_size, num_docs, doc_length, mean_sentence_length,
                                 peakedness)  # checks its sizes before anything is written
     out_dir = claim_output_folder(out_dir, IS_EVAL, overwrite)  # a user's folder refused (outputs.py)
@@ -224,6 +230,10 @@ def run_latent_is_eval(out_dir: str, seed: int = 0, *, world_dir: Optional[str] 
         if not tau > 0:
             raise ValueError(f"temperatures must be > 0, got {tau}")
     start = time.time()
+    # Each proposal's token log-weights: samples x test documents x tokens float64 (at least a token a document
+    # here; the documents' length is checked once they are read).
+    require_memory(8.0 * max(ks) * repeats * test_docs, f"--ks (largest {max(ks):,}) x --repeats {repeats} samples "
+                   f"of --test_docs {test_docs} documents")
     out_dir = claim_output_folder(out_dir, IS_EVAL, overwrite)  # a user's folder refused (outputs.py)
     say = console.say if progress else (lambda message: None)
 
@@ -242,6 +252,10 @@ def run_latent_is_eval(out_dir: str, seed: int = 0, *, world_dir: Optional[str] 
     docs = lm.link_documents(news, mentions, graph, vocab, paths.join(world_dir, "mentions.jsonl"))
     train, test = docs[:-test_docs], docs[-test_docs:]
     shapes = lm.Shapes.covering(docs)
+    length = lm.document_batch(test[:1], shapes, graph)["tokens"].shape[1]
+    require_memory(8.0 * 2 * max(ks) * repeats * len(test) * length,
+                   f"--ks (largest {max(ks):,}) x --repeats {repeats} samples of --test_docs {len(test)} documents of "
+                   f"{length} tokens, twice (the weights and their sums by level)")
     config = KGLMConfig(len(vocab), graph.num_entities, graph.num_labels, hidden, hidden, hidden)
     say(f"is-eval: knowledge-graph LM on {world_dir}: {len(train)} training and {len(test)} test documents, "
         f"{graph.num_entities} entities, {len(graph.facts)} facts, vocabulary {len(vocab)}")

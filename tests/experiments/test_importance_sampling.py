@@ -6,11 +6,12 @@ folder of the knowledge-graph LM.
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
 
-from templm.experiments.importance_sampling import run_is_eval
+from templm.experiments.importance_sampling import run_is_eval, run_latent_is_eval
 from templm.metrics.importance_sampling import LEVELS, unit_starts
 from templm.models.hmm import forward_log_likelihood
 from templm_testing import MINI_DOCS, write_mini_world
@@ -140,3 +141,17 @@ def test_is_eval_of_the_knowledge_graph_lm_end_to_end(tmp_path):
     assert "Traceback" not in missing.stderr
     weight = templm("is-eval", "--model=kglm", f"--out={tmp_path / 'z'}", "--gold_weight=1")
     assert weight.returncode == 2 and "--gold_weight must be a finite number from 0 to 0.999" in weight.stderr
+
+
+def test_settings_that_together_exceed_the_memory_are_refused_before_any_work(tmp_path):
+    """`is-eval --ks 9999999999999` aborted after 51 s with a C++ stack (exit 134), and flag values each in range
+    exhausted memory together: the memory they imply is computed from them and refused, naming them, before anything
+    is allocated or written."""
+    from templm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--ks \(largest 9,999,999,999,999\) x --repeats 8 samples of --num_docs "
+                                          r"12 documents .* TiB, more than half of this machine's"):
+        run_is_eval(str(tmp_path / "hmm"), ks=[9_999_999_999_999])
+    with pytest.raises(ConfigError, match=r"--repeats 4 samples of --test_docs 40 documents: about .* more than half"):
+        run_latent_is_eval(str(tmp_path / "kglm"), ks=[2 ** 40])
+    assert not os.listdir(tmp_path)
