@@ -8,7 +8,7 @@ import json
 import math
 import os
 import tempfile
-from typing import Any, Callable, Mapping, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 from templm import paths
 
@@ -102,6 +102,46 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, int):
         return value
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+class NamedWrites:
+    """A local file opened for writing whose failures name it: an OSError of a write, flush or close that names no
+    file (a full disk, a file-size limit: "File too large") is raised again naming `path`, so that a verb's one line
+    says which file it was writing even when several are open at once (`shown`: the name to give, e.g. the final
+    name of a temporary file)."""
+
+    def __init__(self, path: str, mode: str = "w", shown: Optional[str] = None, **kwargs: Any):
+        self.path = os.fspath(shown or path)
+        self._file = self._call(lambda: open(os.fspath(path), mode, **kwargs))
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except OSError as e:
+            if e.errno and not e.filename:
+                raise OSError(e.errno, f"{os.strerror(e.errno)} while writing it", self.path) from None
+            raise
+
+    def write(self, data: Any) -> int:
+        return self._call(lambda: self._file.write(data))
+
+    def flush(self) -> None:
+        self._call(self._file.flush)
+
+    def close(self) -> None:
+        self._call(self._file.close)
+
+    def __enter__(self) -> "NamedWrites":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if exc_info[0] is None:
+            self.close()
+        else:  # already failing: close without hiding that error
+            try:
+                self._file.close()
+            except OSError:
+                pass
 
 
 def json_text(value: Any, sort_keys: bool = False) -> str:

@@ -56,7 +56,7 @@ from absl import logging
 from templm import console, paths
 from templm.data.world import FACT_TEMPLATES, TOPICS, WorldConfig, generate_world
 from templm.errors import DataError, loads_json
-from templm.io import atomic_write
+from templm.io import NamedWrites, atomic_write
 from templm.outputs import build_output_folder
 
 UNK = "<unk>"
@@ -304,10 +304,10 @@ def write_calm_corpus(texts: Mapping[str, str], out_dir: str, level: str, overwr
         stats: Dict[str, Dict[str, int]] = {}
         for name in sorted(texts):
             text = texts[name]
-            with open(os.path.join(tmp, f"{name}.txt"), "w", encoding="utf-8", newline="\n") as f:
+            with NamedWrites(os.path.join(tmp, f"{name}.txt"), "w", encoding="utf-8", newline="\n") as f:
                 f.write(text)
             counts = _vocab_counts(text, level)
-            with open(os.path.join(tmp, "vocab", f"{name}.vocab"), "w", encoding="utf-8", newline="\n") as f:
+            with NamedWrites(os.path.join(tmp, "vocab", f"{name}.vocab"), "w", encoding="utf-8", newline="\n") as f:
                 for token, count in counts:
                     f.write(f"{token}\t{count}\n")
             n_lines = text.count("\n") + (1 if text and not text.endswith("\n") else 0)

@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from templm import paths, remote
 from templm.errors import DataError
+from templm.io import NamedWrites
 
 QUESTION_FILES = {"train": "train.pickle", "validation": "valid.pickle", "test": "test.pickle"}
 ENTITY_NAMES = "wd_id2entity_text.txt"
@@ -242,7 +243,7 @@ def convert_release(release_dir: str, out_dir: str, max_questions: Optional[int]
                          **{t: sum(r["answer_type"] == t for r in records) for t in ANSWER_TYPES}}
     manifest = {"source": paths.absolute(release_dir), "splits": counts,
                 "first_answer": "entity names alphabetically, years ascending (the release's answers are sets)"}
-    with open(os.path.join(out_dir, MANIFEST), "w", encoding="utf-8") as f:
+    with NamedWrites(os.path.join(out_dir, MANIFEST), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
     return manifest
 

@@ -16,6 +16,7 @@ import random
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from templm.data.records import Answer, Query
+from templm.io import NamedWrites
 
 # The nine TempLAMA relations and their cloze templates (Dhingra et al., Table 8).
 TEMPLATES: Dict[str, str] = {
@@ -140,7 +141,7 @@ def write_queries(path: str, queries: Iterable[Query], extra: Optional[Mapping[s
     n = 0
     tmp = path + ".tmp"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with NamedWrites(tmp, "w", shown=path, encoding="utf-8") as f:
             for q in queries:
                 obj = q.to_json()
                 if extra and q.id in extra:

@@ -37,6 +37,7 @@ from templm.data.records import MAX_DATE, MIN_DATE, Query
 from templm.data.templama import (TEMPLATES, Fact, changing_facts, queries_from_facts, split_by_subject,
                                   write_queries)
 from templm.errors import require_field_types
+from templm.io import NamedWrites
 from templm.outputs import build_output_folder, check_output_folder
 
 # Part of the embedded world's cache name (templm.data.task_data.world_cache_dir): raised whenever the same config
@@ -644,8 +645,8 @@ def _write_world(builder: _Builder, names: Dict[str, str], tmp: str) -> dict:
     config = builder.config
     os.makedirs(os.path.join(tmp, "templama"))
     news_by_year: Dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-    with open(os.path.join(tmp, "news.jsonl"), "w", encoding="utf-8") as news, \
-            open(os.path.join(tmp, "mentions.jsonl"), "w", encoding="utf-8") as mentions:
+    with NamedWrites(os.path.join(tmp, "news.jsonl"), "w", encoding="utf-8") as news, \
+            NamedWrites(os.path.join(tmp, "mentions.jsonl"), "w", encoding="utf-8") as mentions:
         for doc, mention in builder.make_news():
             news.write(json.dumps(doc, ensure_ascii=False) + "\n")
             mentions.write(json.dumps(mention, ensure_ascii=False) + "\n")
@@ -673,10 +674,10 @@ def _write_world(builder: _Builder, names: Dict[str, str], tmp: str) -> dict:
         "words": [{"word": w.word, "first_date": w.first_date.isoformat(), "last_date": w.last_date.isoformat()}
                   for w in builder.words],
     }
-    with open(os.path.join(tmp, "world.json"), "w", encoding="utf-8") as f:
+    with NamedWrites(os.path.join(tmp, "world.json"), "w", encoding="utf-8") as f:
         json.dump(world, f, ensure_ascii=False, indent=1)
     stats = _stats(builder, news_by_year, queries, splits)
-    with open(os.path.join(tmp, "stats.json"), "w", encoding="utf-8") as f:
+    with NamedWrites(os.path.join(tmp, "stats.json"), "w", encoding="utf-8") as f:
         json.dump(stats, f, indent=1)
     return stats
 
