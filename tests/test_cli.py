@@ -411,3 +411,15 @@ def test_ctrl_c_or_sigterm_stops_a_data_verb_with_its_status_and_removes_the_par
         assert f"templm data {verb}: stopped by SIGTERM; nothing half-written was left" in err
     assert "Traceback" not in err
     assert _no_leftovers(out)
+
+
+def test_a_task_data_folder_that_is_not_one_is_one_line_in_a_fresh_process(tmp_path):
+    """A TEMPLM_DATA_DIR without task data ended in a traceback: the tasks are registered when their module is
+    imported, while the verb starts, outside the verb's own error handling. It is one line and exit 1."""
+    result = run_templm_process("train", "--gin_file=gin_configs/temporal.gin",
+                                f"--gin.MODEL_DIR='{tmp_path / 'm'}'", env={"TEMPLM_DATA_DIR": str(tmp_path)})
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"templm train: error: {tmp_path}: no task data here (no manifest.json): build it with `templm data tasks "
+        "--out DIR`") and "Traceback" not in result.stderr
+    assert not (tmp_path / "m").exists()

@@ -264,9 +264,13 @@ def _main(argv: List[str]) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda received, _: stopped.append(received))
     # The notes stay until the verb runs (_run_verb puts the command line's handlers in their place).
-    if v.tensorflow:
-        load_tensorflow(quiet=verbosity < 1)
-    v.define()
+    try:
+        if v.tensorflow:
+            load_tensorflow(quiet=verbosity < 1)
+        v.define()
+    except (ValueError, FileNotFoundError) as e:  # what the environment names (a TEMPLM_DATA_DIR without task data)
+        print(f"templm {name}: error: {_message(e)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if stopped:
         return _stopped_while_starting(name, stopped[0])
     if v.takes_gin:
