@@ -10,8 +10,9 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import jax
 import numpy as np
 import seqio
+import tensorflow as tf
 
-from templm import console
+from templm import console, tasks
 from templm.errors import Preempted, sigterm_received
 
 MODEL_FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights")
@@ -22,13 +23,16 @@ def _batches(dataset, batch_size: int) -> Iterable[Tuple[List[int], Dict[str, np
     by a training loop (errors.watch_sigterm) stops it at the next batch with Preempted: an evaluation inside a
     training run stops within a batch, not at its end."""
     rows: List[Tuple[int, Mapping[str, np.ndarray]]] = []
-    for index, features in dataset.as_numpy_iterator():
-        if sigterm_received():
-            raise Preempted("during the evaluation")
-        rows.append((int(index), features))
-        if len(rows) == batch_size:
-            yield _stack(rows, batch_size)
-            rows = []
+    try:
+        for index, features in dataset.as_numpy_iterator():
+            if sigterm_received():
+                raise Preempted("during the evaluation")
+            rows.append((int(index), features))
+            if len(rows) == batch_size:
+                yield _stack(rows, batch_size)
+                rows = []
+    except tf.errors.DataLossError as e:  # a damaged record file: named, not a TensorFlow traceback
+        raise tasks.corrupt_records(e) from None
     if rows:
         yield _stack(rows, batch_size)
 

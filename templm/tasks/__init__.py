@@ -141,4 +141,24 @@ def current():
     return dict(_current)
 
 
+def corrupt_records(error: BaseException) -> DataError:
+    """What TensorFlow's "corrupted record" (a DataLossError while the tasks' examples are read) is, as one DataError:
+    the task data's record files are read one by one until the damaged one is found, and it is named with what to
+    do (a traceback of TensorFlow's before)."""
+    import tensorflow as tf  # the tasks' readers have loaded it already
+
+    data_dir = str(_current.get("data_dir") or "")
+    reason = str(getattr(error, "message", error)).split("[Op:")[0].split("}}")[-1].strip()
+    files = sorted(tf.io.gfile.glob(f"{data_dir.rstrip('/')}/**/*.tfrecord")) if data_dir else []
+    for path in files + sorted(tf.io.gfile.glob(f"{data_dir.rstrip('/')}/*.tfrecord")):
+        try:
+            for _ in tf.data.TFRecordDataset(path):
+                pass
+        except tf.errors.DataLossError:
+            return DataError(f"a task-data record file is damaged ({reason}): rebuild the task data (templm data "
+                             "tasks --out DIR) or copy it again", path)
+    return DataError(f"a record file of the task data is damaged ({reason}): rebuild it (templm data tasks --out "
+                     "DIR) or copy it again", data_dir or "the task data")
+
+
 configure()

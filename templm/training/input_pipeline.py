@@ -24,7 +24,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from templm import console
+from templm import console, tasks
 from templm.errors import ConfigError, DataError
 
 
@@ -111,7 +111,10 @@ class TrainingInput:
 
     def next(self) -> Dict[str, np.ndarray]:
         """This process's rows of the next global batch (its shards' rows, in shard order)."""
-        parts = [next(it) for it in self._iterators]
+        try:
+            parts = [next(it) for it in self._iterators]
+        except tf.errors.DataLossError as e:  # a damaged record file: named, not a TensorFlow traceback
+            raise tasks.corrupt_records(e) from None
         return {key: np.concatenate([p[key].numpy() for p in parts]) for key in parts[0]}
 
     def replay(self, batches: int) -> None:

@@ -555,3 +555,20 @@ def test_a_full_disk_during_a_save_is_one_message_and_no_half_written_checkpoint
     others = [line for line in lines if " step " not in line]  # besides the progress lines: the error alone
     assert len(others) == 1, err[-3000:]
     assert sorted(os.listdir(model_dir / "checkpoints")) == []  # no step, no temporary folder
+
+
+def test_a_damaged_record_file_of_the_task_data_is_named(data_dir, tmp_path):
+    """A damaged task-data record file ended training in a 40-line TensorFlow traceback (DataLossError, "corrupted
+    record at 12", naming no file). The record files are read one by one and the damaged one is named."""
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    damaged = sorted((copy / "customnews").glob("train-*.tfrecord"))[0]
+    raw = bytearray(damaged.read_bytes())
+    raw[100:140] = bytes(40)
+    damaged.write_bytes(bytes(raw))
+    result = run_templm("train", *CLI_CONFIG, f"--gin.MODEL_DIR='{tmp_path / 'm'}'", "--gin.TRAIN_STEPS=3",
+                        env={"TEMPLM_DATA_DIR": str(copy)})
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        f"templm train: error: {damaged}: a task-data record file is damaged (corrupted record at ") \
+        and "Traceback" not in result.stderr
