@@ -216,6 +216,20 @@ def writing_into(folder: str, kind: str, overwrite: bool = False) -> Iterator[st
         yield folder
 
 
+@contextlib.contextmanager
+def holding(folder: Any, kind: str) -> Iterator[None]:
+    """The lock beside a folder a verb writes into as it goes (`<folder>.lock`, as build_output_folder's): a second
+    run on the same folder is refused, naming the first, for the whole verb (its work and its report); nothing is
+    created inside the folder, so input refused later leaves no folder. A bucket's folder, or none, is not locked."""
+    if folder is None or not isinstance(folder, (str, os.PathLike)) or paths.is_url(os.fspath(folder)):
+        yield
+        return
+    _require_named(folder)
+    out = os.path.abspath(os.fspath(folder).rstrip("/\\"))
+    with locked(out + ".lock", f"the {kind} folder {out}"):
+        yield
+
+
 def claim_output_folder(folder: str, kind: str, overwrite: bool = False,
                         how: str = "pass --overwrite to write into it", create: bool = True) -> str:
     """For a function that writes its results into `folder` as it goes (is-eval, appendices, a CALM run, a stream

@@ -92,3 +92,26 @@ def test_a_bad_output_folder_is_refused_before_any_work(inputs, tmp_path, verb, 
         assert sorted(os.listdir(out)) == ["notes.md", "sub"] and (out / "notes.md").read_text() == "mine"
     if kind == "a file":
         assert out.read_text() == "a user's file"
+
+
+# The verbs that write into their folder as they go, and the lock they hold beside it for the whole verb.
+WRITE_INTO = ("is-eval", "appendices", "calm", "stream")
+
+
+@pytest.mark.parametrize("verb", WRITE_INTO)
+def test_a_second_run_on_the_same_folder_is_refused_naming_the_first(inputs, tmp_path, verb):
+    """is-eval, appendices, calm and stream took no lock: two runs on one folder wrote into it at once. Each holds
+    `<folder>.lock` for the whole verb, its report included; a second run is refused, naming the first, before any
+    work."""
+    from templm_testing import lock_holder
+
+    out = tmp_path / "out"
+    holder = lock_holder(f"{out}.lock", "the first run")
+    try:
+        result = run_templm(*OUTPUTS[verb](out, inputs))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert f"folder {out} is in use by `" in result.stderr.strip().splitlines()[-1], result.stderr[-2000:]
+    assert not out.exists()

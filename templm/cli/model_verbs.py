@@ -9,9 +9,10 @@ import sys
 from absl import flags
 
 from templm import console, paths
-from templm.cli.options import (FLAGS, STATE, bounds, configure_tasks, define_distributed, join_processes,
-                                writable_folder)
+from templm.cli.options import (FLAGS, STATE, bound_value, bounds, configure_tasks, define_distributed,
+                                join_processes, writable_folder)
 from templm.errors import ConfigError, loads_json
+from templm.outputs import holding
 
 
 def define_train():
@@ -320,6 +321,13 @@ def define_stream():
 
 
 def main_stream():
+    from templm.experiments.streaming import STREAM_EVALUATION
+
+    with holding(bound_value("templm.stream_evaluation.out_dir"), STREAM_EVALUATION):  # a second run refused
+        return _main_stream()
+
+
+def _main_stream():
     from templm.experiments.streaming import stream_evaluation
     from templm.metrics.stream import summarize
     from templm.reports.stream import write_stream_report

@@ -405,3 +405,21 @@ def load_tensorflow(quiet: bool) -> None:
         import tensorflow as tf
 
         tf.config.set_visible_devices([], "GPU")
+
+
+def bound_value(selector: str) -> Any:
+    """What gin binds to `selector` ("templm.run_calm.out_dir"), a macro's value followed (`%OUT_DIR`); None where it
+    binds nothing."""
+    import gin
+
+    try:
+        value = gin.query_parameter(selector)
+    except ValueError:
+        return None
+    scoped = getattr(value, "scoped_selector", "")
+    if isinstance(scoped, str) and scoped.endswith("/gin.macro"):
+        try:
+            return gin.query_parameter("%" + scoped.split("/")[0])
+        except ValueError:
+            return None
+    return value

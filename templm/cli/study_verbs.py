@@ -9,9 +9,10 @@ from absl import flags
 
 from templm import paths as storage, remote
 from templm.cli.data_verbs import world_configurable
-from templm.cli.options import (CORPUS_HELP, FLAGS, STATE, bounds, corpus_flag, corpus_value, define_distributed,
-                                define_overwrite, join_processes, load_tensorflow)
+from templm.cli.options import (CORPUS_HELP, FLAGS, STATE, bound_value, bounds, corpus_flag, corpus_value,
+                                define_distributed, define_overwrite, join_processes, load_tensorflow)
 from templm.errors import ConfigError
+from templm.outputs import holding
 
 
 def define_calm():
@@ -21,6 +22,13 @@ def define_calm():
 
 
 def main_calm():
+    from templm.experiments.calm import CALM_RUN
+
+    with holding(bound_value("templm.run_calm.out_dir"), CALM_RUN):  # a second run on its folder refused
+        return _main_calm()
+
+
+def _main_calm():
     from templm.experiments.calm import run_calm
     from templm.reports.calm import write_calm_report
 
@@ -78,6 +86,13 @@ def define_is_eval():
 
 
 def main_is_eval():
+    from templm.experiments.importance_sampling import IS_EVAL
+
+    with holding(FLAGS.out, IS_EVAL):  # a second run on its folder refused
+        return _main_is_eval()
+
+
+def _main_is_eval():
     from templm.experiments.importance_sampling import run_is_eval, run_latent_is_eval
     from templm.reports.importance_sampling import write_is_report
 
@@ -243,6 +258,13 @@ def define_appendices():
 
 
 def main_appendices():
+    from templm.experiments.appendices import APPENDICES_KIND
+
+    with holding(FLAGS.out, APPENDICES_KIND):  # a second run on its folder refused
+        return _main_appendices()
+
+
+def _main_appendices():
     from templm.experiments.appendices import run_appendices
     from templm.reports.appendices import write_appendices_report
 
