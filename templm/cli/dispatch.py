@@ -345,19 +345,15 @@ def _run_verb(name: str, v: Verb, err: TextIO) -> int:
             match = re.match(r"\[Errno (\d+)\]", str(e))
             code = int(match.group(1)) if match else None
         return EXIT_SYSTEM if code in SYSTEM_ERRNOS else EXIT_BAD_INPUT
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated) as e:
+        stopped = "interrupted" if isinstance(e, KeyboardInterrupt) else "stopped by SIGTERM"
         if signal_during_commit():
-            print(f"templm {name}: interrupted as its results were being put in place; they were complete and are "
+            print(f"templm {name}: {stopped} as its results were being put in place; they were complete and are "
                   "written whole", file=err)
-        else:
+        elif isinstance(e, KeyboardInterrupt):
             print(f"templm {name}: interrupted; nothing half-written was left (a training run resumes from its "
                   "last checkpoint when run again)", file=err)
-        return EXIT_INTERRUPTED
-    except Terminated:
-        if signal_during_commit():
-            print(f"templm {name}: stopped by SIGTERM as its results were being put in place; they were complete "
-                  "and are written whole", file=err)
         else:
             print(f"templm {name}: stopped by SIGTERM; nothing half-written was left and no result was written: "
                   "run the same command again", file=err)
-        return EXIT_PREEMPTED
+        return EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else EXIT_PREEMPTED
