@@ -34,7 +34,10 @@ MAX_LINE_BYTES = 256 << 20
 def read_line(f: Any, limit: int = MAX_LINE_BYTES) -> Tuple[bytes, bool]:
     """(the next line of the binary file `f`, whether it was whole): a line longer than `limit` bytes is read to its
     end in pieces of a megabyte and dropped, returning its first `limit` bytes and False."""
-    raw = f.readline(limit + 1)
+    try:
+        raw = f.readline(limit + 1)
+    except TypeError:  # a bucket's file (tf.io.gfile) reads whole lines only: taken as it comes
+        return f.readline(), True
     if len(raw) <= limit or raw.endswith(b"\n"):
         return raw, True
     rest = raw
