@@ -10,9 +10,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
+import json
 import math
 import numbers
-import json
 import os
 import re
 import signal
@@ -233,6 +234,14 @@ def _plain_kind(hint: Any) -> Tuple[Optional[type], bool]:
     return (hint if hint in (int, float, bool, str) else None), optional
 
 
+@functools.lru_cache(maxsize=None)
+def field_kinds(cls: type) -> Tuple[Tuple[str, Optional[type], bool], ...]:
+    """(field, int/float/bool/str or None, whether None is allowed) for each field of the dataclass `cls`, from its
+    annotations (resolved once per class)."""
+    hints = typing.get_type_hints(cls)
+    return tuple((field.name, *_plain_kind(hints.get(field.name))) for field in dataclasses.fields(cls))
+
+
 def require_field_types(config: Any, name: str, macros: Optional[Mapping[str, str]] = None) -> None:
     """Raises a ConfigError naming `name.field` for the first field of the dataclass `config` whose value is not of
     its annotated kind: int a whole number (not 20.5, not '32', not True), float a finite number, bool True or False,
@@ -241,20 +250,17 @@ def require_field_types(config: Any, name: str, macros: Optional[Mapping[str, st
     bound in gin is named before anything compares or uses it (the range checks follow, the config's own).
     `macros`: {field: the gin macro the shipped configs bind it to}, named with the field."""
     macros = macros or {}
-    hints = typing.get_type_hints(type(config))
-    for field in dataclasses.fields(config):
-        value = getattr(config, field.name)
-        kind, optional = _plain_kind(hints.get(field.name))
+    for field, kind, optional in field_kinds(type(config)):
+        value = getattr(config, field)
         if kind is None or value is gin.REQUIRED or (value is None and optional):
             continue
         if kind in (int, float):
-            require_numbers(name, {field.name: (value, kind, None, macros.get(field.name))})
+            require_numbers(name, {field: (value, kind, None, macros.get(field))})
         elif not isinstance(value, kind):
             quoted = " (quotes make it a string in gin: write True or False bare)" if kind is bool and isinstance(
                 value, str) else ""
             expected = {bool: "True or False", str: "a string"}[kind]
-            raise ConfigError(f"{_binding(name, field.name, macros.get(field.name))}: expected {expected}, got "
-                              f"{value!r}{quoted}")
+            raise ConfigError(f"{_binding(name, field, macros.get(field))}: expected {expected}, got {value!r}{quoted}")
 
 
 def machine_memory() -> int:

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from templm import CONFIG_DIR, config_search_paths
 from templm.data.world import WorldConfig
-from templm.errors import ConfigError, require_numbers
+from templm.errors import ConfigError, field_kinds, require_numbers
 
 GIN_DIR = CONFIG_DIR  # the package's gin configs (templm/gin_configs, shipped in the wheel)
 STUDY_DIR = os.path.join(GIN_DIR, "study")
@@ -41,15 +41,12 @@ def _check_numbers(kind: str, study: Any) -> None:
     """Every int and float field of a study (by its annotation) a number of its kind in range, named as the gin
     binding templm.KIND.FIELD, before any work (a study of 20.5 steps is refused, not rounded)."""
     checks, optional = {}, []
-    for field in dataclasses.fields(study):
-        annotation = str(field.type)
-        number = {"int": int, "float": float, "Optional[int]": int, "Optional[float]": float}.get(annotation)
-        if number is None:
+    for field, number, may_be_none in field_kinds(type(study)):
+        if number not in (int, float):
             continue
-        if annotation.startswith("Optional"):
-            optional.append(field.name)
-        least = 1 if field.name in _AT_LEAST_ONE else 0
-        checks[field.name] = (getattr(study, field.name), number, least, None)
+        if may_be_none:
+            optional.append(field)
+        checks[field] = (getattr(study, field), number, 1 if field in _AT_LEAST_ONE else 0, None)
     require_numbers(f"templm.{kind}", checks, optional=tuple(optional))
 
 
