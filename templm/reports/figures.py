@@ -30,8 +30,4 @@ def figure_png(fig, dpi: int = 100) -> bytes:
 
 def save_figure(fig, path: str, dpi: int = 100) -> str:
     """Writes `fig` as PNG to `path` (through a temporary file, renamed when complete) and closes it."""
-    try:
-        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi))
-    finally:
-        pyplot().close(fig)
-    return path
+    return atomic_write(path, figure_png(fig, dpi))

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from templm import paths as storage  # `paths` names the files a writer returns
 from templm.data.regimes import ORDER as REGIME_TABLE_ORDER, label as regime_label
 from templm.errors import deferred_signals
-from templm.io import atomic_write, atomic_write_files, json_text, jsonable, lookup
+from templm.io import atomic_write_files, json_text, jsonable, lookup
 from templm.metrics.findings import CHANGE_CLASSES, STUDY, STUDY_HALVES, TIME_AWARE, judge
 from templm.metrics.statistics import ALPHA, mean_interval
 from templm.metrics.time_analysis import DURATION_BUCKETS, duration_bucket
@@ -623,13 +623,6 @@ def _figure_adaptation(results, axes) -> None:
         axes[0].figure.legend(handles, labels, fontsize=7, loc="lower center", ncol=4, frameon=False)
 
 
-def write_figures(results: Mapping[str, Any], fig_dir: str) -> Dict[str, str]:
-    """Draws every figure into `fig_dir` (PNG, written atomically); returns {name: path}."""
-    storage.makedirs(fig_dir)
-    drawn = draw_figures(results)
-    return {name: atomic_write(storage.join(fig_dir, f"{name}.png"), png) for name, png in drawn.items()}
-
-
 def draw_figures(results: Mapping[str, Any]) -> Dict[str, bytes]:
     """Every figure as PNG bytes: {name: png}."""
     results = jsonable(results)
@@ -652,17 +645,22 @@ def write_report(results: Mapping[str, Any], out_dir: str, results_json: bool = 
     """Writes report.md and figures/*.png into `out_dir` (beside the experiment's results.json; with `results_json`,
     results.json too) as one commit (`commit`); returns their paths."""
     fig_dir = storage.join(out_dir, "figures")
-    figures = {name: storage.join(fig_dir, f"{name}.png") for name in FIGURES}
-    drawn = draw_figures(results)
-    files: Dict[str, Any] = {figures[name]: png for name, png in drawn.items()}
-    files[storage.join(out_dir, "report.md")] = markdown(results, fig_dir)
-    if results_json:
-        files[storage.join(out_dir, "results.json")] = json_text(results, sort_keys=True)
-    commit(files)
-    paths: Dict[str, Any] = {"figures": {name: figures[name] for name in drawn},
+    return _commit_report(out_dir, draw_figures(results), markdown(results, fig_dir),
+                          results if results_json else None)
+
+
+def _commit_report(out_dir: str, drawn: Mapping[str, bytes], report: str,
+                   results: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """figures/NAME.png of `drawn`, report.md and (where `results` is given) results.json put in `out_dir` as one
+    commit; returns their paths."""
+    paths: Dict[str, Any] = {"figures": {name: storage.join(out_dir, "figures", f"{name}.png") for name in drawn},
                              "report": storage.join(out_dir, "report.md")}
-    if results_json:
+    files: Dict[str, Any] = {paths["figures"][name]: png for name, png in drawn.items()}
+    files[paths["report"]] = report
+    if results is not None:
         paths["results"] = storage.join(out_dir, "results.json")
+        files[paths["results"]] = json_text(results, sort_keys=True)
+    commit(files)
     return paths
 
 
@@ -723,14 +721,8 @@ def write_seeds_report(results: Mapping[str, Any], out_dir: str, results_json: b
     per_seed = {s: write_report(results["per_seed"][str(s)], storage.join(out_dir, f"seed_{s}"), results_json)
                 for s in results["seeds"]}
     view = seeds_view(results)
-    fig_dir = storage.join(out_dir, "figures")
-    drawn = draw_figures(view)
-    files: Dict[str, Any] = {storage.join(fig_dir, f"{name}.png"): png for name, png in drawn.items()}
     title, _, rest = markdown(view).partition("\n\n")
     title = title.replace(" preset)", f" preset, {len(results['seeds'])} seeds)")
-    files[storage.join(out_dir, "report.md")] = "\n\n".join([title, _section_seeds(results), rest])
-    if results_json:
-        files[storage.join(out_dir, "results.json")] = json_text(results, sort_keys=True)
-    commit(files)
-    return {"figures": {name: storage.join(fig_dir, f"{name}.png") for name in drawn}, "per_seed": per_seed,
-            "report": storage.join(out_dir, "report.md")}
+    paths = _commit_report(out_dir, draw_figures(view), "\n\n".join([title, _section_seeds(results), rest]),
+                           results if results_json else None)
+    return {**paths, "per_seed": per_seed}
