@@ -888,8 +888,8 @@ def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[Ex
     its inputs changed. Halves not `running` (--only, --skip) keep their models and their earlier record. The
     results of an earlier run (results.json, report.md, figures/) stay until this run has finished and replaces them
     (one commit: a rerun that fails leaves them as they were), unless a half starts afresh: they describe the models
-    it removes, so they are removed with them, and the line that says so comes first. Returns {half: reused}. Several processes: process 0 does it, the others wait
-    for it (and take nothing as reused)."""
+    it removes, so they are removed with them, and the line that says so comes first. Returns {half: reused}.
+    Several processes: process 0 does it, the others wait for it (and take nothing as reused)."""
     halves = _half_records(preset, seed, extra, data, stream_preset)
     if not partitioning.is_lead():
         partitioning.barrier("reproduce: run.json")

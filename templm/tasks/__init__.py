@@ -149,8 +149,10 @@ def corrupt_records(error: BaseException) -> DataError:
 
     data_dir = str(_current.get("data_dir") or "")
     reason = str(getattr(error, "message", error)).split("[Op:")[0].split("}}")[-1].strip()
-    files = sorted(tf.io.gfile.glob(f"{data_dir.rstrip('/')}/**/*.tfrecord")) if data_dir else []
-    for path in files + sorted(tf.io.gfile.glob(f"{data_dir.rstrip('/')}/*.tfrecord")):
+    base = data_dir.rstrip("/")
+    # The record files of every task folder (customnews/, templama/, ...), and any at the top.
+    files = sorted(tf.io.gfile.glob(f"{base}/*/*.tfrecord") + tf.io.gfile.glob(f"{base}/*.tfrecord")) if base else []
+    for path in files:
         try:
             for _ in tf.data.TFRecordDataset(path):
                 pass

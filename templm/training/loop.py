@@ -24,7 +24,7 @@ import dataclasses
 import json
 import re
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import jax
 import numpy as np
@@ -216,7 +216,7 @@ class RunFolder:
             if key in record and old != new:
                 where = f" ({bindings[key]})" if key in bindings else ""
                 if isinstance(old, dict) and isinstance(new, dict):  # a config: the fields that differ
-                    fields = [name for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
+                    fields = _differing(old, new)
                     old = {name: old.get(name) for name in fields}
                     new = {name: new.get(name) for name in fields}
                 differ.append(f"{key} {_shown(old)} there, {_shown(new)} in this run{where}")
@@ -244,12 +244,17 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+def _differing(a: Mapping[str, Any], b: Mapping[str, Any]) -> List[str]:
+    """The keys whose values differ between two records (sorted)."""
+    return [name for name in sorted(set(a) | set(b)) if a.get(name) != b.get(name)]
+
+
 def _config_difference(saved: Any, wanted: Any) -> str:
     """" (the checkpoint's mlp_dim 128, this run's 256)" for two recorded model configs, or "" where either is
     missing or none of their fields differ."""
     if not isinstance(saved, dict) or not isinstance(wanted, dict):
         return ""
-    fields = [name for name in sorted(set(saved) | set(wanted)) if saved.get(name) != wanted.get(name)]
+    fields = _differing(saved, wanted)
     if not fields:
         return ""
     return (" (the checkpoint's " + ", ".join(f"{name} {_shown(saved.get(name))}" for name in fields)
