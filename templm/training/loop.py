@@ -212,7 +212,7 @@ class RunFolder:
                   + (f" (--gin_file={own})" if paths.exists(own) else "") + " or train into another MODEL_DIR")
         differ = []
         for key in keys:
-            old, new = record.get(key), _as_json(meta.get(key))
+            old, new = record.get(key), as_record(meta.get(key))
             if key in record and old != new:
                 where = f" ({bindings[key]})" if key in bindings else ""
                 if isinstance(old, dict) and isinstance(new, dict):  # a config: the fields that differ
@@ -227,15 +227,16 @@ class RunFolder:
         problems = fit_problems(saved, leaf_shapes(state)) if saved is not None else []
         if problems:
             what = "model" if any(p.startswith("params/") for p in problems) else "optimizer"
-            sizes = _config_difference(record.get("model_config"), _as_json(meta.get("model_config")))
+            sizes = _config_difference(record.get("model_config"), as_record(meta.get("model_config")))
             if what == "optimizer" and record.get("optimizer") and meta.get("optimizer"):
                 sizes = f" (the checkpoint's optimizer: {record['optimizer']}, this run's: {meta['optimizer']})"
             raise DataError(f"checkpoint {step} does not fit this run's {what}{sizes}: {len(problems)} array(s) "
                             f"differ, e.g. {'; '.join(problems[:3])}: {advice}", self.checkpointer.directory)
 
 
-def _as_json(value: Any) -> Any:
-    """`value` as it reads back from a checkpoint's JSON record (tuples as lists, ...)."""
+def as_record(value: Any) -> Any:
+    """`value` as it reads back from a checkpoint's JSON record (tuples as lists, objects JSON does not hold as
+    their str)."""
     return json.loads(json.dumps(value, default=str))
 
 

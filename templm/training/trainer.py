@@ -24,7 +24,6 @@ import contextlib
 import copy
 import dataclasses
 import hashlib
-import json
 import os
 import tempfile
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
@@ -352,7 +351,7 @@ def describe_model(model: Any) -> Dict[str, Any]:
     """A model's class and config as a JSON record (what a checkpoint's record says of the model that wrote it)."""
     config = getattr(model, "config", None)
     fields = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
-    return {"class": type(model).__qualname__, **json.loads(json.dumps(fields, default=str))}
+    return {"class": type(model).__qualname__, **loop.as_record(fields)}
 
 
 def _model_key(model: Any) -> Any:
