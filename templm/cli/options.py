@@ -79,7 +79,8 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
                               "bindings such as `NAME = VALUE`)") from None
         resolved.append(found)
     try:
-        gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=False)
+        with _package_reader_guarded(gin):
+            gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=False)
     except (ValueError, KeyError, SyntaxError, TypeError) as e:  # gin names the file/binding and line
         unquoted = _unquoted_string(bindings)
         if unquoted is not None:
@@ -93,6 +94,34 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
         raise ConfigError(f"gin: {e.args[0]} (an unclosed bracket or quote?) in the config files {resolved} or "
                           f"the bindings {list(bindings)}") from None
     _check_macros_are_used(bindings)
+
+
+@contextlib.contextmanager
+def _package_reader_guarded(gin: Any):
+    """gin's second way of finding an `include` (a gin file inside an importable Python package) for the parse: one
+    that says "not there" where a folder on sys.path is a namespace package of the include's first name. gin's own
+    raised a TypeError there, so that `python -m templm.cli train --gin_file=temporal.gin` in a project with a
+    `models/` (or `runs/`, `study/`) folder of its own could not include `models/t5_1_1_small.gin`. gin's readers
+    are as they were after the parse."""
+    readers = getattr(gin.config, "_FILE_READERS", None)
+    if not isinstance(readers, list):
+        yield
+        return
+    saved = list(readers)
+
+    def guarded(check):
+        def exists(path):
+            try:
+                return check(path)
+            except TypeError:  # a namespace package has no file of its own (spec.origin is None)
+                return False
+        return exists
+
+    readers[:] = [(read, guarded(check)) for read, check in saved]
+    try:
+        yield
+    finally:
+        readers[:] = saved
 
 
 # The trainers' parameters that moved into T5X-shaped config objects (templm/training/configs.py), by the binding a
