@@ -70,5 +70,5 @@ setuptools.setup(
         # The PyTorch peer of tools/bench_t5.py (Hugging Face T5ForConditionalGeneration).
         "bench": ["torch==2.13.0", "transformers<5"],
     },
-    entry_points={"console_scripts": ["templm = templm.cli:run"]},
+    entry_points={"console_scripts": ["templm = templm.cli.start:run"]},
 )

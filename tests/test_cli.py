@@ -251,6 +251,18 @@ def test_a_string_binding_without_quotes_says_how_to_quote_it(tmp_path, binding)
         gin.clear_config()
 
 
+def test_the_configs_include_their_files_beside_a_namespace_package_of_the_same_name(tmp_path, monkeypatch):
+    """`python -m templm.cli train --gin_file=temporal.gin` in a project with a `models/` folder of its own (the
+    working folder is on sys.path) stopped with "gin: expected str, bytes or os.PathLike object, not NoneType": gin's
+    package reader looked for `models/t5_1_1_small.gin` in the namespace package `models`."""
+    for name in ("models", "runs"):
+        (tmp_path / name).mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = templm("plan", "--gin_file=temporal.gin", "--gin_file=runs/cpu_demo.gin")
+    # The configs parsed: the plan goes on to ask for the mesh the configs leave to the user.
+    assert result.returncode == 1 and "sets no templm.make_mesh.mesh_shape" in result.stderr, result.stderr[-2000:]
+
+
 def test_a_gin_file_that_is_not_text_is_named(tmp_path):
     """A binary file given as --gin_file was a UTF-8 decoding error naming no file."""
     binary = tmp_path / "model.gin"
@@ -260,31 +272,58 @@ def test_a_gin_file_that_is_not_text_is_named(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+def _catches_sigterm(pid):
+    """Whether the process has a handler for SIGTERM (its SigCgt mask in /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+    return bool(int(caught, 16) >> (15 - 1) & 1)
+
+
+@pytest.mark.parametrize("verb", ["train", "data stats"])
 @pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
-def test_ctrl_c_or_sigterm_while_the_command_starts_is_one_line(tmp_path, stop):
+def test_ctrl_c_or_sigterm_while_the_command_starts_is_one_line(tmp_path, stop, verb):
     """Ctrl-C while TensorFlow was still loading printed 72 lines of traceback; SIGTERM then ended the process by its
-    default (exit 143) without a word. The signal is sent once TensorFlow's library is mapped into the process (its
-    load under way); wherever it lands, the answer is one line: 130 for Ctrl-C, 75 for SIGTERM."""
+    default (exit 143) without a word, and so did a SIGTERM in the tenth of a second a verb without TensorFlow takes
+    to import its table. The signal is sent once TensorFlow's library is mapped into the process (its load under
+    way; `train`) or as soon as the process catches SIGTERM (`data stats`, templm.cli.start's first instructions);
+    wherever it lands, the answer is one line: 130 for Ctrl-C, 75 for SIGTERM."""
     import signal
     import subprocess
     import sys
     import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "templm.cli", "train", "--gin_file=gin_configs/temporal.gin",
-                             f"--gin.MODEL_DIR='{tmp_path / 'm'}'"], stdout=subprocess.PIPE,
+    args = (["train", "--gin_file=gin_configs/temporal.gin", f"--gin.MODEL_DIR='{tmp_path / 'm'}'"] if verb == "train"
+            else ["data", "stats", f"--corpus={tmp_path / 'm'}"])
+    proc = subprocess.Popen([sys.executable, "-m", "templm.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        with open(f"/proc/{proc.pid}/maps") as f:
-            if "libtensorflow" in f.read():
-                break
-        time.sleep(0.05)
+        if verb == "train":
+            with open(f"/proc/{proc.pid}/maps") as f:
+                if "libtensorflow" in f.read():
+                    break
+        elif _catches_sigterm(proc.pid):
+            break
+        time.sleep(0.05 if verb == "train" else 0.001)
     proc.send_signal(getattr(signal, stop))
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == (130 if stop == "SIGINT" else 75), err[-3000:]
     said = "interrupted" if stop == "SIGINT" else "stopped by SIGTERM"
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and said in err, err[-3000:]
     assert not (tmp_path / "m").exists()
+
+
+def test_the_command_line_notes_signals_before_it_imports_anything_of_its_own():
+    """The console script's module (templm.cli.start) sets the signal notes before any other module of templm is
+    imported: only the two package files above it are loaded by then."""
+    import subprocess
+    import sys
+
+    script = ("import signal, sys; import templm.cli.start; "
+              "print(signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None), "
+              "sorted(m for m in sys.modules if m.startswith('templm')))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True ['templm', 'templm.cli', 'templm.cli.start']", out
 
 
 def test_a_macro_no_config_uses_and_a_missing_include_are_named(tmp_path):

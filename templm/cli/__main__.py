@@ -1,5 +1,5 @@
 """`python -m templm.cli VERB ...`, the same as `templm VERB ...`."""
 
-from templm.cli.dispatch import run
+from templm.cli.start import run
 
 run()

@@ -135,26 +135,28 @@ def _message(error: BaseException) -> str:
     return "\n".join(line for line in str(error).split("\n") if not line.startswith("  In call to configurable"))
 
 
-def main(argv: Sequence[str], *, own_process: bool = False) -> int:
+def main(argv: Sequence[str], *, own_process: bool = False, noted: Optional[List[int]] = None) -> int:
     """`templm ARGV` in this process (ARGV without the program's name): the verb's output on sys.stdout, our lines on
     sys.stderr, and the exit status returned (templm.errors' EXIT_* codes). Callable again in the same process with
     the same result: what a call changes in the process (flags, gin, the SeqIO registry, signal handlers, log levels,
     warning filters, console settings) is put back when it returns. `own_process` (the console script's): the
     process is the command's alone, so a verb may start it again (`templm plan` on more devices than JAX started
-    with); otherwise such a verb says what to do instead."""
+    with); otherwise such a verb says what to do instead. `noted`: the list the process's first signal handlers
+    append to (run's), answered as a signal while the command starts."""
     with _call_scope():
         STATE["own_process"] = own_process
         try:
-            return _main(list(argv))
+            return _main(list(argv), [] if noted is None else noted)
         except SystemExit as e:  # a library's sys.exit inside a verb
             return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)
 
 
-def run(argv: Optional[Sequence[str]] = None) -> None:
-    """Console entry point (`templm ...`, `python -m templm.cli ...`): `main` on the process's arguments, then exit
-    with its status."""
+def run(argv: Optional[Sequence[str]] = None, noted: Optional[List[int]] = None) -> None:
+    """Console entry point (`templm ...`, `python -m templm.cli ...`, through templm.cli.start): `main` on the
+    process's arguments, then exit with its status. `noted`: the list the process's first handlers append the signals
+    they receive to (templm.cli.start), answered once the verb's modules are loaded."""
     args = list(sys.argv[1:] if argv is None else argv[1:])
-    status = main(args, own_process=True)
+    status = main(args, own_process=True, noted=noted)
     if status and _verbosity(args)[0] < 1:
         # After the error line the process ends: library threads that fail on the way out (orbax's writes after a
         # failed save print a traceback each) are not shown, unless --verbosity asks for library output.
@@ -240,7 +242,7 @@ def _error_stream() -> Tuple[TextIO, bool]:
     return os.fdopen(os.dup(fd), "w", buffering=1, encoding="utf-8", errors="replace"), True
 
 
-def _main(argv: List[str]) -> int:
+def _main(argv: List[str], stopped: List[int]) -> int:
     name, rest = _split_verb(argv)
     if name is None:
         words = [a for a in argv if not a.startswith("-")]
@@ -258,7 +260,6 @@ def _main(argv: List[str]) -> int:
     # Loading TensorFlow and the verb's modules takes seconds. A Ctrl-C or a SIGTERM meanwhile is noted and answered
     # once they are loaded: raised inside TensorFlow's import it aborts the process (SIGABRT) or prints a long
     # traceback, and SIGTERM's default ended the process (exit 143) without a word.
-    stopped: List[int] = []
     main_thread = threading.current_thread() is threading.main_thread()
     if main_thread:
         for signum in (signal.SIGINT, signal.SIGTERM):
