@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, Iterator, Sequence
 
 from templm import paths, remote
 from templm.errors import ConfigError, DataError, check_interrupted
-from templm.io import atomic_write
+from templm.io import NamedWrites, atomic_write
 
 MARKER = ".templm.json"
 LOCK = ".templm.lock"
@@ -137,11 +137,8 @@ def _flocked(lock_path: str, what: str, wait: bool) -> Iterator[None]:
     os.makedirs(os.path.dirname(lock_path), exist_ok=True)
     f = _acquire(lock_path, what, wait)
     try:
-        f.seek(0)
-        f.truncate()
-        f.write(json.dumps(_holder()) + "\n")
-        f.flush()
         try:
+            _write_holder(f, lock_path)
             yield
         finally:
             try:
@@ -150,7 +147,24 @@ def _flocked(lock_path: str, what: str, wait: bool) -> Iterator[None]:
                 pass
             fcntl.flock(f, fcntl.LOCK_UN)
     finally:
-        f.close()
+        try:
+            f.close()
+        except OSError:  # the holder's line that failed to be written (named above) fails again on closing
+            pass
+
+
+def _write_holder(f, lock_path: str) -> None:
+    """The holder's line in the lock file `f` (what a refused second run names); a failed write (a full disk) names
+    the lock file, and the lock is released and its file removed on the way out."""
+    try:
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps(_holder()) + "\n")
+        f.flush()
+    except OSError as e:
+        if e.errno and not e.filename:
+            raise OSError(e.errno, f"{os.strerror(e.errno)} while writing it", lock_path) from None
+        raise
 
 
 def _check_own_lock(lock_path: str) -> None:
@@ -276,7 +290,7 @@ def build_output_folder(out_dir: str, kind: str, build: Callable[[str], Any], ov
             os.makedirs(tmp)
             # Written in place, not renamed into it: a run refused by the lock may look at the folder at any moment,
             # and must see it empty or marked, never holding a temporary file alone.
-            with open(os.path.join(tmp, PARTIAL_MARKER), "x", encoding="utf-8") as f:
+            with NamedWrites(os.path.join(tmp, PARTIAL_MARKER), "x", encoding="utf-8") as f:
                 f.write(json.dumps(_holder()) + "\n")
             result = build(tmp)
             os.remove(os.path.join(tmp, PARTIAL_MARKER))

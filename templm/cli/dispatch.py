@@ -340,11 +340,16 @@ def _run_verb(name: str, v: Verb, err: TextIO) -> int:
     except OSError as e:  # the file system: a path of the wrong kind, no permission, a full disk
         logging.debug("templm %s failed", name, exc_info=True)
         where = f"{e.filename}: " if getattr(e, "filename", None) else ""
-        print(f"templm {name}: error: {where}{e.strerror or _message(e)} (nothing half-written was left)", file=err)
+        said = e.strerror or _message(e)
         code = e.errno
-        if code is None:  # gin re-raises an error from inside a configurable as a copy without its errno
-            match = re.match(r"\[Errno (\d+)\]", str(e))
-            code = int(match.group(1)) if match else None
+        # gin re-raises an error from inside a configurable as a copy without its errno and file: their text
+        # ("[Errno 27] File too large while writing it: '/run/config.gin'") says both.
+        copied = re.match(r"\[Errno (\d+)\] (.*?)(?:: '(.*)')?$", _message(e).split("\n")[0])
+        if copied and (code is None or not where):
+            code = int(copied.group(1)) if code is None else code
+            if copied.group(3):
+                where, said = f"{copied.group(3)}: ", copied.group(2)
+        print(f"templm {name}: error: {where}{said} (nothing half-written was left)", file=err)
         return EXIT_SYSTEM if code in SYSTEM_ERRNOS else EXIT_BAD_INPUT
     except (KeyboardInterrupt, Terminated) as e:
         stopped = "interrupted" if isinstance(e, KeyboardInterrupt) else "stopped by SIGTERM"

@@ -295,6 +295,7 @@ def main_infer():
     rows, texts = read_inference_inputs(FLAGS.input, FLAGS.regime)
     configure_tasks()
     predictions = infer_checkpoint(texts, method=FLAGS.method)
+    paths.makedirs(paths.dirname(paths.absolute(FLAGS.output)))
     atomic_write(FLAGS.output, "".join(
         json.dumps({**row, "model_inputs": text, "prediction": prediction}, ensure_ascii=False) + "\n"
         for row, text, prediction in zip(rows, texts, predictions)))

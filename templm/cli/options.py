@@ -309,16 +309,20 @@ def corpus_documents():
 
 
 def writable_folder(folder: str, what: str) -> None:
-    """Creates `folder` if needed and checks a file can be written there, so a bad output path fails before the work
-    (ConfigError naming it). A URL (gs://) is checked by a probe object (templm.remote.check_location)."""
+    """Checks that `folder` can be made and written in, so a bad output path fails before the work (ConfigError
+    naming it), without making it: a run that then fails (a bad binding found when the model is built) leaves no
+    empty folder behind; the verb makes it when it writes its result. A URL (gs://) is checked by a probe
+    object (templm.remote.check_location)."""
     if paths.is_url(folder):
         remote.check_location(folder, what)
         return
-    if os.path.exists(folder) and not os.path.isdir(folder):
-        raise ConfigError(f"{what} {folder} is a file; expected a folder")
+    existing = os.path.abspath(folder)
+    while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ConfigError(f"{what} {folder}: {existing} is a file; expected a folder")
     try:
-        os.makedirs(folder, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
+        with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as e:
         raise ConfigError(f"{what} {folder}: cannot write there: {e.strerror or e}") from None

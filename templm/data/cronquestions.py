@@ -34,6 +34,7 @@ import pickletools
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from templm import paths, remote
+from templm.data.tfrecords import RecordFile
 from templm.errors import DataError
 from templm.io import NamedWrites
 
@@ -236,7 +237,7 @@ def convert_release(release_dir: str, out_dir: str, max_questions: Optional[int]
     os.makedirs(out_dir, exist_ok=True)
     counts = {}
     for split, records in splits.items():
-        with tf.io.TFRecordWriter(os.path.join(out_dir, f"{split}.tfrecord")) as writer:
+        with RecordFile(os.path.join(out_dir, f"{split}.tfrecord")) as writer:
             for record in records:
                 writer.write(_example(tf, record))
         counts[split] = {"questions": len(records),

@@ -43,6 +43,7 @@ from templm.data.readers import (Corpus, describe_corpus, open_text, read_docume
                                  resolve_corpus)
 from templm.data.records import Document
 from templm.errors import DataError
+from templm.io import NamedWrites
 
 SPLIT_NAMES = ("time_stratified_train", "time_stratified_validation", "control_train", "control_validation", "test")
 YEARLY_PARTS = ("train", "validation", "test")
@@ -251,10 +252,11 @@ def _write_split(tmp: str, final: str, dates: np.ndarray, ids: Sequence[str]) ->
     """Writes `YYYYMMDD<TAB>id` lines to `tmp`, gzipped when `final` ends in `.gz` (with a fixed header: no name, no
     time stamp, so equal content gives equal bytes)."""
     if final.endswith(".gz"):
-        with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=6, mtime=0) as f:
+        with NamedWrites(tmp, "wb", shown=final) as raw, \
+                gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=6, mtime=0) as f:
             _write_lines(f, dates, ids)
     else:
-        with open(tmp, "wb") as f:
+        with NamedWrites(tmp, "wb", shown=final) as f:
             _write_lines(f, dates, ids)
 
 
@@ -290,7 +292,7 @@ def _load_stats(out_dir: str) -> dict:
 
 def _write_stats(outputs: _AtomicOutputs, out_dir: str, stats: dict) -> None:
     tmp = outputs.temp_path(os.path.join(out_dir, STATS_FILE))
-    with open(tmp, "w", encoding="utf-8") as f:
+    with NamedWrites(tmp, "w", shown=os.path.join(out_dir, STATS_FILE), encoding="utf-8") as f:
         json.dump(stats, f, indent=2, sort_keys=True)
         f.write("\n")
 

@@ -39,10 +39,11 @@ from templm.data.records import Document
 from templm.data.salient_spans import BuiltinEntityDetector, cloze_to_ssm, make_entity_detector, ssm_examples
 from templm.data.filters import FilterConfig
 from templm.data.splits import read_split_file, yearly_buckets
+from templm.data.tfrecords import RecordFile
 from templm.data.vocab import train_spm
 from templm.data.world import WORLD_VERSION, WorldConfig, generate_world
 from templm import console, paths
-from templm.errors import DataError, as_os_error, require_numbers
+from templm.errors import DataError, require_numbers
 from templm.io import write_json
 from templm.outputs import build_output_folder, locked
 from templm.settings import Settings
@@ -103,7 +104,7 @@ class _Writers:
     def __init__(self, root: str, files: int = 1):
         self.root = root
         self.files = files
-        self.open: Dict[Tuple[str, str, int, int], object] = {}
+        self.open: Dict[Tuple[str, str, int, int], RecordFile] = {}
         self.counts: Dict[str, Dict[str, Dict[str, int]]] = collections.defaultdict(
             lambda: collections.defaultdict(lambda: collections.defaultdict(int)))
 
@@ -114,30 +115,20 @@ class _Writers:
             os.makedirs(os.path.join(self.root, folder), exist_ok=True)
             name = f"{split}-{year}" + (f"-{part:05d}-of-{self.files:05d}" if self.files > 1 else "") + ".tfrecord"
             path = os.path.join(self.root, folder, name)
-            self.open[key] = (self._system(lambda: _tf().io.TFRecordWriter(path), path), path)
-        writer, path = self.open[key]
-        self._system(lambda: writer.write(record), path)
+            self.open[key] = RecordFile(path)
+        self.open[key].write(record)
         self.counts[folder][split][str(year)] += 1
 
     def close(self) -> None:
         """Closes every writer (each one, even after one failed), then raises the first failure."""
         failures = []
-        for writer, path in self.open.values():
+        for writer in self.open.values():
             try:
-                self._system(writer.close, path)
+                writer.close()
             except Exception as e:  # noqa: BLE001  (re-raised below, once every file is closed)
                 failures.append(e)
         if failures:
             raise failures[0]
-
-    @staticmethod
-    def _system(call, path: str):
-        """call(), with a failure of the file system that TensorFlow reports as its own error (a full disk: "File too
-        large", "No space left on device") raised as the OSError it is."""
-        try:
-            return call()
-        except _tf().errors.OpError as e:
-            raise as_os_error(e, path, "writing TFRecords") or e from None
 
 
 def _split_of_documents(split_dir: str, years: Sequence[int]) -> Dict[str, str]:
