@@ -198,6 +198,44 @@ def tiny_study(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="session")
+def verb_inputs(tmp_path_factory):
+    """What every verb reads in tests/test_reentrant_cli.py and tests/test_fault_matrix.py, made once per session
+    through templm.cli.main: a world (`world`, its news.jsonl a corpus), task data (`data`), a T5 run of two steps
+    over it (`model`), CALM texts (`texts`), a query file (`queries`) and a CronQuestions release as published
+    (`release`: pickles and the id-to-name file; one question a split)."""
+    import pickle
+
+    from templm_testing import (VERB_T5, VERB_TASK_FLAGS, VERB_WORLD_FLAGS, farm_and_market, run_templm,
+                                write_texts)
+
+    def build(root):
+        for args in (("data", "world", f"--out={root / 'world'}", *VERB_WORLD_FLAGS),
+                     ("data", "tasks", f"--out={root / 'data'}", *VERB_TASK_FLAGS)):
+            result = run_templm(*args)
+            assert result.returncode == 0, result.stderr[-3000:]
+        result = run_templm("train", *VERB_T5, f"--gin.MODEL_DIR='{root / 'model'}'", "--gin.TRAIN_STEPS=2",
+                            env={"TEMPLM_DATA_DIR": str(root / "data")})
+        assert result.returncode == 0, result.stderr[-3000:]
+        write_texts(root / "texts", farm_and_market())
+        (root / "queries.jsonl").write_text('{"query": "Ann Lee plays for _X_.", "date": "2015"}\n')
+        questions = root / "release" / "data" / "wikidata_big" / "questions"
+        questions.mkdir(parents=True)
+        (questions.parent / "kg").mkdir()
+        (questions.parent / "kg" / "wd_id2entity_text.txt").write_text("Q76\tBarack Obama\nQ30\tUnited States\n")
+        for split, name in (("train", "train"), ("validation", "valid"), ("test", "test")):
+            with open(questions / f"{name}.pickle", "wb") as f:
+                pickle.dump([{"question": f"Who led United States in 2010 ({split})", "answers": {"Q76"},
+                              "answer_type": "entity", "template": "Who led {tail} in {time}",
+                              "entities": {"Q30"}, "times": {2010}, "relations": ["P6"], "type": "simple_entity",
+                              "annotation": {"tail": "Q30", "time": 2010}, "uniq_id": 1, "paraphrases": []}],
+                            f, protocol=3)
+
+    root = built_once(tmp_path_factory, "verb_inputs", build)
+    return {"root": root, "world": root / "world", "data": root / "data", "model": root / "model",
+            "texts": root / "texts", "queries": root / "queries.jsonl", "release": root / "release"}
+
+
 @pytest.fixture(scope="module")
 def task_data_for(tmp_path_factory):
     """build(name, TaskDataConfig) -> folder: task data in a fresh temporary folder, with the SeqIO tasks registered

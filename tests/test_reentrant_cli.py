@@ -11,37 +11,21 @@ import re
 
 import pytest
 
-from templm_testing import REPO, farm_and_market, run_templm, run_templm_process, write_texts
+from templm_testing import (REPO, VERB_T5, VERB_TASK_FLAGS, VERB_WORLD_FLAGS, run_templm, run_templm_process,
+                            without_times)
 
 pytestmark = pytest.mark.e2e
 
-WORLD_FLAGS = ("--start_year=2015", "--end_year=2017", "--subjects_per_relation=4", "--docs_per_month=6")
-TASK_FLAGS = ("--vocab_size=200", "--future_years=1", "--gin.WorldConfig.start_year=2015",
-              "--gin.WorldConfig.end_year=2016", "--gin.WorldConfig.subjects_per_relation=4",
-              "--gin.WorldConfig.docs_per_month=3")
-T5 = ("--gin_file=gin_configs/temporal.gin", "--gin_file=gin_configs/runs/cpu_demo.gin",
-      "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", "--gin.BATCH_SIZE=8", "--gin.EVAL_PERIOD=0")
+WORLD_FLAGS, TASK_FLAGS, T5 = VERB_WORLD_FLAGS, VERB_TASK_FLAGS, VERB_T5
 # Files whose bytes hold a time or the machine's state (orbax's metadata, timing, TensorBoard events, locks).
 UNSTABLE = re.compile(r"(checkpoints/|events\.out|metrics\.jsonl$|\.lock$|_CHECKPOINT_METADATA|timing)")
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
-    """A world, task data and a T5 checkpoint of two steps, made once through main; the verbs read them."""
-    root = tmp_path_factory.mktemp("reentrant")
-    made = {"root": root, "world": root / "world", "data": root / "data", "model": root / "model"}
-    for args in (("data", "world", f"--out={made['world']}", *WORLD_FLAGS),
-                 ("data", "tasks", f"--out={made['data']}", *TASK_FLAGS)):
-        result = run_templm(*args)
-        assert result.returncode == 0, result.stderr[-3000:]
-    result = run_templm("train", *T5, f"--gin.MODEL_DIR='{made['model']}'", "--gin.TRAIN_STEPS=2",
-                        env={"TEMPLM_DATA_DIR": str(made["data"])})
-    assert result.returncode == 0, result.stderr[-3000:]
-    made["texts"] = write_texts(root / "texts", farm_and_market())
-    queries = root / "queries.jsonl"
-    queries.write_text('{"query": "Ann Lee plays for _X_.", "date": "2015"}\n')
-    made["queries"] = queries
-    return made
+def inputs(verb_inputs):
+    """A world, task data and a T5 checkpoint of two steps, made once through main (tests/conftest.py); the verbs
+    read them."""
+    return verb_inputs
 
 
 def _cases(i):
@@ -93,17 +77,8 @@ def _normal_output(text, out, root):
         except ValueError:
             lines.append(re.sub(r"\b\d+(\.\d+)?\s?(s|ms|m\d+s)\b", "<T>", line))
             continue
-        lines.append(json.dumps(_without_times(value), sort_keys=True))
+        lines.append(json.dumps(without_times(value), sort_keys=True))
     return lines
-
-
-def _without_times(value):
-    if isinstance(value, dict):
-        return {k: _without_times(v) for k, v in value.items()
-                if not re.search(r"second|time|elapsed|duration|rate|per_sec", k)}
-    if isinstance(value, list):
-        return [_without_times(v) for v in value]
-    return value
 
 
 def _our_lines(text, out, root):
@@ -125,7 +100,7 @@ def _files(out):
             with open(path, "rb") as f:
                 content = f.read().replace(str(out).encode(), b"<OUT>")
             if rel.endswith(".json"):  # a summary may say how long its work took
-                content = json.dumps(_without_times(json.loads(content)), sort_keys=True).encode()
+                content = json.dumps(without_times(json.loads(content)), sort_keys=True).encode()
             found[rel] = content
     return found
 

@@ -4,6 +4,7 @@ folder on the import path)."""
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -23,6 +24,15 @@ CALM_TINY_RUN = ("--gin.templm.CalmStreamConfig.domains=['sports', 'politics']",
                  "--gin.WorldConfig.end_year=2014", "--gin.WorldConfig.docs_per_month=10")
 
 TINY_STUDY = ("reproduce", "--preset=tiny_test", "--seed=0", "--gin.templm.Study.data_shards=2")
+
+# The inputs every verb reads in tests/test_reentrant_cli.py and tests/test_fault_matrix.py (tests/conftest.py's
+# `verb_inputs`): a world, task data and a T5 run of two steps, at the smallest sizes the verbs accept.
+VERB_WORLD_FLAGS = ("--start_year=2015", "--end_year=2017", "--subjects_per_relation=4", "--docs_per_month=6")
+VERB_TASK_FLAGS = ("--vocab_size=200", "--future_years=1", "--gin.WorldConfig.start_year=2015",
+                   "--gin.WorldConfig.end_year=2016", "--gin.WorldConfig.subjects_per_relation=4",
+                   "--gin.WorldConfig.docs_per_month=3")
+VERB_T5 = ("--gin_file=gin_configs/temporal.gin", "--gin_file=gin_configs/runs/cpu_demo.gin",
+           "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", "--gin.BATCH_SIZE=8", "--gin.EVAL_PERIOD=0")
 
 
 def xla_flags(devices):
@@ -64,6 +74,17 @@ def run_templm_process(*args, cwd=REPO, env=None, timeout=900, **kwargs):
     """`python -m templm.cli ARGS` in a fresh process in `cwd`: the CompletedProcess, output as text."""
     return subprocess.run([sys.executable, "-m", "templm.cli", *args], capture_output=True, text=True, cwd=cwd,
                           env=None if env is None else {**os.environ, **env}, timeout=timeout, **kwargs)
+
+
+def without_times(value):
+    """A JSON value without the keys that hold a time (seconds, rates, durations): what two runs of a verb on the
+    same input must agree on."""
+    if isinstance(value, dict):
+        return {k: without_times(v) for k, v in value.items()
+                if not re.search(r"second|time|elapsed|duration|rate|per_sec", k)}
+    if isinstance(value, list):
+        return [without_times(v) for v in value]
+    return value
 
 
 def write_texts(folder, texts):
