@@ -306,7 +306,8 @@ def _generated(verb, fault):
                                 if callable(OUTPUTS.get(verb)) else []),
         "full disk (4)": ["test_a_full_disk_is_exit_4_naming_the_file_with_nothing_half_written"]
         if verb in FULL_DISK else [],
-        "Ctrl-C (130) / SIGTERM (75)": [],
+        "Ctrl-C (130) / SIGTERM (75)": (["test_sigterm_while_the_verb_works_is_exit_75_one_line_and_no_result"]
+                                        if verb in SIGNALLED else []),
         "a second run at once": (["test_a_second_run_on_the_same_folder_is_refused_naming_the_first"]
                                  if verb in SECOND_RUN else []),
         "run again": ["test_the_same_command_again_on_its_own_folder_gives_the_same_output"] if verb in RUN_AGAIN else [],
@@ -379,3 +380,87 @@ def test_the_same_command_again_on_its_own_folder_gives_the_same_output(verb_inp
         seen.append(_contents(out))
     assert seen[0] == seen[1] and seen[0]
     assert sorted(os.listdir(tmp_path)) == ["out"]  # no old copy, partial folder or lock beside it
+
+
+# SIGTERM while the verb works: the signal is sent by this process to itself at a moment the verb itself makes, the
+# first time it opens a file of its own work (found by Python's audit hook on `open`: a file it writes under its
+# output folder, or the input it reads where it writes none), so that it lands mid-work whatever the machine's speed.
+# The verb must end with exit 75 and one line, and leave no result from unfinished work: a folder it builds absent
+# with nothing beside it, no result file in a folder it writes into unless the line says the result was complete
+# (a signal during the result's commit waits for its last rename).
+_AUDIT = {"prefix": None, "write": True, "fired": False}
+
+
+def _on_open(event, args):
+    if event != "open" or _AUDIT["prefix"] is None or _AUDIT["fired"]:
+        return
+    path, mode, flags = args
+    if not isinstance(path, str) or not path.startswith(_AUDIT["prefix"]) or "/." in path[len(_AUDIT["prefix"]):]:
+        return  # not the verb's own work (a lock, a marker, a temporary name beside a file is its own dot-name)
+    writes = (mode is not None and any(c in mode for c in "wax+")) or (
+        mode is None and isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR))
+    if writes or not _AUDIT["write"]:
+        import signal
+
+        _AUDIT["fired"] = True
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _signal_cases(i, out):
+    """verb -> (arguments, the path whose first opening sends the signal, whether that opening is a write)."""
+    news = i["world"] / "news.jsonl"
+    cases = _full_disk_cases(i)
+    run = lambda verb: [a.replace("{out}", str(out)) for a in cases[verb][0]]  # noqa: E731
+    return {
+        "data stats": (["data", "stats", f"--corpus={news}"], str(news), False),
+        "data splits": (run("data splits"), f"{out}.partial/", True),
+        "data spm": (run("data spm"), f"{out}/", True),
+        "data templama": (run("data templama"), f"{out}.partial/", True),
+        "data cronquestions": (run("data cronquestions"), f"{out}.partial/", True),
+        "data calm": (run("data calm"), f"{out}.partial/", True),
+        "plan": (["plan", *VERB_T5, "--devices=1", "--device_kind=a100_80"],
+                 os.path.join(REPO, "templm", "gin_configs", "models"), False),
+        "eval": (run("eval"), f"{i['model']}/checkpoints/", False),
+        "infer": (run("infer"), f"{i['model']}/checkpoints/", False),
+        "is-eval": (run("is-eval"), f"{out}/", True),
+        # Their first work is the world (or the shifted periods' data) they build inside their folder.
+        "calm": (run("calm"), f"{out}/", True),
+        "appendices": (run("appendices"), f"{out}/", True),
+    }
+
+
+SIGNALLED = ["data stats", "data splits", "data spm", "data templama", "data cronquestions", "data calm", "plan",
+             "eval", "infer", "is-eval", "calm", "appendices"]
+
+
+@pytest.mark.parametrize("verb", SIGNALLED)
+def test_sigterm_while_the_verb_works_is_exit_75_one_line_and_no_result(verb_inputs, tmp_path, verb):
+    import sys
+
+    out = tmp_path / "out"
+    args, prefix, write = _signal_cases(verb_inputs, out)[verb]
+    if not getattr(sys, "_templm_fault_matrix_hook", False):
+        sys.addaudithook(_on_open)  # for the rest of the process; idle unless a prefix is set
+        sys._templm_fault_matrix_hook = True
+    if verb == "infer":
+        out.mkdir()
+    _AUDIT.update(prefix=prefix, write=write, fired=False)
+    try:
+        result = run_templm(*args, env={"TEMPLM_DATA_DIR": str(verb_inputs["data"])})
+    finally:
+        fired = _AUDIT["fired"]
+        _AUDIT.update(prefix=None, fired=False)
+    assert fired, f"the verb never opened {prefix}"
+    assert result.returncode == 75, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"templm {verb}: stopped by SIGTERM"), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and not result.stdout.strip(), (result.stdout, result.stderr)
+    whole = "written whole" in lines[-1]
+    beside = sorted(os.listdir(tmp_path))
+    left = sorted(os.path.relpath(os.path.join(folder, name), out) for folder, _, names in os.walk(out)
+                  for name in names) if out.exists() else []
+    if verb.startswith("data ") and verb != "data spm":
+        assert beside == [] or (whole and beside == ["out"]), beside
+    else:
+        assert not [p for p in beside if p.endswith((".lock", ".partial"))], beside
+        assert whole or not [p for p in left if not os.path.basename(p).startswith(".")], left
