@@ -202,8 +202,9 @@ def tiny_study(tmp_path_factory):
 def verb_inputs(tmp_path_factory):
     """What every verb reads in tests/test_reentrant_cli.py and tests/test_fault_matrix.py, made once per session
     through templm.cli.main: a world (`world`, its news.jsonl a corpus), task data (`data`), a T5 run of two steps
-    over it (`model`), CALM texts (`texts`), a query file (`queries`) and a CronQuestions release as published
-    (`release`: pickles and the id-to-name file; one question a split)."""
+    over it (`model`), CALM texts (`texts`), a query file (`queries`), a CronQuestions release as published
+    (`release`: pickles and the id-to-name file; one question a split), and the world's streaming splits (`splits`)
+    and SentencePiece model (`spm`) that a Transformer-XL run reads."""
     import pickle
 
     from templm_testing import (VERB_T5, VERB_TASK_FLAGS, VERB_WORLD_FLAGS, farm_and_market, run_templm,
@@ -217,6 +218,12 @@ def verb_inputs(tmp_path_factory):
         result = run_templm("train", *VERB_T5, f"--gin.MODEL_DIR='{root / 'model'}'", "--gin.TRAIN_STEPS=2",
                             env={"TEMPLM_DATA_DIR": str(root / "data")})
         assert result.returncode == 0, result.stderr[-3000:]
+        news = root / "world" / "news.jsonl"
+        for args in (("data", "splits", f"--corpus={news}", f"--out={root / 'splits'}", "--cutoff=2016-06-30",
+                      "--test_docs_per_month=2", "--test_months=6", "--heldout_per_year=4", "--allow_degenerate"),
+                     ("data", "spm", f"--corpus={news}", f"--out={root / 'spm' / 'spm'}", "--vocab_size=150")):
+            result = run_templm(*args)
+            assert result.returncode == 0, result.stderr[-3000:]
         write_texts(root / "texts", farm_and_market())
         (root / "queries.jsonl").write_text('{"query": "Ann Lee plays for _X_.", "date": "2015"}\n')
         questions = root / "release" / "data" / "wikidata_big" / "questions"
@@ -233,7 +240,8 @@ def verb_inputs(tmp_path_factory):
 
     root = built_once(tmp_path_factory, "verb_inputs", build)
     return {"root": root, "world": root / "world", "data": root / "data", "model": root / "model",
-            "texts": root / "texts", "queries": root / "queries.jsonl", "release": root / "release"}
+            "texts": root / "texts", "queries": root / "queries.jsonl", "release": root / "release",
+            "splits": root / "splits", "spm": root / "spm" / "spm.model"}
 
 
 @pytest.fixture(scope="module")

@@ -100,11 +100,11 @@ WRITE_INTO = ("is-eval", "appendices", "calm", "stream")
 # adding to its folder under a lock inside it.
 BUILDERS = ("data world", "data splits", "data templama", "data cronquestions", "data tasks", "data calm")
 SECOND_RUN = {**{verb: lambda out: f"{out}.lock" for verb in WRITE_INTO + BUILDERS},
-              "reproduce": lambda out: f"{out}/.templm.lock"}
+              **{verb: lambda out: f"{out}/.templm.lock" for verb in ("reproduce", "train-lm")}}
 
 
 @pytest.mark.parametrize("verb", sorted(SECOND_RUN))
-def test_a_second_run_on_the_same_folder_is_refused_naming_the_first(inputs, tmp_path, verb):
+def test_a_second_run_on_the_same_folder_is_refused_naming_the_first(inputs, verb_inputs, tmp_path, verb):
     """is-eval, appendices, calm and stream took no lock: two runs on one folder wrote into it at once. Each holds
     `<folder>.lock` for the whole verb, its report included, as the data verbs hold it while they build; a second run
     is refused, naming the first, before any work."""
@@ -112,14 +112,17 @@ def test_a_second_run_on_the_same_folder_is_refused_naming_the_first(inputs, tmp
 
     out = tmp_path / "out"
     holder = lock_holder(SECOND_RUN[verb](out), "the first run")
+    # train-lm reads its splits and vocabulary before it takes its folder: it is given real ones.
+    args = ([a.replace("{out}", str(out)) for a in _full_disk_cases(verb_inputs)[verb][0]] if verb == "train-lm"
+            else OUTPUTS[verb](out, inputs))
     try:
-        result = run_templm(*OUTPUTS[verb](out, inputs))
+        result = run_templm(*args)
     finally:
         holder.kill()
         holder.wait()
     assert result.returncode == 1, result.stderr[-2000:]
-    assert f"folder {out} is in use by `" in result.stderr.strip().splitlines()[-1], result.stderr[-2000:]
-    if verb == "reproduce":  # the first run's folder (made by it): nothing of the second in it
+    assert f"{out} is in use by `" in result.stderr.strip().splitlines()[-1], result.stderr[-2000:]
+    if verb in ("reproduce", "train-lm"):  # the first run's folder (made by it): nothing of the second in it
         assert os.listdir(out) in ([], [".templm.lock"]), os.listdir(out)
     else:
         assert not out.exists()
@@ -156,8 +159,10 @@ def _full_disk_cases(i):
                      "--num_docs=3", "--doc_length=8"), None, 300, False),
         "appendices": (("appendices", "--out={out}", "--preset=tiny_test", "--shifts=0,1"), None, 300, False),
         "calm": (("calm", "--gin_file=calm/txl_online.gin", "--gin.OUT_DIR='{out}'"), None, 300, False),
-        # The Transformer-XL verbs read trained runs or splits before they write more than their lock: the limit
-        # falls on the lock's line (stream), or on train-lm's run record.
+        "train-lm": (("train-lm", "--gin_file=txl/time_stratified.gin", "--gin_file=txl/tiny.gin",
+                      "--gin.MODEL_DIR='{out}'", f"--gin.CORPUS='{news}'", f"--gin.SPLIT_DIR='{i['splits']}'",
+                      f"--gin.SPM_MODEL='{i['spm']}'"), None, 300, False),
+        # stream reads trained runs before it writes more than its lock: the limit falls on the lock's line.
         "stream": (("stream", "--gin_file=txl/dynamic_eval.gin", "--gin.OUT_DIR='{out}'",
                     f"--gin.TIME_STRATIFIED_DIR='{i['root'] / 'no_run'}'",
                     f"--gin.CONTROL_DIR='{i['root'] / 'no_run'}'"), None, 10, False),
@@ -165,7 +170,7 @@ def _full_disk_cases(i):
 
 
 FULL_DISK = ["data world", "data splits", "data spm", "data templama", "data cronquestions", "data tasks",
-             "data calm", "train", "eval", "infer", "reproduce", "is-eval", "appendices", "calm", "stream"]
+             "data calm", "train", "train-lm", "eval", "infer", "reproduce", "is-eval", "appendices", "calm", "stream"]
 
 
 def _with_files_limited(limit, args, env):
