@@ -469,3 +469,32 @@ def test_sigterm_while_the_verb_works_is_exit_75_one_line_and_no_result(verb_inp
     else:
         assert not [p for p in beside if p.endswith((".lock", ".partial"))], beside
         assert whole or not [p for p in left if not os.path.basename(p).startswith(".")], left
+
+
+def test_a_model_too_large_for_the_machine_is_refused_before_anything_is_allocated(verb_inputs, tmp_path):
+    """An emb_dim of 2^26 (1.2 TiB of parameters) grew `templm train` until the system killed it; the parameters'
+    size is computed from their shapes first (templm.training.state.require_params_fit)."""
+    result = run_templm("train", *VERB_T5, f"--gin.MODEL_DIR='{tmp_path / 'm'}'", "--gin.TRAIN_STEPS=2",
+                        "--gin.templm.T5Config.emb_dim=67108864", env={"TEMPLM_DATA_DIR": str(verb_inputs["data"])})
+    assert result.returncode == 1, result.stderr[-2000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("templm train: error: the model's ") and "TiB, more than half of this machine" in line, line
+    assert not (tmp_path / "m" / "checkpoints").exists() or not os.listdir(tmp_path / "m" / "checkpoints")
+
+
+def test_xla_refusing_a_step_s_memory_is_one_line_with_the_remedies():
+    """The paper's config on a laptop compiled its step, then XLA refused its 179 GiB: a 61-line traceback. The
+    same refusal, made by XLA here, becomes one line (templm.cli.dispatch) naming the size and what to lower."""
+    import jax
+    import jax.numpy as jnp
+
+    from templm.cli.dispatch import _out_of_device_memory
+
+    try:
+        jax.jit(lambda x: jnp.zeros((2 ** 40,)) + x)(1.0).block_until_ready()
+    except Exception as e:  # noqa: BLE001  (XLA's own error type, whatever jax calls it)
+        refused = e
+    said = _out_of_device_memory("train", refused)
+    assert said is not None and said.startswith("the device has too little memory for the compiled step (4,096.0 GiB")
+    assert "microbatches" in said and "templm plan" in said
+    assert _out_of_device_memory("train", RuntimeError("Out of memory")) is None  # only XLA's refusal

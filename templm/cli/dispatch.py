@@ -305,6 +305,26 @@ def _main(argv: List[str], stopped: List[int]) -> int:
             err.close()
 
 
+_OUT_OF_MEMORY = re.compile(r"RESOURCE_EXHAUSTED|Out of memory", re.I)
+_ALLOCATING = re.compile(r"allocating (\d+) bytes")
+
+
+def _out_of_device_memory(name: str, error: BaseException) -> Optional[str]:
+    """The one line for XLA's refusal to allocate what a compiled step asks for (a JaxRuntimeError: settings too large
+    for the device, e.g. the paper's batch on a laptop), or None for any other error. XLA refuses before it
+    allocates: nothing was trained, and the run's folder holds no checkpoint of it."""
+    if type(error).__name__ not in ("JaxRuntimeError", "XlaRuntimeError"):
+        return None
+    if _OUT_OF_MEMORY.search(str(error)) is None:
+        return None
+    size = _ALLOCATING.search(str(error))
+    asked = f" ({int(size.group(1)) / 2 ** 30:,.1f} GiB in one allocation)" if size else ""
+    remedy = ("lower BATCH_SIZE or TASK_FEATURE_LENGTHS, train a smaller model or on more devices, or split each "
+              "batch (--gin.templm.train.microbatches=N); `templm plan` gives the step's memory before a run"
+              if name in ("train", "reproduce") else "lower the batch size, the lengths or the model size")
+    return f"the device has too little memory for the compiled step{asked}: {remedy}"
+
+
 def _stopped_while_starting(name: str, signum: int) -> int:
     if signum == signal.SIGTERM:
         print(f"templm {name}: stopped by SIGTERM while starting; nothing was written", file=sys.stderr)
@@ -351,6 +371,13 @@ def _run_verb(name: str, v: Verb, err: TextIO) -> int:
                 where, said = f"{copied.group(3)}: ", copied.group(2)
         print(f"templm {name}: error: {where}{said} (nothing half-written was left)", file=err)
         return EXIT_SYSTEM if code in SYSTEM_ERRNOS else EXIT_BAD_INPUT
+    except RuntimeError as e:
+        said = _out_of_device_memory(name, e)
+        if said is None:
+            raise
+        logging.debug("templm %s failed", name, exc_info=True)
+        print(f"templm {name}: error: {said}", file=err)
+        return EXIT_BAD_INPUT
     except (KeyboardInterrupt, Terminated) as e:
         stopped = "interrupted" if isinstance(e, KeyboardInterrupt) else "stopped by SIGTERM"
         if signal_during_commit():

@@ -12,12 +12,14 @@ The state is a dict {"step", "params", "opt_state", ...extra}; extra holds what 
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any, Callable, Dict, Iterator, Mapping, Tuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from templm.errors import ConfigError, require_memory
 from templm.training import partitioning
 
 
@@ -29,8 +31,30 @@ def mesh_rules(mesh, rules) -> Iterator[None]:
 
 
 def sharded_params(init_fn: Callable[[jax.Array], Any], param_shardings: Any, seed: int) -> Any:
-    """init_fn(rng) -> parameters, run jitted with its outputs laid out by `param_shardings`."""
-    return jax.jit(init_fn, out_shardings=param_shardings)(jax.random.key(seed))
+    """init_fn(rng) -> parameters, run jitted with its outputs laid out by `param_shardings`, once their size is
+    known to fit (`require_params_fit`)."""
+    rng = jax.random.key(seed)
+    require_params_fit(jax.eval_shape(init_fn, rng), param_shardings)
+    return jax.jit(init_fn, out_shardings=param_shardings)(rng)
+
+
+def require_params_fit(shapes: Any, param_shardings: Any) -> None:
+    """A ConfigError, before anything is allocated, when the parameters of these shapes cannot fit where they go:
+    more than half of the machine's memory on CPU devices (which share it), or more than a device's memory over all
+    devices when split evenly (the least any layout needs). A model size given by mistake (an emb_dim of 2^26: 8
+    TiB) used to grow the process until the system killed it."""
+    leaves = jax.tree.leaves(shapes)
+    needed = float(sum(math.prod(leaf.shape) * jnp.dtype(leaf.dtype).itemsize for leaf in leaves))
+    devices = sorted({d for s in jax.tree.leaves(param_shardings) for d in s.device_set}, key=lambda d: d.id)
+    what = f"the model's {sum(math.prod(leaf.shape) for leaf in leaves):,} parameters (the sizes its gin config binds)"
+    if not devices or devices[0].platform == "cpu":
+        require_memory(needed, what)
+        return
+    stats = devices[0].memory_stats() or {}
+    limit = stats.get("bytes_limit")
+    if limit and needed / len(devices) > limit:
+        raise ConfigError(f"{what}: {needed / 2 ** 30:,.1f} GiB, more than the {len(devices)} devices hold even "
+                          f"split evenly ({limit / 2 ** 30:,.1f} GiB each); choose a smaller model or more devices")
 
 
 def optimizer_state_shardings(tx, params: Any, mesh) -> Any:
