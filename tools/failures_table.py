@@ -10,8 +10,8 @@ import os
 import sys
 from typing import List
 
+from readme_tables import replace_between, settle  # this folder's; a script's folder is on its path
 from templm.cli.contracts import markdown_table
-from templm.io import atomic_write
 
 PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "failures.md")
 BEGIN = "<!-- failures_table: begin (written by tools/failures_table.py from templm/cli/contracts.py) -->"
@@ -21,11 +21,7 @@ END = "<!-- failures_table: end -->"
 def with_table(page: str) -> str:
     """The page's text with the contracts' table between its marker lines (a ValueError where they are not there
     once each, in order)."""
-    if page.count(BEGIN) != 1 or page.count(END) != 1 or page.index(BEGIN) > page.index(END):
-        raise ValueError(f"the page needs the two marker lines once each, in order:\n{BEGIN}\n{END}")
-    head, rest = page.split(BEGIN)
-    _, tail = rest.split(END)
-    return f"{head}{BEGIN}\n{markdown_table()}{END}{tail}"
+    return replace_between(page, BEGIN, END, markdown_table().rstrip("\n"))
 
 
 def main(argv: List[str]) -> int:
@@ -35,17 +31,9 @@ def main(argv: List[str]) -> int:
     args = parser.parse_args(argv)
     with open(args.page, encoding="utf-8") as f:
         page = f.read()
-    new = with_table(page)
-    if args.check:
-        if new != page:
-            print(f"{args.page}: the table is not templm/cli/contracts.py's; run tools/failures_table.py",
-                  file=sys.stderr)
-            return 1
-        return 0
-    if new != page:
-        atomic_write(args.page, new)
-    print(f"{args.page}: table from templm/cli/contracts.py")
-    return 0
+    return settle(args.page, page, with_table(page), args.check,
+                  "the table is not templm/cli/contracts.py's; run tools/failures_table.py",
+                  "table from templm/cli/contracts.py")
 
 
 if __name__ == "__main__":

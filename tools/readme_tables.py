@@ -301,12 +301,31 @@ def appendix_table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str]) ->
 def replace(readme: str, body: str, block: str = "") -> str:
     """The page's text (`readme`) with `body` between the markers of `block` (a ValueError when they are not there
     once each, in order)."""
-    begin, end = markers(block)
-    if readme.count(begin) != 1 or readme.count(end) != 1 or readme.index(begin) > readme.index(end):
+    return replace_between(readme, *markers(block), body)
+
+
+def replace_between(page: str, begin: str, end: str, body: str) -> str:
+    """`page` with `body` between its marker lines `begin` and `end` (a ValueError when they are not there once
+    each, in order); tools/failures_table.py writes its table the same way."""
+    if page.count(begin) != 1 or page.count(end) != 1 or page.index(begin) > page.index(end):
         raise ValueError(f"the page needs the two marker lines once each, in order:\n{begin}\n{end}")
-    head, rest = readme.split(begin)
+    head, rest = page.split(begin)
     _, tail = rest.split(end)
     return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
+def settle(path: str, page: str, new: str, check: bool, differs: str, written: str) -> int:
+    """With `check`, exit status 1 (saying `differs`) where the page's text `page` is not `new`, else 0; without it,
+    `new` written to `path` where it differs, and `written` said."""
+    if check:
+        if new != page:
+            print(f"{path}: {differs}", file=sys.stderr)
+            return 1
+        return 0
+    if new != page:
+        atomic_write(path, new)
+    print(f"{path}: {written}")
+    return 0
 
 
 def main(argv: List[str]) -> int:
@@ -332,15 +351,8 @@ def main(argv: List[str]) -> int:
         return 2
     make = {"kglm": is_table, "appendices": appendix_table, "reproduce": table}[kinds.pop()]
     new = replace(readme, make(runs, args.results), args.block)
-    if args.check:
-        if new != readme:
-            print(f"{args.readme}: the table differs from what {', '.join(args.results)} give", file=sys.stderr)
-            return 1
-        return 0
-    if new != readme:
-        atomic_write(args.readme, new)
-    print(f"{args.readme}: table from {', '.join(args.results)}")
-    return 0
+    return settle(args.readme, readme, new, args.check, f"the table differs from what {', '.join(args.results)} give",
+                  f"table from {', '.join(args.results)}")
 
 
 if __name__ == "__main__":
