@@ -182,15 +182,40 @@ def define_data_templama():
                          "paper's facts (--norequire_enwiki keeps every subject with an English label).")
     flags.DEFINE_integer("seed", 0, "Seed of the subject split (20/10/70).")
     bounds(max_subjects=(1, None), seed=(0, None))
+    define_beam_flags()
+
+
+def define_beam_flags() -> None:
+    flags.DEFINE_string("runner", None, "Run as an Apache Beam pipeline on this runner (DirectRunner, PrismRunner, "
+                        "DataflowRunner, FlinkRunner, SparkRunner; the `beam` extra); default: one process here.")
+    flags.DEFINE_list("pipeline_options", [], "Beam's own pipeline options, as seqio's cache_tasks_main takes them: "
+                      "--pipeline_options=--direct_num_workers=2,--direct_running_mode=multi_processing (with "
+                      "--runner; Dataflow's --project, --region, --temp_location, --setup_file=./setup.py).")
+
+
+def beam_options() -> list:
+    """Beam's options of the command line: --runner, then --pipeline_options; a ConfigError where Beam is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec("apache_beam") is None:
+        raise ConfigError("--runner needs Apache Beam: pip install 'templm[beam]'")
+    return [f"--runner={FLAGS.runner}", *FLAGS.pipeline_options]
 
 
 def main_data_templama():
     from templm.data.wikidata import build_templama
     from templm.outputs import build_output_folder
 
-    stats = build_output_folder(FLAGS.out, TEMPLAMA_KIND, lambda folder: build_templama(
-        FLAGS.dump, folder, start_year=FLAGS.start_year, end_year=FLAGS.end_year, max_subjects=FLAGS.max_subjects,
-        require_enwiki=FLAGS.require_enwiki, seed=FLAGS.seed), FLAGS.overwrite)
+    settings = dict(start_year=FLAGS.start_year, end_year=FLAGS.end_year, max_subjects=FLAGS.max_subjects,
+                    require_enwiki=FLAGS.require_enwiki, seed=FLAGS.seed)
+    if FLAGS.runner:
+        from templm.data.wikidata_beam import build_templama_beam
+
+        options = beam_options()
+        build = lambda folder: build_templama_beam(FLAGS.dump, folder, options, **settings)  # noqa: E731
+    else:
+        build = lambda folder: build_templama(FLAGS.dump, folder, **settings)  # noqa: E731
+    stats = build_output_folder(FLAGS.out, TEMPLAMA_KIND, build, FLAGS.overwrite)
     print(json.dumps({k: stats[k] for k in ("subjects", "queries", "splits")}))
 
 

@@ -290,6 +290,37 @@ def merge_statements(statements: Iterable[Tuple[str, Optional[datetime.date], Op
     return merged, merges
 
 
+def _check_settings(dump_path: str, start_year: int, end_year: int, max_subjects: Optional[int],
+                    relations: Optional[Sequence[str]]) -> List[str]:
+    """The relations asked for (all nine by default), once the settings and the dump's presence are checked."""
+    relations = list(TEMPLATES) if relations is None else list(relations)
+    unknown = [r for r in relations if r not in TEMPLATES]
+    if unknown or not relations:
+        raise ValueError(f"relations must be a non-empty subset of {sorted(TEMPLATES)}, got unknown {unknown}")
+    if start_year > end_year:
+        raise ValueError(f"start_year {start_year} is after end_year {end_year}")
+    if start_year < MIN_DATE.year or end_year > MAX_DATE.year:
+        raise ValueError(f"years {start_year}-{end_year}: templm's readers accept dates from {MIN_DATE.year} to "
+                         f"{MAX_DATE.year} only, so the queries must lie within them")
+    if max_subjects is not None and max_subjects < 1:
+        raise ValueError(f"max_subjects must be at least 1 (or None for all), got {max_subjects}")
+    if not paths.exists(dump_path):
+        remote.check_location(dump_path, "the dump", write=False)  # in a bucket: why not
+        raise DataError("no such file", dump_path)
+    return relations
+
+
+def _initial_stats(dump_path: str, start_year: int, end_year: int, max_subjects: Optional[int],
+                   require_enwiki: bool, seed: int, relations: Sequence[str]) -> Dict[str, Any]:
+    """stats.json's settings and its counters at zero, before the dump is read."""
+    return {
+        "dump": dump_path, "start_year": start_year, "end_year": end_year, "max_subjects": max_subjects,
+        "require_enwiki": require_enwiki, "seed": seed, "relations": list(relations),
+        "entities": 0, "statements": 0, **{key: 0 for key in _DROPS}, "statements_kept": 0,
+        "dates_low_precision": 0, "dates_after_2100": 0, "dates_invalid": 0,
+    }
+
+
 def build_templama(dump_path: str, out_dir: str, start_year: int = 2010, end_year: int = 2020,
                    max_subjects: Optional[int] = 1000, require_enwiki: bool = True, seed: int = 0,
                    relations: Optional[Sequence[str]] = None) -> Dict[str, Any]:
@@ -307,27 +338,9 @@ def build_templama(dump_path: str, out_dir: str, start_year: int = 2010, end_yea
     Returns the stats also written to stats.json. Raises DataError (file and line) on a line that is not JSON.
     """
     dump_path, out_dir = os.fspath(dump_path), os.fspath(out_dir)
-    relations = list(TEMPLATES) if relations is None else list(relations)
-    unknown = [r for r in relations if r not in TEMPLATES]
-    if unknown or not relations:
-        raise ValueError(f"relations must be a non-empty subset of {sorted(TEMPLATES)}, got unknown {unknown}")
-    if start_year > end_year:
-        raise ValueError(f"start_year {start_year} is after end_year {end_year}")
-    if start_year < MIN_DATE.year or end_year > MAX_DATE.year:
-        raise ValueError(f"years {start_year}-{end_year}: templm's readers accept dates from {MIN_DATE.year} to "
-                         f"{MAX_DATE.year} only, so the queries must lie within them")
-    if max_subjects is not None and max_subjects < 1:
-        raise ValueError(f"max_subjects must be at least 1 (or None for all), got {max_subjects}")
-    if not paths.exists(dump_path):
-        remote.check_location(dump_path, "the dump", write=False)  # in a bucket: why not
-        raise DataError("no such file", dump_path)
+    relations = _check_settings(dump_path, start_year, end_year, max_subjects, relations)
     begun = time.monotonic()
-    stats: Dict[str, Any] = {
-        "dump": dump_path, "start_year": start_year, "end_year": end_year, "max_subjects": max_subjects,
-        "require_enwiki": require_enwiki, "seed": seed, "relations": relations,
-        "entities": 0, "statements": 0, **{key: 0 for key in _DROPS}, "statements_kept": 0,
-        "dates_low_precision": 0, "dates_after_2100": 0, "dates_invalid": 0,
-    }
+    stats = _initial_stats(dump_path, start_year, end_year, max_subjects, require_enwiki, seed, relations)
 
     # Pass 1: kept statements, and labels of the ids they reference as those lines go by.
     subjects: Dict[str, _Subject] = {}
@@ -379,6 +392,17 @@ def build_templama(dump_path: str, out_dir: str, start_year: int = 2010, end_yea
                 break
     stats["objects_found_late"] = found
 
+    return _finish(dump_path, out_dir, subjects, names, missing, stats, relations, start_year, end_year,
+                   max_subjects, require_enwiki, seed, begun)
+
+
+def _finish(dump_path: str, out_dir: str, subjects: Dict[str, _Subject], names: Dict[str, str], missing: Set[str],
+            stats: Dict[str, Any], relations: Sequence[str], start_year: int, end_year: int,
+            max_subjects: Optional[int], require_enwiki: bool, seed: int, begun: float) -> Dict[str, Any]:
+    """From the dump's kept subjects and the names of the objects they reference (`missing`: objects with no entity
+    line), the queries and their split, written to `out_dir` with stats.json; the stats returned. The same for the
+    single-process reading and the Beam pipeline (templm.data.wikidata_beam), whose outputs are therefore the
+    same."""
     # Per subject and relation: resolved objects, merged intervals, more than one object, the most popular first.
     stats.update(dropped_object_unresolved=0, statements_merged=0, subject_relations=0,
                  subject_relations_one_object=0, subject_relations_cut=0)
@@ -431,6 +455,7 @@ def build_templama(dump_path: str, out_dir: str, start_year: int = 2010, end_yea
     logging.info("wikidata %s: %d queries (%s) about %d subjects written to %s", dump_path, len(queries),
                  ", ".join(f"{name} {stats['splits'][name]}" for name in SPLITS), stats["subjects"], out_dir)
     return stats
+
 
 
 def _read_subject(entity_id: str, label: Optional[str], links: Dict[str, Any], claims: Dict[str, Any],
