@@ -110,6 +110,8 @@ SLOWEST_FILES = [
     "tests/training/test_lm_trainer.py",  # 74 s
     "tests/training/test_input_pipeline.py",  # 72 s
     "tests/models/test_kglm.py",  # 65 s
+    "tests/test_fault_matrix.py",  # every verb x fault class in-process, with the shared verb inputs
+    "tests/tasks/test_seqio_cache.py",  # seqio's cache on Beam with two worker processes: ~40 s
 ]
 
 
@@ -117,6 +119,8 @@ SLOWEST_FILES = [
 # at c. 4 s or more on this project's 2-core machine), marked `slow`: `make test-fast` leaves them out with the e2e
 # runs, `make test` runs them. A file listed whole, or a test by the start of its id.
 SLOW = (
+    "tests/tasks/test_seqio_cache.py",
+    "tests/data/test_wikidata_beam.py",
     "tests/training/test_trainer.py",
     "tests/training/test_kglm_trainer.py",
     "tests/training/test_lm_trainer.py",

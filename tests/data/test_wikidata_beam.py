@@ -38,8 +38,9 @@ def _reordered_gz(tmp_path):
     return str(path)
 
 
-@pytest.mark.parametrize("options", [IN_PROCESS, TWO_WORKERS], ids=["one worker", "two worker processes"])
-@pytest.mark.parametrize("dump", ["as published", "gzipped, objects first"])
+@pytest.mark.parametrize("dump, options", [("as published", IN_PROCESS), ("as published", TWO_WORKERS),
+                                           ("gzipped, objects first", IN_PROCESS)],
+                         ids=["one worker", "two worker processes", "gzipped, objects first"])
 def test_beam_gives_the_single_process_files(tmp_path, options, dump):
     path = DUMP if dump == "as published" else _reordered_gz(tmp_path)
     settings = dict(max_subjects=4, seed=0, require_enwiki=False)

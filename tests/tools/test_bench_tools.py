@@ -91,3 +91,19 @@ def test_bench_txl_quick_prints_one_json_line_per_figure(capsys):
         assert set(line) >= {"name", "value", "unit", "config", "devices", "jax"}
         assert line["value"] > 0
     assert lines[1]["unit"] == "tokens/s" and lines[-1]["theoretical"] == 3.0
+
+
+def test_the_beam_benchmark_s_dump_repeats_the_test_dump_with_fresh_ids(tmp_path):
+    """tools/bench_beam.py's dump: each copy renumbers its ids and its references to them, so N copies hold N times
+    the test dump's queries (under the per-relation cut), every copy's subjects distinct."""
+    import bench_beam
+
+    from templm.data.wikidata import build_templama
+
+    counts = {}
+    for copies in (1, 3):
+        dump = str(tmp_path / f"dump{copies}.json")
+        assert bench_beam.write_dump(dump, copies) == 25 * copies
+        stats = build_templama(dump, str(tmp_path / f"out{copies}"), require_enwiki=False)
+        counts[copies] = (stats["queries"], stats["subjects"])
+    assert counts[3] == (3 * counts[1][0], 3 * counts[1][1]) and counts[1][0] > 0
