@@ -52,10 +52,8 @@ def atomic_write_files(contents: Mapping[str, Union[str, bytes, Callable[[str], 
                         f.write(content.encode("utf-8") if isinstance(content, str) else content)
                         f.flush()
                         os.fsync(f.fileno())
-            except OSError as e:
-                if e.errno and not e.filename:  # a write to the open file names none
-                    raise OSError(e.errno, f"{os.strerror(e.errno)} while writing it", path) from None
-                raise
+            except OSError as e:  # a write to the open file names none
+                raise write_failure_named(e, path) from None
             os.chmod(written[path], 0o644)
         for path, tmp in written.items():
             os.replace(tmp, path)
@@ -104,6 +102,14 @@ def jsonable(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+def write_failure_named(error: OSError, path: str) -> OSError:
+    """`error`, a failed write, naming `path` where it names no file (a full disk, a file-size limit: "File too
+    large"), so that a verb's one line says which file it was writing; an error that names its file, as it is."""
+    if error.errno and not error.filename:
+        return OSError(error.errno, f"{os.strerror(error.errno)} while writing it", path)
+    return error
+
+
 class NamedWrites:
     """A local file opened for writing whose failures name it: an OSError of a write, flush or close that names no
     file (a full disk, a file-size limit: "File too large") is raised again naming `path`, so that a verb's one line
@@ -118,9 +124,7 @@ class NamedWrites:
         try:
             return fn()
         except OSError as e:
-            if e.errno and not e.filename:
-                raise OSError(e.errno, f"{os.strerror(e.errno)} while writing it", self.path) from None
-            raise
+            raise write_failure_named(e, self.path) from None
 
     def write(self, data: Any) -> int:
         return self._call(lambda: self._file.write(data))

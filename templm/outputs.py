@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, Iterator, Sequence
 
 from templm import paths, remote
 from templm.errors import ConfigError, DataError, check_interrupted
-from templm.io import NamedWrites, atomic_write
+from templm.io import NamedWrites, atomic_write, write_failure_named
 
 MARKER = ".templm.json"
 LOCK = ".templm.lock"
@@ -162,9 +162,7 @@ def _write_holder(f, lock_path: str) -> None:
         f.write(json.dumps(_holder()) + "\n")
         f.flush()
     except OSError as e:
-        if e.errno and not e.filename:
-            raise OSError(e.errno, f"{os.strerror(e.errno)} while writing it", lock_path) from None
-        raise
+        raise write_failure_named(e, lock_path) from None
 
 
 def _check_own_lock(lock_path: str) -> None:

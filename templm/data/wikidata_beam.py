@@ -48,13 +48,14 @@ class _Scan:
     def __init__(self, dump_path: str, relations: Sequence[str], start_year: int, end_year: int,
                  require_enwiki: bool):
         self.dump_path = dump_path
+        self.dump = wikidata._Dump(dump_path, "")  # its parse, made once (making one reads the file's size)
         self.relations = list(relations)
         self.start_year, self.end_year = start_year, end_year
         self.require_enwiki = require_enwiki
 
     def __call__(self, raw: bytes) -> Iterator[Tuple[str, Any]]:
         try:
-            entity = wikidata._Dump(self.dump_path, "").parse(None, raw)
+            entity = self.dump.parse(None, raw)
         except DataError as e:
             begins = raw[:80].decode("utf-8", "replace")
             raise DataError(f"{e.args[0]} (the line that begins {begins!r})", self.dump_path) from None
@@ -118,12 +119,13 @@ def build_templama_beam(dump_path: str, out_dir: str, pipeline_options: Sequence
     begun = time.monotonic()
     stats = wikidata._initial_stats(dump_path, start_year, end_year, max_subjects, require_enwiki, seed, relations)
     scan = _Scan(dump_path, relations, start_year, end_year, require_enwiki)
-    temp_location = PipelineOptions(list(pipeline_options)).view_as(GoogleCloudOptions).temp_location
+    options = PipelineOptions(list(pipeline_options))
+    temp_location = options.view_as(GoogleCloudOptions).temp_location
     with tempfile.TemporaryDirectory(prefix="templm-wikidata-") as local:
         work = work_dir or (paths.join(temp_location, f"templm-wikidata-{uuid.uuid4().hex}") if temp_location
                             else local)
         try:
-            return _run(beam, PipelineOptions(list(pipeline_options)), scan, dump_path, out_dir, work, stats,
+            return _run(beam, options, scan, dump_path, out_dir, work, stats,
                         relations, start_year, end_year, max_subjects, require_enwiki, seed, begun)
         finally:
             if work != local and not work_dir:
