@@ -12,7 +12,7 @@ import os
 import pytest
 
 from templm.cli import VERBS
-from templm_testing import REPO, VERB_T5, VERB_TASK_FLAGS, VERB_WORLD_FLAGS, run_templm, without_times
+from templm_testing import REPO, VERB_T5, VERB_TASK_FLAGS, VERB_WORLD_FLAGS, folder_contents, run_templm
 
 # verb -> how its output folder is named on the command line (a function of the folder), or why it has none.
 OUTPUTS = {
@@ -361,19 +361,6 @@ def test_the_failures_page_holds_the_contract_table():
 RUN_AGAIN = ("data tasks", "data cronquestions", "data calm", "is-eval")
 
 
-def _contents(out):
-    import json
-
-    found = {}
-    for folder, _, names in os.walk(out):
-        for name in names:
-            path = os.path.join(folder, name)
-            with open(path, "rb") as f:
-                data = f.read()
-            found[os.path.relpath(path, out)] = without_times(json.loads(data)) if name.endswith(".json") else data
-    return found
-
-
 @pytest.mark.parametrize("verb", RUN_AGAIN)
 def test_the_same_command_again_on_its_own_folder_gives_the_same_output(verb_inputs, tmp_path, verb):
     args, env, _, _ = _full_disk_cases(verb_inputs)[verb]
@@ -382,7 +369,7 @@ def test_the_same_command_again_on_its_own_folder_gives_the_same_output(verb_inp
     for _ in range(2):
         result = run_templm(*(a.replace("{out}", str(out)) for a in args), env=env)
         assert result.returncode == 0, result.stderr[-2000:]
-        seen.append(_contents(out))
+        seen.append(folder_contents(out))
     assert seen[0] == seen[1] and seen[0]
     assert sorted(os.listdir(tmp_path)) == ["out"]  # no old copy, partial folder or lock beside it
 

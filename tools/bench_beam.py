@@ -1,24 +1,35 @@
 #!/usr/bin/env python
-"""Benchmark TempLAMA from a Wikidata dump on Apache Beam against the single process (issue 45's scaling figures).
+"""Benchmark templm's Beam pipelines against the single process (issue 45's scaling figures): TempLAMA from a
+Wikidata dump, and the corpus clean-up of `data splits`.
 
-    python tools/bench_beam.py                  # 2,000 copies of the test dump's entities, then 20,000
-    python tools/bench_beam.py --copies 500 --scale 4
+    python tools/bench_beam.py                  # both: 2,000 copies of the test dump, 2,000 documents; then 10x
+    python tools/bench_beam.py --pipeline splits --docs 1000 --scale 4
 
 The dump is tests/fixtures/wikidata_dump.json's 25 entity lines (every rule of the reader) repeated `--copies`
 times with fresh ids (each copy's ids, and the statements' references to them, renumbered), written as the
 published dump is (one JSON array, one entity a line). Each configuration runs in its own process on it:
 `single` (wikidata.build_templama), `beam-1` (Beam's local runner, one worker in the process) and `beam-2` (two worker
-processes), and reports entity lines per second, per second per worker, the ratio to the single process measured in
-the same run, and the peak resident memory of the process and of its largest worker process. The same at
+processes; `beam-N`, N worker processes), and reports entity lines per second, per second per worker, the ratio to
+the single process measured in the same run, and the peak resident memory of the process and of its largest worker process. The same at
 `--scale` times the copies gives memory against the corpus size (the issue's target: a worker within 1.5x at 10x
 the lines). Every figure is one JSON line on stdout (tools/bench_t5.py's `emit`); logs go to stderr.
+
+The clean-up (`--pipeline splits`): a corpus of `--docs` news articles of about 1,600 characters over four years,
+written as WMT's document-level News Crawl ships it (one gzipped file a year), 4 % of them near-copies of an earlier
+article and 2 % in French; `single` is splits.index_corpus, `beam-N` splits_beam.index_corpus_beam, both with the
+paper's clean-up (langid, MinHash LSH at 0.8), reported as documents per second, per worker, and the same memory
+figures; at `--scale` times the documents also `beam-2xscale` (as many documents per worker as beam-2 at 1x).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import datetime
+import gzip
 import json
 import os
+import random
 import re
 import resource
 import subprocess
@@ -30,8 +41,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_t5 import REPO, emit, log  # noqa: E402
 
 DUMP = os.path.join(REPO, "tests", "fixtures", "wikidata_dump.json")
-CONFIGS = {"single": None, "beam-1": ["--runner=DirectRunner", "--direct_num_workers=1"],
-           "beam-2": ["--runner=DirectRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]}
+CONFIGS = ("single", "beam-1", "beam-2")
+
+
+def options(config: str) -> list:
+    """Beam's options of a configuration `beam-N`: the local runner, N workers (processes where N > 1)."""
+    workers = int(config.split("-")[1])
+    return ["--runner=DirectRunner", f"--direct_num_workers={workers}"] + \
+        (["--direct_running_mode=multi_processing"] if workers > 1 else [])
 _ID = re.compile(r'"(id)":\s*"Q(\d+)"|"(numeric-id)":\s*(\d+)')  # an item's id; not a statement's ("Q7$...")
 
 
@@ -55,59 +72,127 @@ def write_dump(path: str, copies: int) -> int:
     return written
 
 
-def run_one(config: str, dump: str, out: str) -> dict:
-    """One configuration in this process: seconds and peak memory (this process's, its largest child's)."""
-    from templm.data.wikidata import build_templama
-    from templm.data.wikidata_beam import build_templama_beam
+_ENGLISH = ("the council said on monday that a new rail line would open next year after a long public debate about its "
+            "cost and noise while local shops hope for more visitors from nearby towns as the mayor promised quick work "
+            "on the old station roads bridges parks schools and homes near the river where many families live today "
+            "because prices have risen sharply during recent months across the region").split()
+_FRENCH = ("le conseil municipal a voté mardi le prolongement de la ligne vers les quartiers du nord après deux années "
+           "de consultations publiques au cours desquelles les habitants ont discuté du bruit et du coût").split()
 
+
+def write_corpus(folder: str, docs: int, seed: int = 0) -> list:
+    """`docs` articles over 2016-2019 as WMT document-level News Crawl files (one gzipped file a year): 4 % near-copies
+    of an earlier article (a few words changed), 2 % French. Returns the files."""
+    rng = random.Random(seed)
+    years = {year: [] for year in range(2016, 2020)}
+    written = []
+    for i in range(docs):
+        day = datetime.date(2016, 1, 1) + datetime.timedelta(days=i * (4 * 365) // docs)  # 2016-2019, evenly
+        roll = rng.random()
+        if roll < 0.04 and written:
+            words = rng.choice(written).split()
+            for place in rng.sample(range(len(words)), 3):
+                words[place] = rng.choice(_ENGLISH)
+            text = " ".join(words)
+        else:
+            text = " ".join(rng.choice(_FRENCH if roll > 0.98 else _ENGLISH) for _ in range(300))
+            written.append(text)
+        date = day.strftime("%Y%m%d")
+        split = base64.b64encode(text.encode()).decode()
+        raw = base64.b64encode(f"{i} {text}".encode()).decode()
+        years[int(date[:4])].append(f"{date}\t{split}\t{raw}\n")
+    files = []
+    for year, lines in years.items():
+        path = os.path.join(folder, f"news-docs.{year}.en.filtered.gz")
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.writelines(lines)
+        files.append(path)
+    return files
+
+
+def run_one(config: str, data: str, out: str) -> dict:
+    """One configuration in this process: seconds and peak memory (this process's, its largest child's). `data`: a
+    dump, or a folder of news files (the clean-up)."""
     started = time.perf_counter()
-    if CONFIGS[config] is None:
-        stats = build_templama(dump, out, require_enwiki=False)
+    if os.path.isdir(data):
+        from templm.data.splits import index_corpus
+        from templm.data.splits_beam import index_corpus_beam
+
+        corpus = sorted(os.path.join(data, name) for name in os.listdir(data))
+        index = index_corpus(corpus) if config == "single" else index_corpus_beam(corpus, options(config))
+        result = {"items": index.read, "kept": len(index), "near_duplicates": index.filtered["near_duplicates_removed"]}
     else:
-        stats = build_templama_beam(dump, out, CONFIGS[config], require_enwiki=False)
-    seconds = time.perf_counter() - started
-    return {"seconds": seconds, "queries": stats["queries"], "entities": stats["entities"],
+        from templm.data.wikidata import build_templama
+        from templm.data.wikidata_beam import build_templama_beam
+
+        if config == "single":
+            stats = build_templama(data, out, require_enwiki=False)
+        else:
+            stats = build_templama_beam(data, out, options(config), require_enwiki=False)
+        result = {"items": stats["entities"], "kept": stats["queries"]}
+    return {"seconds": time.perf_counter() - started, **result,
             "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "worker_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
 
 
-def measure(config: str, dump: str, root: str) -> dict:
-    out = os.path.join(root, f"out-{config}-{os.path.getsize(dump)}")
-    result = subprocess.run([sys.executable, os.path.abspath(__file__), "--run", config, "--dump", dump, "--out", out],
+def measure(config: str, data: str, root: str) -> dict:
+    out = os.path.join(root, f"out-{config}-{os.path.basename(data)}")
+    result = subprocess.run([sys.executable, os.path.abspath(__file__), "--run", config, "--data", data, "--out", out],
                             capture_output=True, text=True, cwd=REPO)
     if result.returncode != 0:
         raise SystemExit(f"{config} failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def report(metric: str, unit: str, results: dict, items: int) -> None:
+    """The configurations' figures against the single process's, measured in the same run."""
+    single = results["single"]
+    for config, r in results.items():
+        workers = 1 if config == "single" else int(config.split("-")[1])
+        rate = r["items"] / r["seconds"]
+        log(f"{config}: {r['seconds']:.1f} s, {rate:,.0f} {unit}, kept {r['kept']}, "
+            f"peak {r['rss_mib']:.0f} MiB (largest worker process {r['worker_rss_mib']:.0f} MiB)")
+        emit(metric, rate, unit, config, items=items, workers=workers, per_worker=rate / workers,
+             ratio_to_single=rate / (single["items"] / single["seconds"]), seconds=r["seconds"],
+             rss_mib=r["rss_mib"], worker_rss_mib=r["worker_rss_mib"])
+    if len({(r["items"], r["kept"]) for r in results.values()}) != 1:
+        raise SystemExit(f"the configurations disagree: {results}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--copies", type=int, default=2000)
-    p.add_argument("--scale", type=int, default=10, help="the second dump's copies, as a multiple of --copies")
-    p.add_argument("--run", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
-    p.add_argument("--dump", help=argparse.SUPPRESS)
+    p.add_argument("--pipeline", choices=["all", "templama", "splits"], default="all")
+    p.add_argument("--copies", type=int, default=2000, help="TempLAMA: copies of the test dump's entities")
+    p.add_argument("--docs", type=int, default=2000, help="the clean-up: documents")
+    p.add_argument("--scale", type=int, default=10, help="the second run's size, as a multiple of the first")
+    p.add_argument("--run", help=argparse.SUPPRESS)
+    p.add_argument("--data", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.run:
-        print(json.dumps(run_one(args.run, args.dump, args.out)))
+        print(json.dumps(run_one(args.run, args.data, args.out)))
         return 0
     with tempfile.TemporaryDirectory(prefix="bench-beam-") as root:
-        for copies in (args.copies, args.copies * args.scale):
-            dump = os.path.join(root, f"dump-{copies}.json")
-            lines = write_dump(dump, copies)
-            log(f"dump of {lines:,} entity lines ({os.path.getsize(dump) / 2 ** 20:.1f} MiB)")
-            results = {config: measure(config, dump, root) for config in CONFIGS}
-            single = results["single"]
-            for config, r in results.items():
-                workers = 2 if config == "beam-2" else 1
-                rate = r["entities"] / r["seconds"]
-                log(f"{config}: {r['seconds']:.1f} s, {rate:,.0f} lines/s, {r['queries']} queries, "
-                    f"peak {r['rss_mib']:.0f} MiB (largest worker process {r['worker_rss_mib']:.0f} MiB)")
-                emit("templama_lines_per_sec", rate, "lines/s", config, lines=lines, workers=workers,
-                     per_worker=rate / workers, ratio_to_single=rate / (single["entities"] / single["seconds"]),
-                     seconds=r["seconds"], rss_mib=r["rss_mib"], worker_rss_mib=r["worker_rss_mib"])
-            if len({r["queries"] for r in results.values()}) != 1:
-                raise SystemExit(f"the configurations disagree on the queries: {results}")
+        if args.pipeline in ("all", "templama"):
+            for copies in (args.copies, args.copies * args.scale):
+                dump = os.path.join(root, f"dump-{copies}.json")
+                lines = write_dump(dump, copies)
+                log(f"dump of {lines:,} entity lines ({os.path.getsize(dump) / 2 ** 20:.1f} MiB)")
+                report("templama_lines_per_sec", "lines/s", {config: measure(config, dump, root)
+                                                             for config in CONFIGS}, lines)
+        if args.pipeline in ("all", "splits"):
+            for docs in (args.docs, args.docs * args.scale):
+                folder = os.path.join(root, f"news-{docs}")
+                os.makedirs(folder)
+                files = write_corpus(folder, docs)
+                log(f"corpus of {docs:,} documents in {len(files)} WMT files "
+                    f"({sum(os.path.getsize(f) for f in files) / 2 ** 20:.1f} MiB gzipped)")
+                # The local runner gives each worker one bundle of 1/N of a stage's input, so a worker's memory
+                # follows the corpus at a fixed N; with N grown with the corpus (as Dataflow bounds its bundles)
+                # it shows what the pipeline itself holds per worker.
+                configs = CONFIGS + ((f"beam-{2 * args.scale}",) if docs > args.docs else ())
+                report("cleanup_docs_per_sec", "docs/s", {config: measure(config, folder, root)
+                                                          for config in configs}, docs)
     return 0
 
 

@@ -109,12 +109,13 @@ def define_data_splits():
     bounds(test_docs_per_month=(1, None), validation_docs=(1, None), test_months=(1, None),
             validation_months=(1, None), heldout_per_year=(0, None), heldout_fraction=(0, 1), seed=(0, None),
             near_duplicate_threshold=(0, 1))
+    define_beam_flags()
 
 
 def main_data_splits():
     from templm.data.filters import FilterConfig
     from templm.data.records import parse_date
-    from templm.data.splits import make_splits, yearly_buckets
+    from templm.data.splits import index_corpus, make_splits, yearly_buckets
     from templm.outputs import build_output_folder
 
     try:
@@ -130,20 +131,29 @@ def main_data_splits():
         except ValueError as e:
             raise ConfigError(f"--cutoff: {e} (or 'auto')") from None
 
+    if FLAGS.runner:
+        from templm.data.splits_beam import index_corpus_beam
+
+        options = beam_options()
+        indexed = lambda: index_corpus_beam(corpus_flag(), options, FLAGS.format, FLAGS.on_error, clean)  # noqa
+    else:
+        indexed = lambda: index_corpus(corpus_flag(), FLAGS.format, FLAGS.on_error, clean)  # noqa: E731
+
     def build(folder):  # every file of the output, in a folder beside --out that replaces it only when whole
         summary = {}
+        index = indexed()  # the corpus read and cleaned once for both
         if FLAGS.cutoff:
             stats = make_splits(corpus_flag(), folder, cutoff=cutoff, test_months=FLAGS.test_months,
                                 validation_months=FLAGS.validation_months,
                                 test_docs_per_month=FLAGS.test_docs_per_month, validation_docs=FLAGS.validation_docs,
                                 seed=FLAGS.seed, format=FLAGS.format, on_error=FLAGS.on_error, clean=clean,
-                                allow_degenerate=FLAGS.allow_degenerate)
+                                allow_degenerate=FLAGS.allow_degenerate, index=index)
             summary["splits"] = {k: v["documents"] for k, v in stats["splits"].items()}
             summary["control_train_test_period_share"] = stats["control_train_test_period_share"]
         if FLAGS.yearly:
             yearly = yearly_buckets(corpus_flag(), folder, heldout_per_year=FLAGS.heldout_per_year,
                                     heldout_fraction=FLAGS.heldout_fraction, seed=FLAGS.seed, format=FLAGS.format,
-                                    on_error=FLAGS.on_error, clean=clean)
+                                    on_error=FLAGS.on_error, clean=clean, index=index)
             summary["yearly"] = yearly["years"]
         return summary
 

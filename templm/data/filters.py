@@ -19,7 +19,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import re
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -97,6 +97,59 @@ def shingles(text: str, n: int) -> set:
     return {" ".join(words[i:i + n]).encode("utf-8") for i in range(len(words) - n + 1)}
 
 
+def language_check(config: FilterConfig, text: str) -> Tuple[str, Optional[str]]:
+    """The language check of one document's text: ("unchecked", None) for a text too short to identify (or no
+    check), else ("kept" or "other_language", the language langid names)."""
+    if config.language is None or len(text) < config.min_language_chars:
+        return "unchecked", None
+    language = language_of(text[:config.language_chars])
+    return ("kept" if language == config.language else "other_language"), language
+
+
+class Signer:
+    """A text's MinHash signature (`num_perm` uint32 values) with the config's seeded permutations, drawn once
+    (MinHash draws them anew for each signature otherwise), and the LSH bands (`bands`: [start, end) ranges of the
+    signature) datasketch's MinHashLSH uses for the threshold: two signatures are candidates when a band is equal."""
+
+    def __init__(self, config: FilterConfig):
+        from datasketch import MinHash, MinHashLSH
+
+        self.config = config
+        first = MinHash(num_perm=config.num_perm, seed=config.seed)
+        self._permutations, self._scheme = first.permutations, first.scheme
+        self.lsh = MinHashLSH(threshold=float(config.near_duplicate_threshold), num_perm=config.num_perm)
+        self.bands = list(self.lsh.hashranges)
+
+    def minhash(self, text: str):
+        from datasketch import MinHash
+
+        c = self.config
+        signature = MinHash(num_perm=c.num_perm, seed=c.seed, permutations=self._permutations, scheme=self._scheme)
+        signature.update_batch(sorted(shingles(text, c.shingle_words)))
+        return signature
+
+    def __call__(self, text: str) -> np.ndarray:
+        return self.minhash(text).hashvalues.astype(np.uint32)
+
+
+def similarity(a: np.ndarray, b: np.ndarray) -> float:
+    """MinHash's estimate of two documents' Jaccard similarity: the share of equal signature values."""
+    return float(np.mean(a == b))
+
+
+def filter_stats(config: FilterConfig, other_language: int, languages_removed: collections.Counter,
+                 language_unchecked: int, near_duplicates: int, kept: int) -> Dict[str, Any]:
+    """What stats.json's "cleaned" says: the settings and what the clean-up removed."""
+    c = config
+    return {"language": c.language, "min_language_chars": c.min_language_chars,
+            "language_chars": c.language_chars, "near_duplicate_threshold": c.near_duplicate_threshold,
+            "shingle_words": c.shingle_words, "num_perm": c.num_perm, "seed": c.seed,
+            "other_language_removed": other_language,
+            "languages_removed": dict(languages_removed.most_common()),
+            "language_unchecked_short": language_unchecked,
+            "near_duplicates_removed": near_duplicates, "kept": kept}
+
+
 class DocumentFilter:
     """Decides, document by document in the corpus's order, which to drop (module docstring)."""
 
@@ -107,50 +160,32 @@ class DocumentFilter:
         self.language_unchecked = 0
         self._kept = 0
         self._signatures: List[np.ndarray] = []
-        self._lsh = None
-        self._permutations = self._scheme = None
-        if config.near_duplicate_threshold is not None:
-            from datasketch import MinHash, MinHashLSH
-
-            self._lsh = MinHashLSH(threshold=float(config.near_duplicate_threshold), num_perm=config.num_perm)
-            # The seed's hash permutations, drawn once (MinHash draws them anew for each signature otherwise).
-            first = MinHash(num_perm=config.num_perm, seed=config.seed)
-            self._permutations, self._scheme = first.permutations, first.scheme
+        self._signer = Signer(config) if config.near_duplicate_threshold is not None else None
 
     def reason(self, doc: Document) -> Optional[str]:
         """None to keep `doc` (and remember it for the near-duplicate check), else why it is dropped."""
         c = self.config
         if c.language is not None:
-            if len(doc.text) < c.min_language_chars:
+            verdict, language = language_check(c, doc.text)
+            if verdict == "unchecked":
                 self.language_unchecked += 1
-            else:
-                language = language_of(doc.text[:c.language_chars])
-                if language != c.language:
-                    self.removed["other_language"] += 1
-                    self.languages_removed[language] += 1
-                    return "other_language"
-        if self._lsh is not None:
-            from datasketch import MinHash
-
-            signature = MinHash(num_perm=c.num_perm, seed=c.seed, permutations=self._permutations,
-                                scheme=self._scheme)
-            signature.update_batch(sorted(shingles(doc.text, c.shingle_words)))
-            similarity = max((float(np.mean(self._signatures[k] == signature.hashvalues))
-                              for k in self._lsh.query(signature)), default=0.0)
-            if similarity >= c.near_duplicate_threshold:
+            elif verdict == "other_language":
+                self.removed["other_language"] += 1
+                self.languages_removed[language] += 1
+                return "other_language"
+        if self._signer is not None:
+            signature = self._signer.minhash(doc.text)
+            values = signature.hashvalues.astype(np.uint32)
+            lsh = self._signer.lsh
+            if max((similarity(self._signatures[k], values) for k in lsh.query(signature)), default=0.0) >= \
+                    c.near_duplicate_threshold:
                 self.removed["near_duplicate"] += 1
                 return "near_duplicate"
-            self._lsh.insert(len(self._signatures), signature, check_duplication=False)
-            self._signatures.append(signature.hashvalues.astype(np.uint32))
+            lsh.insert(len(self._signatures), signature, check_duplication=False)
+            self._signatures.append(values)
         self._kept += 1
         return None
 
     def stats(self) -> Dict[str, Any]:
-        c = self.config
-        return {"language": c.language, "min_language_chars": c.min_language_chars,
-                "language_chars": c.language_chars, "near_duplicate_threshold": c.near_duplicate_threshold,
-                "shingle_words": c.shingle_words, "num_perm": c.num_perm, "seed": c.seed,
-                "other_language_removed": self.removed["other_language"],
-                "languages_removed": dict(self.languages_removed.most_common()),
-                "language_unchecked_short": self.language_unchecked,
-                "near_duplicates_removed": self.removed["near_duplicate"], "kept": self._kept}
+        return filter_stats(self.config, self.removed["other_language"], self.languages_removed,
+                            self.language_unchecked, self.removed["near_duplicate"], self._kept)

@@ -32,7 +32,7 @@ import os
 import tempfile
 import time
 import zlib
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from absl import logging
@@ -94,14 +94,16 @@ def _iso(ordinal: int) -> str:
 
 
 @dataclasses.dataclass
-class _Index:
-    """Every distinct document of a corpus as (day ordinal, id), sorted by date then id."""
+class CorpusIndex:
+    """Every distinct document of a corpus that the clean-up keeps, as (day ordinal, id), sorted by date then id:
+    what the splits are drawn from (`index_corpus`; on Beam, `templm.data.splits_beam.index_corpus_beam`)."""
 
     dates: np.ndarray          # int32 day ordinals, ascending
     ids: np.ndarray            # object array of id strings, same order
     read: int                  # documents the reader yielded
     duplicates: int            # later documents whose id was already seen (dropped; the first one is kept)
-    filtered: Optional[dict] = None  # DocumentFilter.stats(): what the clean-up removed, with its settings
+    filtered: Optional[dict] = None  # filters.filter_stats: what the clean-up removed, with its settings
+    corpus: Optional[Union[str, List[str]]] = None  # the corpus, resolved (`readers.resolve_corpus`)
 
     def __len__(self) -> int:
         return len(self.dates)
@@ -113,42 +115,65 @@ class _Index:
         return lo, max(lo, hi)
 
 
-def _index_corpus(corpus_path: Corpus, format: str, on_error: str,
-                  doc_filter: Optional[DocumentFilter] = None) -> _Index:
-    """One streaming pass over the corpus keeping only (date, id) of each document that `doc_filter` keeps (a
-    repeated id is left to the duplicate-id rule below, unfiltered)."""
+def index_corpus(corpus_path: Corpus, format: str = "auto", on_error: str = "raise",
+                 clean: Optional[FilterConfig] = FilterConfig()) -> CorpusIndex:
+    """One streaming pass over the corpus keeping (date, id) of each document that the clean-up keeps: the index
+    `make_splits`, `yearly_buckets` and `distance_splits` draw from (give it to them to read the corpus once).
+
+    A repeated id's first document is the one used: a later one is dropped and counted (`duplicates`) whatever the
+    clean-up said of the first, so a document the clean-up removed does not come back under its id."""
+    corpus_path = resolve_corpus(corpus_path)
+    doc_filter = _document_filter(clean)
     reader = read_documents(corpus_path, format=format, on_error=on_error)
     ordinals = array.array("i")
     ids: List[str] = []
     seen = set() if doc_filter is not None else None
-    n_read = 0
+    n_read = later_copies = 0
     start = last_log = time.monotonic()
     for doc in reader:
         doc_id = doc.id
         n_read += 1
-        if "\t" in doc_id or "\n" in doc_id or "\r" in doc_id:
-            raise DataError(f"document #{n_read} has id {doc_id!r}: a split file cannot hold an id with a "
-                            "tab or a line break", reader.path)
-        if seen is not None:
-            if doc_id not in seen:
-                seen.add(doc_id)
-                if doc_filter.reason(doc) is not None:
-                    continue
+        check_id(doc_id, n_read, reader.path)
+        if seen is not None:  # the clean-up looks at each id's first document only
+            if doc_id in seen:
+                later_copies += 1
+                continue
+            seen.add(doc_id)
+            if doc_filter.reason(doc) is not None:
+                continue
         ordinals.append(doc.date.toordinal())
         ids.append(doc_id)
         now = time.monotonic()
         if now - last_log >= 30.0:
             last_log = now
             console.say(f"{reader.path}: indexed {n_read} documents ({n_read / (now - start):.0f}/s)")
+    del seen
+    index = sorted_index(ordinals, ids, n_read, later_copies, doc_filter.stats() if doc_filter else None,
+                         corpus_path, reader.path)
+    logging.info("%s: indexed %d documents in %.1fs", reader.path, len(index), time.monotonic() - start)
+    return index
+
+
+def check_id(doc_id: str, number: int, where: str) -> None:
+    """A split file's id: no tab, no line break (DataError naming the document's number and the corpus)."""
+    if "\t" in doc_id or "\n" in doc_id or "\r" in doc_id:
+        raise DataError(f"document #{number} has id {doc_id!r}: a split file cannot hold an id with a tab or a line "
+                        "break", where)
+
+
+def sorted_index(ordinals: Sequence[int], ids: List[str], read: int, later_copies: int, filtered: Optional[dict],
+                 corpus_path: Union[str, List[str]], where: str) -> CorpusIndex:
+    """The CorpusIndex of the kept documents' (day ordinal, id) in corpus order: a repeated id's later documents
+    dropped (counted with `later_copies`, those dropped already), then sorted by date and id. DataError naming the
+    corpus when no document is left. `ids` is emptied (its strings move into the index)."""
     n = len(ids)
     if n == 0:
-        raise DataError("no documents" + (f" left of {n_read} after the clean-up {doc_filter.stats()}" if n_read
-                                          else ""), reader.path)
-    dates = np.frombuffer(ordinals, dtype=np.int32).copy()
-    del ordinals
+        raise DataError("no documents" + (f" left of {read} after the clean-up {filtered}" if read else ""), where)
+    dates = np.asarray(ordinals, dtype=np.int32).copy() if not isinstance(ordinals, array.array) else \
+        np.frombuffer(ordinals, dtype=np.int32).copy()
     id_array = np.empty(n, dtype=object)
     id_array[:] = ids
-    del ids
+    ids.clear()
     # Duplicate ids sit next to each other in id order; a stable sort keeps the first occurrence first.
     by_id = np.argsort(id_array, kind="stable")
     sorted_ids = id_array[by_id]
@@ -161,19 +186,35 @@ def _index_corpus(corpus_path: Corpus, format: str, on_error: str,
     order = np.lexsort((id_rank, dates))
     del id_rank
     order = order[~duplicate[order]]
-    duplicates = int(duplicate.sum())
+    duplicates = later_copies + int(duplicate.sum())
     if duplicates:
-        console.warn(f"{reader.path}: {duplicates} document(s) repeat an earlier id; only the first occurrence of "
+        console.warn(f"{where}: {duplicates} document(s) repeat an earlier id; only the first occurrence of "
                      "each id is used")
-    logging.info("%s: indexed %d documents in %.1fs", reader.path, n, time.monotonic() - start)
-    if doc_filter is not None and sum(doc_filter.removed.values()):
-        removed = doc_filter.removed
-        parts = ([f"{removed['other_language']} document(s) not in {doc_filter.config.language!r}"]
-                 if removed["other_language"] else []) + \
-            ([f"{removed['near_duplicate']} near-duplicate(s)"] if removed["near_duplicate"] else [])
-        console.say(f"{reader.path}: left out " + " and ".join(parts) + " (stats.json, \"cleaned\")")
-    return _Index(dates=dates[order], ids=id_array[order], read=n_read, duplicates=duplicates,
-                  filtered=doc_filter.stats() if doc_filter is not None else None)
+    if filtered is not None and (filtered["other_language_removed"] or filtered["near_duplicates_removed"]):
+        parts = ([f"{filtered['other_language_removed']} document(s) not in {filtered['language']!r}"]
+                 if filtered["other_language_removed"] else []) + \
+            ([f"{filtered['near_duplicates_removed']} near-duplicate(s)"] if filtered["near_duplicates_removed"]
+             else [])
+        console.say(f"{where}: left out " + " and ".join(parts) + " (stats.json, \"cleaned\")")
+    return CorpusIndex(dates=dates[order], ids=id_array[order], read=read, duplicates=duplicates, filtered=filtered,
+                       corpus=corpus_path)
+
+
+def _given_index(index: Optional[CorpusIndex], corpus_path: Union[str, List[str]], format: str, on_error: str,
+                 clean: Optional[FilterConfig]) -> CorpusIndex:
+    """`index` where given (ValueError unless it is of this corpus with this clean-up), else the corpus indexed."""
+    if index is None:
+        return index_corpus(corpus_path, format, on_error, clean)
+    if not isinstance(index, CorpusIndex):
+        raise ValueError(f"index must be a CorpusIndex (index_corpus) or None, got {type(index).__name__}")
+    if index.corpus != corpus_path:
+        raise ValueError(f"the index is of the corpus {index.corpus}, not of {corpus_path}")
+    wanted = dataclasses.asdict(clean) if clean is not None and clean.active else None
+    made = None if index.filtered is None else {key: index.filtered[key] for key in dataclasses.asdict(clean or
+                                                                                                   FilterConfig())}
+    if made != wanted:
+        raise ValueError(f"the index was made with the clean-up {made}, not {wanted}")
+    return index
 
 
 def _document_filter(clean: Optional[FilterConfig]) -> Optional[DocumentFilter]:
@@ -243,7 +284,7 @@ class _AtomicOutputs:
         self._pending = []
 
 
-def _write_positions(outputs: _AtomicOutputs, path: str, index: _Index, positions: np.ndarray) -> None:
+def _write_positions(outputs: _AtomicOutputs, path: str, index: CorpusIndex, positions: np.ndarray) -> None:
     positions = np.sort(positions)
     _write_split(outputs.temp_path(path), path, index.dates[positions], index.ids[positions])
 
@@ -297,7 +338,7 @@ def _write_stats(outputs: _AtomicOutputs, out_dir: str, stats: dict) -> None:
         f.write("\n")
 
 
-def _range_stats(index: _Index, positions: np.ndarray) -> dict:
+def _range_stats(index: CorpusIndex, positions: np.ndarray) -> dict:
     if len(positions) == 0:
         return {"documents": 0, "first_date": None, "last_date": None}
     dates = index.dates[positions]
@@ -316,7 +357,8 @@ def make_splits(corpus_path: Corpus, out_dir: str, cutoff: Optional[datetime.dat
                 test_months: int = 24, validation_months: int = 3, test_docs_per_month: int = 1000,
                 validation_docs: Optional[int] = None, seed: int = 0, format: str = "auto",
                 on_error: str = "raise", clean: Optional[FilterConfig] = FilterConfig(),
-                min_control_test_share: float = 0.02, allow_degenerate: bool = False) -> dict:
+                min_control_test_share: float = 0.02, allow_degenerate: bool = False,
+                index: Optional[CorpusIndex] = None) -> dict:
     """Writes the TIME-STRATIFIED and CONTROL splits of a corpus and returns their statistics.
 
     Args:
@@ -340,6 +382,7 @@ def make_splits(corpus_path: Corpus, out_dir: str, cutoff: Optional[datetime.dat
         training sets are nearly the same documents and the comparison says nothing.
       allow_degenerate: write degenerate splits (empty test months, CONTROL train below `min_control_test_share` in
         the test period) with a warning instead of refusing them; stats.json lists the problems either way.
+      index: the corpus's `index_corpus` with this clean-up, made once for several calls (or on Beam); None: made.
 
     Returns:
       The statistics written to stats.json: `splits` (per split: documents, first_date, last_date), `periods`
@@ -366,7 +409,7 @@ def make_splits(corpus_path: Corpus, out_dir: str, cutoff: Optional[datetime.dat
     where = describe_corpus(corpus_path)
     out_dir = os.fspath(out_dir)
 
-    index = _index_corpus(corpus_path, format, on_error, _document_filter(clean))
+    index = _given_index(index, corpus_path, format, on_error, clean)
     corpus_span = f"the corpus spans {_iso(index.dates[0])}..{_iso(index.dates[-1])}"
     cutoff_from_corpus = cutoff is None
     if cutoff_from_corpus:
@@ -501,7 +544,7 @@ def distance_split_dir(split_dir: str, end: datetime.date) -> str:
 
 def distance_splits(corpus_path: Corpus, split_dir: str, gaps_months: Sequence[int], size: Optional[int] = None,
                     format: str = "auto", on_error: str = "raise",
-                    clean: Optional[FilterConfig] = FilterConfig()) -> dict:
+                    clean: Optional[FilterConfig] = FilterConfig(), index: Optional[CorpusIndex] = None) -> dict:
     """"Mind the Gap", Appendix C: training sets of one size whose periods end further and further before the
     cut-off of the splits in `split_dir` (made by `make_splits`; its test set stays the test set of them all).
 
@@ -510,7 +553,7 @@ def distance_splits(corpus_path: Corpus, split_dir: str, gaps_months: Sequence[i
     has the same size). Each is written as split_dir/increasing_distance/split_<end>/train.gz, the paper's
     published layout, and described in stats.json's "increasing_distance" section, which is returned: {"size",
     "gaps": {g: {"end", "split_dir", "documents", "first_date", "last_date"}}}. Raises UnsplittableCorpus (naming
-    the corpus) where a gap leaves fewer than `size` documents, or none."""
+    the corpus) where a gap leaves fewer than `size` documents, or none. `index`: as `make_splits`'."""
     gaps = sorted({int(g) for g in gaps_months})
     if not gaps or gaps[0] < 0:
         raise ValueError(f"gaps_months must be months of at least 0, got {list(gaps_months)}")
@@ -520,7 +563,7 @@ def distance_splits(corpus_path: Corpus, split_dir: str, gaps_months: Sequence[i
     cutoff = datetime.date.fromisoformat(stats["cutoff"])
     corpus_path = resolve_corpus(corpus_path)
     where = describe_corpus(corpus_path)
-    index = _index_corpus(corpus_path, format, on_error, _document_filter(clean))
+    index = _given_index(index, corpus_path, format, on_error, clean)
     month_end = add_months(datetime.date(cutoff.year, cutoff.month, 1), 1) - datetime.timedelta(days=1)
     ends = {g: add_months(month_end + datetime.timedelta(days=1), -g) - datetime.timedelta(days=1) for g in gaps}
     available = {g: index.span(datetime.date.min, min(ends[g], cutoff))[1] for g in gaps}
@@ -552,7 +595,7 @@ def distance_splits(corpus_path: Corpus, split_dir: str, gaps_months: Sequence[i
 
 def yearly_buckets(corpus_path: Corpus, out_dir: str, heldout_per_year: int = 2000, heldout_fraction: float = 0.1,
                    seed: int = 0, format: str = "auto", on_error: str = "raise",
-                   clean: Optional[FilterConfig] = FilterConfig()) -> dict:
+                   clean: Optional[FilterConfig] = FilterConfig(), index: Optional[CorpusIndex] = None) -> dict:
     """Groups a corpus by year, holding out documents of each year for validation and test (time-aware T5 side).
 
     Each year Y holds out `min(heldout_per_year, floor(heldout_fraction * n_Y))` documents drawn at random (seeded by
@@ -560,7 +603,7 @@ def yearly_buckets(corpus_path: Corpus, out_dir: str, heldout_per_year: int = 20
     the rest test, and every other document of Y is train. Writes `out_dir/yearly/{Y}_{train,validation,test}.gz` in
     the split-file format for every year that has documents, and a "yearly" section in `out_dir/stats.json` (other
     sections kept), which is also returned: the settings and, per year, `train`, `validation`, `test` counts and the
-    year's first and last document date.
+    year's first and last document date. `index`: as `make_splits`'.
     """
     _check_positive("heldout_per_year", heldout_per_year, 0)
     if isinstance(heldout_fraction, bool) or not isinstance(heldout_fraction, (int, float)) or \
@@ -571,7 +614,7 @@ def yearly_buckets(corpus_path: Corpus, out_dir: str, heldout_per_year: int = 20
     where = describe_corpus(corpus_path)
     out_dir = os.fspath(out_dir)
 
-    index = _index_corpus(corpus_path, format, on_error, _document_filter(clean))
+    index = _given_index(index, corpus_path, format, on_error, clean)
     first_year = datetime.date.fromordinal(int(index.dates[0])).year
     last_year = datetime.date.fromordinal(int(index.dates[-1])).year
     years: Dict[str, dict] = {}

@@ -20,13 +20,12 @@ import collections
 import datetime
 import json
 import os
-import tempfile
 import time
-import uuid
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterator, Optional, Sequence, Set, Tuple
 
 from templm import paths
 from templm.data import wikidata
+from templm.data.beam_work import read_lines, work_folder
 from templm.errors import DataError
 
 # The stats.json keys of the single process's two-pass name lookup, and their values here (one pass, a join).
@@ -112,7 +111,7 @@ def build_templama_beam(dump_path: str, out_dir: str, pipeline_options: Sequence
     (default: a new folder under the options' --temp_location, a bucket on Dataflow; else a temporary folder here);
     removed when the driver has read them."""
     import apache_beam as beam
-    from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+    from apache_beam.options.pipeline_options import PipelineOptions
 
     dump_path, out_dir = os.fspath(dump_path), os.fspath(out_dir)
     relations = wikidata._check_settings(dump_path, start_year, end_year, max_subjects, relations)
@@ -120,16 +119,9 @@ def build_templama_beam(dump_path: str, out_dir: str, pipeline_options: Sequence
     stats = wikidata._initial_stats(dump_path, start_year, end_year, max_subjects, require_enwiki, seed, relations)
     scan = _Scan(dump_path, relations, start_year, end_year, require_enwiki)
     options = PipelineOptions(list(pipeline_options))
-    temp_location = options.view_as(GoogleCloudOptions).temp_location
-    with tempfile.TemporaryDirectory(prefix="templm-wikidata-") as local:
-        work = work_dir or (paths.join(temp_location, f"templm-wikidata-{uuid.uuid4().hex}") if temp_location
-                            else local)
-        try:
-            return _run(beam, options, scan, dump_path, out_dir, work, stats,
-                        relations, start_year, end_year, max_subjects, require_enwiki, seed, begun)
-        finally:
-            if work != local and not work_dir:
-                paths.rmtree(work)
+    with work_folder(options, "templm-wikidata-", work_dir) as work:
+        return _run(beam, options, scan, dump_path, out_dir, work, stats,
+                    relations, start_year, end_year, max_subjects, require_enwiki, seed, begun)
 
 
 def _run(beam: Any, options: Any, scan: _Scan, dump_path: str, out_dir: str, work: str, stats: Dict[str, Any],
@@ -150,9 +142,9 @@ def _run(beam: Any, options: Any, scan: _Scan, dump_path: str, out_dir: str, wor
         labels = scanned | "labels" >> beam.Filter(_tagged("label")) | "label pairs" >> beam.Map(lambda i: i[1])
         ({"wanted": wanted, "label": labels} | "join" >> beam.CoGroupByKey()
          | "names" >> beam.FlatMap(_named) | "write names" >> beam.io.WriteToText(paths.join(work, "names")))
-    counts = _read_lines(paths.join(work, "stats"))
+    counts = read_lines(paths.join(work, "stats"))
     subjects = {}
-    for line in _read_lines(paths.join(work, "subjects") + "*"):
+    for line in read_lines(paths.join(work, "subjects") + "*"):
         row = json.loads(line)
         subjects[row["id"]] = wikidata._Subject(
             row["name"], row["sitelinks"], row["claims"],
@@ -160,7 +152,7 @@ def _run(beam: Any, options: Any, scan: _Scan, dump_path: str, out_dir: str, wor
              for relation, statements in row["statements"].items()})
     names: Dict[str, str] = {}
     missing: Set[str] = set()
-    for line in _read_lines(paths.join(work, "names") + "*"):
+    for line in read_lines(paths.join(work, "names") + "*"):
         row = json.loads(line)
         if row["name"] is not None:
             names[row["id"]] = row["name"]
@@ -173,11 +165,3 @@ def _run(beam: Any, options: Any, scan: _Scan, dump_path: str, out_dir: str, wor
     return wikidata._finish(dump_path, out_dir, subjects, names, missing, stats, relations, start_year, end_year,
                             max_subjects, require_enwiki, seed, begun)
 
-
-def _read_lines(pattern: str) -> List[str]:
-    """The lines of the files a pattern matches (the shards Beam wrote), in the files' name order."""
-    lines: List[str] = []
-    for path in sorted(paths.glob(pattern)):
-        with paths.open(path, "r", encoding="utf-8") as f:
-            lines.extend(line for line in f.read().splitlines() if line)
-    return lines

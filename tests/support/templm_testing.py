@@ -87,6 +87,22 @@ def without_times(value):
     return value
 
 
+def folder_contents(out, bytes_only=False):
+    """Every file under `out` as {path relative to it: its bytes}, a .json file as its value without the keys of a
+    time (`without_times`) unless `bytes_only`."""
+    import json
+
+    found = {}
+    for folder, _, names in os.walk(out):
+        for name in names:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                data = f.read()
+            found[os.path.relpath(path, out)] = without_times(json.loads(data)) \
+                if not bytes_only and name.endswith(".json") else data
+    return found
+
+
 def write_texts(folder, texts):
     """One `<name>.txt` per entry of `texts` in `folder` (a CALM corpus source); returns the folder."""
     os.makedirs(folder, exist_ok=True)

@@ -107,3 +107,20 @@ def test_the_beam_benchmark_s_dump_repeats_the_test_dump_with_fresh_ids(tmp_path
         stats = build_templama(dump, str(tmp_path / f"out{copies}"), require_enwiki=False)
         counts[copies] = (stats["queries"], stats["subjects"])
     assert counts[3] == (3 * counts[1][0], 3 * counts[1][1]) and counts[1][0] > 0
+
+
+def test_the_beam_benchmark_s_corpus_is_wmt_news_with_its_near_copies_and_french(tmp_path):
+    """tools/bench_beam.py's clean-up corpus: one WMT file a year that templm reads, the near-copies and the French
+    articles it says it holds, each left out by the clean-up."""
+    import bench_beam
+
+    from templm.data.splits import index_corpus
+
+    files = bench_beam.write_corpus(str(tmp_path), 600)
+    assert [os.path.basename(f) for f in files] == [f"news-docs.{y}.en.filtered.gz" for y in range(2016, 2020)]
+    index = index_corpus(files)
+    cleaned = index.filtered
+    assert index.read == 600 and index.duplicates == 0
+    assert 0.02 < cleaned["near_duplicates_removed"] / 600 < 0.06 and 0.005 < cleaned["other_language_removed"] / 600 \
+        < 0.04 and cleaned["languages_removed"].keys() == {"fr"}
+    assert len(index) == 600 - cleaned["near_duplicates_removed"] - cleaned["other_language_removed"]
