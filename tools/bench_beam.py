@@ -10,9 +10,9 @@ times with fresh ids (each copy's ids, and the statements' references to them, r
 published dump is (one JSON array, one entity a line). Each configuration runs in its own process on it:
 `single` (wikidata.build_templama), `beam-1` (Beam's local runner, one worker in the process) and `beam-2` (two worker
 processes; `beam-N`, N worker processes), and reports entity lines per second, per second per worker, the ratio to
-the single process measured in the same run, and the peak resident memory of the process and of its largest worker process. The same at
-`--scale` times the copies gives memory against the corpus size (the issue's target: a worker within 1.5x at 10x
-the lines). Every figure is one JSON line on stdout (tools/bench_t5.py's `emit`); logs go to stderr.
+the single process measured in the same run, and the peak resident memory of the process and of its largest worker
+process. The same at `--scale` times the copies gives memory against the corpus size (the issue's target: a worker
+within 1.5x at 10x the lines). Every figure is one JSON line on stdout (tools/bench_t5.py's `emit`); logs go to stderr.
 
 The clean-up (`--pipeline splits`): a corpus of `--docs` news articles of about 1,600 characters over four years,
 written as WMT's document-level News Crawl ships it (one gzipped file a year), 4 % of them near-copies of an earlier
@@ -73,9 +73,9 @@ def write_dump(path: str, copies: int) -> int:
 
 
 _ENGLISH = ("the council said on monday that a new rail line would open next year after a long public debate about its "
-            "cost and noise while local shops hope for more visitors from nearby towns as the mayor promised quick work "
-            "on the old station roads bridges parks schools and homes near the river where many families live today "
-            "because prices have risen sharply during recent months across the region").split()
+            "cost and noise while local shops hope for more visitors from nearby towns as the mayor promised quick "
+            "work on the old station roads bridges parks schools and homes near the river where many families live "
+            "today because prices have risen sharply during recent months across the region").split()
 _FRENCH = ("le conseil municipal a voté mardi le prolongement de la ligne vers les quartiers du nord après deux années "
            "de consultations publiques au cours desquelles les habitants ont discuté du bruit et du coût").split()
 
