@@ -6,7 +6,7 @@ the date and the machine, so they cannot go stale.
     python tools/workspace_plan.py            # prints the tables
     python tools/workspace_plan.py --write    # and writes them into WORKSPACE.md
 
-About 8 minutes on 2 CPU cores (each T5-base plan compiles for about a minute).
+About 5 minutes on 2 CPU cores (a T5-base plan takes under a minute).
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parser.parse_args(argv)
     stamp = (f"Measured by `python tools/workspace_plan.py` on {datetime.date.today().isoformat()}, "
              f"{platform.machine()} with {os.cpu_count()} CPU cores; GiB per device, the temporaries from XLA's CPU "
-             "compilation:")
+             "compilation of one- and two-layer steps, extended to the model's layers (BENCHMARKS.md, \"Plans\"):")
     configs = [stamp, ""] + configs_table()
     study = [stamp, ""] + study_table()
     if args.write:

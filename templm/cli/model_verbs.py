@@ -46,6 +46,9 @@ def define_plan():
     bounds(devices=(1, None))
     flags.DEFINE_boolean("compile", True, "Compile the step for its temporary memory (slow for XL/XXL on a laptop); "
                          "without it, only parameters, optimizer state and batch.")
+    flags.DEFINE_boolean("exact", False, "Compile the whole model's step; by default the step is compiled for one and "
+                         "two layers a stack and its temporaries extended to the model's layers (seconds, not minutes: "
+                         "BENCHMARKS.md, \"Plans\").")
     flags.DEFINE_string("json", None, "Also write the plan (bytes per device, verdicts, remedies) to this JSON file "
                         "(tools/workspace_plan.py writes WORKSPACE.md's tables from it).")
     import templm.evaluation.checkpoint_eval  # noqa: F401  (registers every configurable the T5 configs bind)
@@ -122,7 +125,7 @@ def main_plan():
     def attempt(microbatches, mesh_shape):
         return plan(bindings["model"], optimizer, data.task_feature_lengths, int(data.batch_size),
                     partitioning.make_mesh(mesh_shape=mesh_shape, devices=devices[:n]), rules, microbatches, kind,
-                    FLAGS.compile)
+                    FLAGS.compile, FLAGS.exact)
 
     microbatches = int(bindings.get("microbatches", 1))
     result = attempt(microbatches, shape)
@@ -167,7 +170,7 @@ def plan_study(study, mesh, kind):
     def t5_attempt(microbatches, mesh_shape):
         return plan(EncoderDecoderModel(t5_config(p)), make_optimizer(name="adafactor", learning_rate=p.learning_rate),
                     {"inputs": p.inputs_length, "targets": p.targets_length}, p.batch_size, on(mesh_shape), rules,
-                    microbatches, kind, FLAGS.compile)
+                    microbatches, kind, FLAGS.compile, FLAGS.exact)
 
     txl_config = TransformerXLConfig(vocab_size=sp.model_vocab_size, **sp.model)
 
@@ -175,7 +178,7 @@ def plan_study(study, mesh, kind):
         return plan_lm(txl_config, make_optimizer("adam", learning_rate_schedule("cosine", sp.learning_rate,
                                                                                  sp.warmup, sp.train_steps),
                                                   max_grad_norm=0.25),
-                       sp.batch_size, on(mesh_shape), rules, kind, FLAGS.compile)
+                       sp.batch_size, on(mesh_shape), rules, kind, FLAGS.compile, FLAGS.exact)
 
     t5 = t5_attempt(1, shape)
     print(describe(t5, f"{p.name} study, T5 v1.1 {p.base_model}, batch {p.batch_size}"))

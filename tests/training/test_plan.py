@@ -11,7 +11,7 @@ import pytest
 
 from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, count_parameters
 from templm.training import partitioning
-from templm.training.plan import GIB, describe, plan
+from templm.training.plan import GIB, describe, layer_extrapolated, plan
 from templm_testing import run_templm as templm
 
 LENGTHS = {"inputs": 32, "targets": 8}
@@ -181,3 +181,48 @@ def test_the_optimizer_state_is_counted_as_training_lays_it_out():
         built, _ = state.train_state(params, tx, mesh)
     held = sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(built["opt_state"]))
     assert plan(model, tx, LENGTHS, 16, mesh, rules, compile_step=False)["bytes"]["opt_state"] == held
+
+
+def test_the_layer_extrapolation_grows_each_stack_from_one_and_two_layer_compiles():
+    """`layer_extrapolated` on a step whose temporaries are linear in each stack (as a real step's are, nearly):
+    the model's own figure from the compiles it asks for, and those are of one and two layers only."""
+    asked = []
+
+    def compiled(layers):
+        asked.append(layers)
+        return 1000 + 300 * layers[0] + 500 * layers[1]
+
+    assert layer_extrapolated(compiled, (24, 24), exact=False) == (compiled((24, 24)), "extrapolated")
+    assert asked[:2] == [(1, 1), (2, 2)]
+    asked.clear()
+    assert layer_extrapolated(compiled, (12, 3), exact=False)[0] == 1000 + 300 * 12 + 500 * 3
+    assert sorted(asked) == [(1, 1), (1, 2), (2, 1)]
+    asked.clear()
+    assert layer_extrapolated(compiled, (12, 3), exact=True) == (compiled((12, 3)), "compiled")
+    assert layer_extrapolated(compiled, (2, 1), exact=False)[1] == "compiled"  # small enough to compile whole
+
+
+def test_an_extrapolated_plan_is_near_the_compiled_one():
+    """A T5 of 5 encoder and 4 decoder layers: the step's temporaries from its one- and two-layer steps are within
+    5 % of the whole step's (BENCHMARKS.md, "Plans", measures T5 v1.1 small and base)."""
+    config = dataclasses.replace(T5_1_1_CONFIGS["tiny"], num_encoder_layers=5, num_decoder_layers=4)
+    model, rules = EncoderDecoderModel(config), partitioning.logical_axis_rules()
+    fast = plan(model, optax.adam(1e-3), LENGTHS, 16, _mesh((4, 2)), rules)
+    exact = plan(model, optax.adam(1e-3), LENGTHS, 16, _mesh((4, 2)), rules, exact=True)
+    assert (fast["temp_from"], exact["temp_from"]) == ("extrapolated", "compiled")
+    assert {k: v for k, v in fast["bytes"].items() if k not in ("temp", "total")} == \
+        {k: v for k, v in exact["bytes"].items() if k not in ("temp", "total")}
+    assert abs(fast["bytes"]["temp"] / exact["bytes"]["temp"] - 1) < 0.05, (fast["bytes"], exact["bytes"])
+    assert "(1-2 layers, extended)" in describe(fast) and "(compiled)" in describe(exact)
+
+
+def test_a_transformer_xl_plan_is_extrapolated_from_its_one_and_two_layer_steps_too():
+    from templm.models.transformer_xl import TXL_CONFIGS
+    from templm.training.plan import plan_lm
+
+    config = dataclasses.replace(TXL_CONFIGS["tiny"], n_layer=5)
+    rules = partitioning.logical_axis_rules()
+    fast = plan_lm(config, optax.adam(1e-3), 8, _mesh((4, 2)), rules)
+    exact = plan_lm(config, optax.adam(1e-3), 8, _mesh((4, 2)), rules, exact=True)
+    assert (fast["temp_from"], exact["temp_from"]) == ("extrapolated", "compiled")
+    assert abs(fast["bytes"]["temp"] / exact["bytes"]["temp"] - 1) < 0.05, (fast["bytes"], exact["bytes"])
