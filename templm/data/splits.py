@@ -104,6 +104,7 @@ class CorpusIndex:
     duplicates: int            # later documents whose id was already seen (dropped; the first one is kept)
     filtered: Optional[dict] = None  # filters.filter_stats: what the clean-up removed, with its settings
     corpus: Optional[Union[str, List[str]]] = None  # the corpus, resolved (`readers.resolve_corpus`)
+    clean: Optional[FilterConfig] = None  # the clean-up it was made with (`active_clean`)
 
     def __len__(self) -> int:
         return len(self.dates)
@@ -149,7 +150,7 @@ def index_corpus(corpus_path: Corpus, format: str = "auto", on_error: str = "rai
             console.say(f"{reader.path}: indexed {n_read} documents ({n_read / (now - start):.0f}/s)")
     del seen
     index = sorted_index(ordinals, ids, n_read, later_copies, doc_filter.stats() if doc_filter else None,
-                         corpus_path, reader.path)
+                         corpus_path, reader.path, doc_filter.config if doc_filter else None)
     logging.info("%s: indexed %d documents in %.1fs", reader.path, len(index), time.monotonic() - start)
     return index
 
@@ -162,15 +163,14 @@ def check_id(doc_id: str, number: int, where: str) -> None:
 
 
 def sorted_index(ordinals: Sequence[int], ids: List[str], read: int, later_copies: int, filtered: Optional[dict],
-                 corpus_path: Union[str, List[str]], where: str) -> CorpusIndex:
+                 corpus_path: Union[str, List[str]], where: str, clean: Optional[FilterConfig]) -> CorpusIndex:
     """The CorpusIndex of the kept documents' (day ordinal, id) in corpus order: a repeated id's later documents
     dropped (counted with `later_copies`, those dropped already), then sorted by date and id. DataError naming the
     corpus when no document is left. `ids` is emptied (its strings move into the index)."""
     n = len(ids)
     if n == 0:
         raise DataError("no documents" + (f" left of {read} after the clean-up {filtered}" if read else ""), where)
-    dates = np.asarray(ordinals, dtype=np.int32).copy() if not isinstance(ordinals, array.array) else \
-        np.frombuffer(ordinals, dtype=np.int32).copy()
+    dates = np.array(ordinals, dtype=np.int32)
     id_array = np.empty(n, dtype=object)
     id_array[:] = ids
     ids.clear()
@@ -197,7 +197,7 @@ def sorted_index(ordinals: Sequence[int], ids: List[str], read: int, later_copie
              else [])
         console.say(f"{where}: left out " + " and ".join(parts) + " (stats.json, \"cleaned\")")
     return CorpusIndex(dates=dates[order], ids=id_array[order], read=read, duplicates=duplicates, filtered=filtered,
-                       corpus=corpus_path)
+                       corpus=corpus_path, clean=clean)
 
 
 def _given_index(index: Optional[CorpusIndex], corpus_path: Union[str, List[str]], format: str, on_error: str,
@@ -209,18 +209,23 @@ def _given_index(index: Optional[CorpusIndex], corpus_path: Union[str, List[str]
         raise ValueError(f"index must be a CorpusIndex (index_corpus) or None, got {type(index).__name__}")
     if index.corpus != corpus_path:
         raise ValueError(f"the index is of the corpus {index.corpus}, not of {corpus_path}")
-    wanted = dataclasses.asdict(clean) if clean is not None and clean.active else None
-    made = None if index.filtered is None else {key: index.filtered[key] for key in dataclasses.asdict(clean or
-                                                                                                   FilterConfig())}
-    if made != wanted:
-        raise ValueError(f"the index was made with the clean-up {made}, not {wanted}")
+    wanted = active_clean(clean)
+    if index.clean != wanted:
+        raise ValueError(f"the index was made with the clean-up {index.clean}, not {wanted}")
     return index
 
 
-def _document_filter(clean: Optional[FilterConfig]) -> Optional[DocumentFilter]:
+def active_clean(clean: Optional[FilterConfig]) -> Optional[FilterConfig]:
+    """The clean-up `clean` asks for: itself, or None where it is None or removes nothing (ValueError where it is
+    not a FilterConfig)."""
     if clean is not None and not isinstance(clean, FilterConfig):
         raise ValueError(f"clean must be a templm.data.filters.FilterConfig or None, got {clean!r}")
-    return DocumentFilter(clean) if clean is not None and clean.active else None
+    return clean if clean is not None and clean.active else None
+
+
+def _document_filter(clean: Optional[FilterConfig]) -> Optional[DocumentFilter]:
+    config = active_clean(clean)
+    return DocumentFilter(config) if config is not None else None
 
 
 def _sample(rng: np.random.Generator, lo: int, hi: int, size: int) -> np.ndarray:

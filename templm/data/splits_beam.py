@@ -35,7 +35,7 @@ from templm import console, paths
 from templm.data.beam_work import read_lines, work_folder
 from templm.data.filters import FilterConfig, Signer, filter_stats, language_check, similarity
 from templm.data.readers import Corpus, corpus_files, describe_corpus, read_documents, resolve_corpus
-from templm.data.splits import CorpusIndex, check_id, sorted_index
+from templm.data.splits import CorpusIndex, active_clean, check_id, sorted_index
 
 Place = Tuple[int, int]  # (the file's rank in the corpus, the document's number in the file)
 
@@ -168,9 +168,7 @@ def index_corpus_beam(corpus_path: Corpus, pipeline_options: Sequence[str], form
     corpus = resolve_corpus(corpus_path)
     files = corpus_files(corpus)
     where = describe_corpus(corpus)
-    config = clean if clean is not None and clean.active else None
-    if clean is not None and not isinstance(clean, FilterConfig):
-        raise ValueError(f"clean must be a templm.data.filters.FilterConfig or None, got {clean!r}")
+    config = active_clean(clean)
     for path in files:  # a missing file or an unknown format, said here rather than by a worker
         read_documents(path, format=format, on_error=on_error)
     begun = time.monotonic()
@@ -219,7 +217,7 @@ def index_corpus_beam(corpus_path: Corpus, pipeline_options: Sequence[str], form
     console.say(f"{where}: indexed {counts_read.get('read', 0)} documents on Beam in "
                 f"{time.monotonic() - begun:.0f}s")
     return sorted_index(ordinals, ids, counts_read.get("read", 0), counts_read.get("later_copies", 0), filtered,
-                        corpus, where)
+                        corpus, where, config)
 
 
 def _near_duplicates(pairs: List[List[List[int]]]) -> set:
