@@ -6,7 +6,8 @@ no parameter is allocated. Per device: the bytes of the parameters and of the op
 shard), of one batch, and the compiled step's temporary memory (XLA's memory analysis), against the memory of the
 device kind. The step is compiled for one and two layers a stack and its temporaries extended linearly to the
 model's layers (`layer_extrapolated`; `exact=True` compiles the model itself): the layers are unrolled, so a whole
-T5-large step takes minutes to compile on a laptop, its one- and two-layer steps seconds. Arrays whose sharded dimensions do not divide the mesh axes are reported instead (jit refuses them).
+T5-large step takes minutes to compile on a laptop, its one- and two-layer steps seconds. Arrays whose sharded
+dimensions do not divide the mesh axes are reported instead (jit refuses them).
 
 CPU compilation approximates the accelerator's: XLA's temporary memory differs between backends (fusion, layouts),
 so the verdict keeps a margin (`HEADROOM`).
