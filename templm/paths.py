@@ -181,6 +181,14 @@ def text_stream(binary: IO, encoding: str = "utf-8", newline: Optional[str] = No
                             newline=newline)
 
 
+def binary_stream(raw: IO) -> IO:
+    """A bucket's GFile opened to read bytes as a buffered binary stream, whose `readline(size)` stops at `size` (a
+    GFile's own readline takes no size and reads a whole line, however long)."""
+    import io
+
+    return io.BufferedReader(_Buffered(raw))
+
+
 class _Buffered:
     """A GFile in binary mode as the raw stream io.TextIOWrapper wants."""
 
@@ -213,7 +221,8 @@ class _Buffered:
         return len(data)
 
     def flush(self) -> None:
-        self.raw.flush()
+        if self.writable():
+            self.raw.flush()
 
     def close(self) -> None:
         if not self.closed:

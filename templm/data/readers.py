@@ -29,15 +29,17 @@ ON_ERROR = ("raise", "skip")
 # The longest line a reader takes whole (a WMT document, a Wikidata entity: megabytes at most). A longer one (a
 # crafted or broken file: a gzip of a 3 GB "line") is read through in pieces and dropped, never held in memory.
 MAX_LINE_BYTES = 256 << 20
+# A compressed file that gives more than MAX_RATIO bytes for each byte read of it, once it has given MIN_BOMB_BYTES,
+# is refused: text compresses 3 to 20 times (WMT's gzip about 3, Wikidata's bz2 about 17), a compression bomb a
+# thousand times (gzip) or millions (bzip2).
+MAX_RATIO = 200
+MIN_BOMB_BYTES = 64 << 20
 
 
 def read_line(f: Any, limit: int = MAX_LINE_BYTES) -> Tuple[bytes, bool]:
     """(the next line of the binary file `f`, whether it was whole): a line longer than `limit` bytes is read to its
     end in pieces of a megabyte and dropped, returning its first `limit` bytes and False."""
-    try:
-        raw = f.readline(limit + 1)
-    except TypeError:  # a bucket's file (tf.io.gfile) reads whole lines only: taken as it comes
-        return f.readline(), True
+    raw = f.readline(limit + 1)
     if len(raw) <= limit or raw.endswith(b"\n"):
         return raw, True
     rest = raw
@@ -47,19 +49,117 @@ def read_line(f: Any, limit: int = MAX_LINE_BYTES) -> Tuple[bytes, bool]:
 
 
 def open_text(path: str, mode: str = "rb"):
-    """Opens `path` for binary reading or writing, through gzip or bz2 when its name ends in `.gz` or `.bz2`."""
+    """Opens `path` for binary reading or writing, through gzip or bz2 when its name ends in `.gz` or `.bz2`. A file
+    opened to read is held to the limits on untrusted input (`Guarded`): its lines to `MAX_LINE_BYTES` when iterated,
+    its decompressed size to `MAX_RATIO` times the bytes read of it, on a local disk and in a bucket alike."""
     path = os.fspath(path)
     if "r" in mode and not paths.exists(path):
         remote.check_location(path, "the file", write=False)  # in a bucket: why not (no bucket, no route, ...)
         raise DataError("no such file", path)
     if paths.isdir(path):
         raise DataError("is a folder; expected a file", path)
-    raw = paths.open(path, mode) if paths.is_url(path) else path
-    if path.endswith(".gz"):
-        return gzip.open(raw, mode)
-    if path.endswith(".bz2"):
-        return bz2.open(raw, mode)
-    return raw if paths.is_url(path) else open(path, mode)
+    compressed = path.endswith((".gz", ".bz2"))
+    if "r" not in mode:
+        raw = paths.open(path, mode) if paths.is_url(path) else path
+        return gzip.open(raw, mode) if path.endswith(".gz") else bz2.open(raw, mode) if compressed else (
+            raw if paths.is_url(path) else open(path, mode))
+    # A bucket's GFile reads whole lines only (its readline takes no size): buffered, it reads a line in pieces.
+    raw = paths.binary_stream(paths.open(path, "rb")) if paths.is_url(path) else open(path, "rb")
+    counted = _Counted(raw) if compressed else None
+    try:
+        stream = (gzip.open(counted, "rb") if path.endswith(".gz") else bz2.open(counted, "rb")) if compressed else raw
+    except BaseException:
+        raw.close()
+        raise
+    return Guarded(stream, path, counted)
+
+
+class _Counted:
+    """A compressed file as its decompressor reads it, counting the bytes read."""
+
+    def __init__(self, raw: Any):
+        self.raw = raw
+        self.bytes = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.bytes += len(data)
+        return data
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+class Guarded:
+    """A file opened to read untrusted input: a line iterated over longer than `MAX_LINE_BYTES` is a DataError
+    naming it (`read_line` drops it instead), and a compressed file that decompresses to more than `MAX_RATIO` times
+    the bytes read of it (past `MIN_BOMB_BYTES`) is a DataError naming the file, before more of it is read."""
+
+    mode = "rb"
+
+    def __init__(self, stream: Any, path: str, counted: Optional[_Counted] = None):
+        self.stream = stream
+        self.path = path
+        self.counted = counted
+        self.max_ratio = MAX_RATIO
+        self.min_bomb_bytes = MIN_BOMB_BYTES
+        self.given = 0
+        self.lines = 0
+        self.closed = False
+
+    def _checked(self, data: bytes) -> bytes:
+        self.given += len(data)
+        if (self.counted is not None and self.given > self.min_bomb_bytes
+                and self.given > self.max_ratio * max(self.counted.bytes, 1)):
+            raise DataError(f"decompresses to more than {self.max_ratio:,} times its size ({self.given:,} bytes "
+                            f"from {self.counted.bytes:,}): refused as a compression bomb, not read further "
+                            "(text compresses 3 to 20 times)", self.path)
+        return data
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:  # the whole file, in pieces so that a bomb is stopped on the way
+            pieces = []
+            while True:
+                piece = self.read(1 << 20)
+                if not piece:
+                    return b"".join(pieces)
+                pieces.append(piece)
+        return self._checked(self.stream.read(n))
+
+    def readline(self, limit: int = -1) -> bytes:
+        return self._checked(self.stream.readline(limit))
+
+    def tell(self) -> int:
+        """How far into the file on disk reading has gone (of a compressed file, the compressed bytes read): its
+        share of the file's size is a reader's progress."""
+        return self.counted.bytes if self.counted is not None else self.stream.tell()
+
+    def __iter__(self) -> "Guarded":
+        return self
+
+    def __next__(self) -> bytes:
+        raw, whole = read_line(self, MAX_LINE_BYTES)
+        if not raw:
+            raise StopIteration
+        self.lines += 1
+        if not whole:
+            raise DataError(f"a line longer than {MAX_LINE_BYTES:,} bytes: not read", self.path, self.lines)
+        return raw
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                self.stream.close()
+            finally:
+                if self.counted is not None:
+                    self.counted.close()
+
+    def __enter__(self) -> "Guarded":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def read_failure(error: BaseException, path: str, where: str) -> Exception:

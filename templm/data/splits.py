@@ -678,7 +678,7 @@ def read_split_file(path: str) -> List[Tuple[datetime.date, str]]:
         lineno = 0
         while True:
             try:
-                raw = f.readline()
+                raw = next(f, b"")  # a line over readers.MAX_LINE_BYTES is a DataError naming it
             except (OSError, EOFError, zlib.error) as e:
                 raise read_failure(e, path, f"after line {lineno}") from None
             if not raw:

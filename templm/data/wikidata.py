@@ -101,7 +101,6 @@ class _Dump:
     def raw_lines(self) -> Iterator[Tuple[int, bytes]]:
         started = time.monotonic()
         with open_text(self.path) as f:
-            raw_file = _raw_file(f)
             while True:
                 try:
                     raw, whole = read_line(f, MAX_LINE_BYTES)
@@ -114,17 +113,17 @@ class _Dump:
                     raise DataError(f"a line longer than {MAX_LINE_BYTES:,} bytes: not read (an entity is megabytes "
                                     "at most)", self.path, self.lines)
                 if self.lines % PROGRESS_EVERY == 0:
-                    self._progress(started, raw_file)
+                    self._progress(started, f)
                 yield self.lines, raw
         elapsed = max(time.monotonic() - started, 1e-9)
         console.say(f"{self.what} {self.path}: done, {self.lines} lines in {format_duration(elapsed)} "
                     f"({self.lines / elapsed:.0f} lines/s)")
 
-    def _progress(self, started: float, raw_file: Any) -> None:
+    def _progress(self, started: float, f: Any) -> None:
         elapsed = max(time.monotonic() - started, 1e-9)
         rate = self.lines / elapsed
         try:
-            done = raw_file.tell() / self.size if self.size else 0.0
+            done = f.tell() / self.size  # the file's bytes read, compressed ones for a .gz if self.size else 0.0
         except (OSError, ValueError):
             done = 0.0
         eta = f", ETA {format_duration((1 - done) * elapsed / done)}" if 0 < done < 1 else ""
@@ -151,15 +150,6 @@ class _Dump:
         if not isinstance(entity.get("id"), str) or not entity["id"]:
             raise DataError("entity without an 'id' string", self.path, lineno)
         return entity
-
-
-def _raw_file(f: Any) -> Any:
-    """The underlying file of a gzip / bz2 reader (its position is the share of the file read), else `f`."""
-    for name in ("fileobj", "_fp"):
-        inner = getattr(f, name, None)
-        if inner is not None and hasattr(inner, "tell"):
-            return inner
-    return f
 
 
 def _english_label(entity: Dict[str, Any]) -> Optional[str]:

@@ -208,3 +208,24 @@ def test_no_verb_makes_a_local_folder_named_after_a_url(gcs, verb, tmp_path):
     assert last.startswith(f"templm {verb}: error: ") and "gs://no-such-bucket-v" in last, result.stderr[-2000:]
     assert ("does not exist" in last) or ("does not read or write URLs there yet" in last), last
     assert os.listdir(tmp_path) == [], os.listdir(tmp_path)
+
+
+def test_a_plain_file_in_a_bucket_is_read_a_line_in_pieces_as_a_local_one(gcs, bucket, tmp_path):
+    """A bucket's file (tf.io.gfile's GFile) reads whole lines, however long: a plain .jsonl in a bucket was read
+    without the line limit a local or compressed one has. Buffered, its over-long line is read through in pieces and
+    dropped as on a local disk: the same documents, the same message naming the line."""
+    from templm.data.readers import JsonlReader
+
+    doc = lambda i: json.dumps({"id": f"d{i}", "date": "2014-01-01", "text": "a short text"})  # noqa: E731
+    local = tmp_path / "news.jsonl"
+    local.write_text(doc(1) + "\n" + "x" * 50_000 + "\n" + doc(2) + "\n")
+    url = f"gs://{bucket}/news.jsonl"
+    paths.copy(str(local), url, overwrite=True)
+    seen = {}
+    for path in (str(local), url):
+        reader = JsonlReader(path, on_error="skip", max_line_bytes=1000)
+        seen[path] = ([d.id for d in reader], reader.skipped, reader.first_errors[0].replace(path, "FILE"))
+    assert seen[url] == seen[str(local)] == (["d1", "d2"], 1, "FILE:2: a line longer than 1,000 bytes: not read "
+                                                              "(a document or record is megabytes at most)")
+    with pytest.raises(DataError, match=r"news.jsonl:2: a line longer than 1,000 bytes"):
+        list(JsonlReader(url, max_line_bytes=1000))

@@ -1167,3 +1167,43 @@ def test_a_line_longer_than_the_limit_is_dropped_without_being_held(tmp_path):
         list(JsonlReader(str(path), max_line_bytes=1000))
     default = JsonlReader(str(path), on_error="skip")  # 50 KB is within the default limit: read, then bad JSON
     assert [d.id for d in default] == ["a", "b"] and "malformed JSON" in default.first_errors[0]
+
+
+@pytest.mark.parametrize("opener", [gzip.open, bz2.open], ids=["gz", "bz2"])
+def test_a_compression_bomb_is_refused_naming_the_file_before_it_is_read_through(tmp_path, monkeypatch, opener):
+    """A small compressed file that decompresses to gigabytes of short lines passes the line limit and was read
+    through (hours, and the verb's output as large). Past readers.MIN_BOMB_BYTES decompressed (here 1 MiB instead
+    of 64), a file giving more than MAX_RATIO (200) bytes for each byte read of it is refused, naming it; the
+    world's own news, compressed, is read whole under the same limits."""
+    monkeypatch.setattr(readers, "MIN_BOMB_BYTES", 1 << 20)
+    suffix = ".gz" if opener is gzip.open else ".bz2"
+    bomb = tmp_path / f"bomb.jsonl{suffix}"
+    with opener(bomb, "wb") as f:
+        for i in range(40):  # 40 documents of 100 KB of one letter: 4 MB from a few kilobytes
+            f.write((json.dumps({"id": f"d{i}", "date": "2014-01-01", "text": "a" * 100_000}) + "\n").encode())
+    reader = JsonlReader(str(bomb), on_error="skip")
+    with pytest.raises(DataError, match=r"decompresses to more than 200 times its size .*compression bomb") as e:
+        list(reader)
+    assert e.value.path == str(bomb) and 10 <= reader.read < 40  # stopped after the first MiB, not at the end
+    news = tmp_path / f"news.jsonl{suffix}"
+    words = ["the", "court", "ruled", "on", "Monday", "that", "minister", "Alba", "resigned", "in", "March"]
+    rng = random.Random(0)
+    lines = [json.dumps({"id": f"n{i}", "date": f"2014-01-{1 + i % 28:02d}",
+                         "text": " ".join(rng.choice(words) for _ in range(400))}) for i in range(1000)]
+    with opener(news, "wb") as f:
+        f.write(("\n".join(lines) + "\n").encode())
+    assert os.path.getsize(news) * 200 > len("\n".join(lines))  # ordinary text: compressed a few times
+    assert [d.id for d in JsonlReader(str(news))] == [f"n{i}" for i in range(1000)]
+
+
+def test_a_first_line_over_the_limit_is_refused_when_the_format_is_detected(tmp_path, monkeypatch):
+    """Detecting a corpus's format read its first line whole, however long (a gzip of a 3 GB "line" held in
+    memory before any reader's limit applied). Iterating a file opened by readers.open_text holds each line to
+    MAX_LINE_BYTES (here 1,000) and names the line that is over it."""
+    monkeypatch.setattr(readers, "MAX_LINE_BYTES", 1000)
+    path = tmp_path / "news.jsonl.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(b"\n" + b"x" * 50_000 + b"\n" + (jdoc("a") + "\n").encode())
+    with pytest.raises(DataError) as e:
+        detect_format(str(path))
+    assert str(e.value) == f"{path}:2: a line longer than 1,000 bytes: not read"
