@@ -299,6 +299,11 @@ ELSEWHERE = {
     ("data templama", "run again"): [
         "tests/test_cli.py::test_data_splits_and_templama_leave_a_users_folder_alone_and_change_theirs_all_at_once"],
     ("data spm", "run again"): ["tests/data/test_vocab.py::test_same_seed_same_bytes"],
+    ("calm", "run again"): ["tests/experiments/test_calm.py::test_templm_calm_end_to_end"],
+    ("stream", "run again"): [
+        "tests/experiments/test_streaming.py::test_stream_again_into_its_own_folder_gives_the_same_output"],
+    ("appendices", "run again"): [
+        "tests/experiments/test_appendices.py::test_the_appendices_again_into_their_own_folder_give_the_same_output"],
     **{(verb, "run again"): [_TWICE] for verb in ("data stats", "eval", "infer", "plan")},
 }
 

@@ -4,12 +4,13 @@ bad flags answered before any work."""
 
 import datetime
 import json
+import os
 
 import numpy as np
 import pytest
 
 from templm.experiments.appendices import shift_years
-from templm_testing import run_templm as templm
+from templm_testing import folder_contents, run_templm as templm
 
 pytestmark = pytest.mark.e2e
 
@@ -48,6 +49,19 @@ def test_both_appendices_end_to_end(tmp_path):
     assert "## Appendix B: shifted test periods (Figure 8)" in result.stdout
     for name in ("appendix_b.png", "appendix_c.png"):
         assert (out / "figures" / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_appendices_again_into_their_own_folder_give_the_same_output(tmp_path):
+    """Run again into the folder of its finished run, the verb builds its periods afresh (data, models, streams) and
+    writes the same results, report and figures (times aside), with nothing left beside the folder."""
+    out = tmp_path / "app"
+    seen = []
+    for _ in range(2):
+        result = templm("appendices", f"--out={out}", "--preset=tiny_test", "--which=shifted", "--shifts=0")
+        assert result.returncode == 0, result.stderr[-3000:]
+        seen.append((folder_contents(out), result.stdout))
+    assert seen[0] == seen[1] and "results.json" in seen[0][0] and "report.md" in seen[0][0]
+    assert sorted(os.listdir(tmp_path)) == ["app"]
 
 
 def test_bad_flags_are_one_line_and_a_usage_exit(tmp_path):

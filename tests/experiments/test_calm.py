@@ -15,7 +15,7 @@ from templm.experiments.calm import (CalmBaselineConfig, CalmModelConfig, CalmSt
                                      log_metrics, run_calm)
 from templm.io import jsonable
 from templm.metrics.calm import compute_metrics
-from templm_testing import CALM_TINY_RUN, farm_and_market, run_templm as templm, write_texts
+from templm_testing import CALM_TINY_RUN, farm_and_market, folder_contents, run_templm as templm, write_texts
 
 GIN = "gin_configs/calm/txl_online.gin"
 
@@ -101,6 +101,17 @@ def test_templm_calm_end_to_end(tmp_path):
     assert results["metrics"]["learner"]["loss"] < results["metrics"]["baseline"]["loss"]
     report = (out / "report.md").read_text()
     assert "| sports | learner |" in report and "ppl@sw" in report
+
+    # Run again into its own folder: the run is made afresh and its output is the same (times aside: the report's
+    # last line says how long it took).
+    def timeless(contents):
+        return {name: data.split(b"\nTime: ")[0] if name == "report.md" else data for name, data in contents.items()}
+
+    first = folder_contents(out)
+    again = templm("calm", f"--gin_file={GIN}", f"--gin.OUT_DIR='{out}'", *TINY_RUN)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert timeless(folder_contents(out)) == timeless(first) and again.stdout == (out / "report.md").read_text() + "\n"
+    assert sorted(os.listdir(tmp_path)) == ["run"]  # no lock, partial folder or old copy beside it
 
 
 @pytest.mark.e2e

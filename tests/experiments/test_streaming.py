@@ -102,6 +102,24 @@ def test_a_signal_during_dynamic_evaluation_is_one_line_and_no_crash(runs, tmp_p
     assert out == "" and not (tmp_path / "out" / "results.json").exists()
 
 
+@pytest.mark.e2e
+def test_stream_again_into_its_own_folder_gives_the_same_output(runs, tmp_path):
+    """Run again into the folder of its finished run (static evaluation, the cheap analyses), the verb writes the
+    same results, report and figures (times aside), with nothing left beside the folder."""
+    from templm_testing import folder_contents
+
+    seen = []
+    for _ in range(2):
+        proc = _stream(f"--gin.TIME_STRATIFIED_DIR='{runs['time_stratified']}'",
+                       f"--gin.CONTROL_DIR='{runs['control']}'", "--gin.templm.DynamicEvalConfig.variants=()",
+                       "--gin.templm.StreamAnalyses.min_test_count=3", "--gin.templm.StreamAnalyses.topics=False",
+                       "--gin.templm.StreamAnalyses.pos=False", out=tmp_path / "out")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        seen.append((folder_contents(tmp_path / "out"), proc.stdout))
+    assert seen[0] == seen[1] and "results.json" in seen[0][0] and "report.md" in seen[0][0]
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
 def test_gin_configs_pick_the_splits_and_the_paper_model(runs):
     _, _, ts = lm_trainer.load_lm(runs["time_stratified"])
     _, _, ctl = lm_trainer.load_lm(runs["control"])
