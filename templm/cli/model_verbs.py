@@ -17,6 +17,9 @@ from templm.outputs import holding
 
 def define_train():
     define_distributed()
+    flags.DEFINE_list("seqio_additional_cache_dirs", [], "Folders (gs:// too) searched for seqio's offline caches "
+                      "of the tasks (seqio's cache_tasks_main --output_cache_dir), read where "
+                      "train/templm.DatasetConfig.use_cached = True (T5X's flag and binding).")
     import templm.evaluation.checkpoint_eval  # noqa: F401  (registers every configurable the T5 configs bind)
 
 
@@ -30,9 +33,12 @@ def main_train():
 
     import gin
 
+    from templm import tasks
+
     join_processes()
-    configure_tasks()
-    result = trainer.train(options=RunOptions(evaluator=evaluate_params, config_gin=gin.config_str()))
+    with tasks.seqio_cache_dirs(FLAGS.seqio_additional_cache_dirs):  # the tasks registered inside: they find it
+        configure_tasks()
+        result = trainer.train(options=RunOptions(evaluator=evaluate_params, config_gin=gin.config_str()))
     if jax.process_index() == 0:
         print(json.dumps(jsonable(result.summary())))
 

@@ -19,7 +19,8 @@ from templm.tasks import registry
 from templm.tasks.registry import adapt_mixture, adapt_mixture_name
 
 __all__ = ["adapt_mixture", "adapt_mixture_name", "configure", "current", "padded_vocab_size", "parse_years",
-           "registration_scope", "temporal_adapt_mixture", "uniform_adapt_mixture", "vocabulary", "yearly_mixture"]
+           "registration_scope", "seqio_cache_dirs", "temporal_adapt_mixture", "uniform_adapt_mixture", "vocabulary",
+           "yearly_mixture"]
 
 _current = {}
 
@@ -134,6 +135,21 @@ def registration_scope():
         finally:
             _current.clear()
             _current.update(saved)
+
+
+@contextlib.contextmanager
+def seqio_cache_dirs(dirs):
+    """seqio's global cache folders with `dirs` added for the block (T5X's `--seqio_additional_cache_dirs`), put
+    back as they were after it, so that a later command in the process does not read this one's cache. seqio keeps
+    the folder it finds on each Task: register the tasks inside the block (`configure`), not before."""
+    import seqio
+
+    before = list(seqio.get_global_cache_dirs())
+    seqio.add_global_cache_dirs(list(dirs))
+    try:
+        yield
+    finally:
+        seqio.set_global_cache_dirs(before)
 
 
 def current():

@@ -44,7 +44,9 @@ class DatasetConfig:
     batch_size: the global batch (training) or the evaluation batch. seed: the data order's seed (None: the run's
     random_seed). shards: input pipelines the global batch is drawn from (0: one per process, or the checkpoint's
     when resuming; fix it at a multiple of every host count a run will see, WORKSPACE.md "Several GPU hosts").
-    num_examples: how many examples an evaluation reads (None: all)."""
+    num_examples: how many examples an evaluation reads (None: all). use_cached: training reads the task's examples
+    from seqio's offline cache (made by seqio's `cache_tasks_main`, as T5X's `DatasetConfig.use_cached`), found in
+    the folders `templm train --seqio_additional_cache_dirs=DIR` names."""
 
     mixture_or_task_name: str = gin.REQUIRED
     task_feature_lengths: Mapping[str, int] = gin.REQUIRED
@@ -54,6 +56,7 @@ class DatasetConfig:
     pack: bool = True
     shards: int = 0
     num_examples: Optional[int] = None
+    use_cached: bool = False
 
     def __post_init__(self):
         require_field_types(self, "templm.DatasetConfig", {"batch_size": "BATCH_SIZE"})  # from gin, named

@@ -51,11 +51,13 @@ def shard_seed(seed: int, shard: int, data_shards: int) -> int:
 
 def training_batches(mixture_or_task_name: str, task_feature_lengths: Mapping[str, int], rows: int, seed: int,
                      pack: bool, start_batch: int = 0, split: str = "train",
-                     shard: Optional[seqio.ShardInfo] = None) -> tf.data.Dataset:
-    """One pipeline's batches of `rows` rows: the examples of `shard` (all with None; shuffled, repeated),
-    `training_features`, batched, skipped to `start_batch` (the replay of a resume without an input state)."""
+                     shard: Optional[seqio.ShardInfo] = None, use_cached: bool = False) -> tf.data.Dataset:
+    """One pipeline's batches of `rows` rows: the examples of `shard` (all with None; shuffled, repeated; from
+    seqio's offline cache with `use_cached`), `training_features`, batched, skipped to `start_batch` (the replay of a
+    resume without an input state)."""
     ds = seqio.get_mixture_or_task(mixture_or_task_name).get_dataset(
-        task_feature_lengths, split=split, shuffle=True, num_epochs=None, seed=seed, shard_info=shard)
+        task_feature_lengths, split=split, shuffle=True, num_epochs=None, seed=seed, shard_info=shard,
+        use_cached=use_cached)
     ds = training_features(ds, task_feature_lengths, pack)
     ds = ds.batch(rows, drop_remainder=True)
     if start_batch:
@@ -63,18 +65,39 @@ def training_batches(mixture_or_task_name: str, task_feature_lengths: Mapping[st
     return ds.prefetch(2)
 
 
-def tasks_with_fewer_files(mixture_or_task_name: str, data_shards: int, split: str = "train") -> Dict[str, int]:
-    """The tasks of a mixture (or the task) whose `split` has fewer files than `data_shards`, with their number of
-    files: each of their shards reads every file and keeps its share of the examples."""
+def _tasks(mixture_or_task_name: str) -> List[seqio.Task]:
     provider = seqio.get_mixture_or_task(mixture_or_task_name)
-    tasks = provider.tasks if isinstance(provider, seqio.Mixture) else [provider]
+    return list(provider.tasks) if isinstance(provider, seqio.Mixture) else [provider]
+
+
+def tasks_with_fewer_files(mixture_or_task_name: str, data_shards: int, split: str = "train",
+                           use_cached: bool = False) -> Dict[str, int]:
+    """The tasks of a mixture (or the task) whose `split` has fewer files than `data_shards` (in seqio's cache with
+    `use_cached`), with their number of files: each of their shards reads every file and keeps its share of the
+    examples."""
     few = {}
-    for task in tasks:
-        if split in task.splits and not task.source.supports_arbitrary_sharding:
+    for task in _tasks(mixture_or_task_name):
+        if use_cached and split in task.splits and task.cache_dir:
+            count = len(tf.io.gfile.glob(seqio.utils.get_cached_tfrecord_prefix(task.cache_dir, split) + "-*"))
+        elif split in task.splits and not task.source.supports_arbitrary_sharding:
             count = len(task.source.list_shards(split))
-            if count < data_shards:
-                few[task.name] = count
+        else:
+            count = None
+        if count is not None and count < data_shards:
+            few[task.name] = count
     return few
+
+
+def require_cached(mixture_or_task_name: str, split: str) -> None:
+    """A ConfigError unless every task of the mixture (or the task) is in seqio's offline cache for `split`, naming
+    the tasks that are not and the folders searched."""
+    missing = [t.name for t in _tasks(mixture_or_task_name) if split in t.splits and not t.cache_dir]
+    if missing:
+        searched = ", ".join(seqio.get_global_cache_dirs()) or "none"
+        raise ConfigError(f"USE_CACHED_TASKS (train/templm.DatasetConfig.use_cached): {', '.join(missing)} not in "
+                          f"seqio's cache (folders searched: {searched}): make the cache with seqio's "
+                          "cache_tasks_main (--module_import=templm.tasks) and name its folder with "
+                          "--seqio_additional_cache_dirs")
 
 
 class TrainingInput:
@@ -82,8 +105,9 @@ class TrainingInput:
 
     def __init__(self, mixture_or_task_name: str, task_feature_lengths: Mapping[str, int], batch_size: int,
                  seed: int, pack: bool, data_shards: int = 0, split: str = "train",
-                 process: Optional[Tuple[int, int]] = None):
-        """process: (index, count), by default this process's (jax.process_index(), jax.process_count())."""
+                 process: Optional[Tuple[int, int]] = None, use_cached: bool = False):
+        """process: (index, count), by default this process's (jax.process_index(), jax.process_count());
+        use_cached: the examples from seqio's offline cache (a ConfigError naming the tasks it lacks)."""
         index, processes = process or (jax.process_index(), jax.process_count())
         self.data_shards = data_shards or processes
         if self.data_shards % processes or batch_size % self.data_shards:
@@ -94,8 +118,11 @@ class TrainingInput:
         self.rows = batch_size // self.data_shards
         self._args = (mixture_or_task_name, dict(task_feature_lengths), self.rows, seed, pack)
         self._split = split
+        self._use_cached = use_cached
+        if use_cached:
+            require_cached(mixture_or_task_name, split)
         if self.data_shards > 1:
-            few = tasks_with_fewer_files(mixture_or_task_name, self.data_shards, split)
+            few = tasks_with_fewer_files(mixture_or_task_name, self.data_shards, split, use_cached)
             if few and index == 0:
                 console.warn(f"{', '.join(f'{t} ({n})' for t, n in sorted(few.items()))}: fewer {split} files than "
                              f"the {self.data_shards} data shards, so each shard reads all of those files and keeps "
@@ -107,7 +134,7 @@ class TrainingInput:
         name, lengths, rows, seed, pack = self._args
         info = seqio.ShardInfo(shard, self.data_shards) if self.data_shards > 1 else None
         return iter(training_batches(name, lengths, rows, shard_seed(seed, shard, self.data_shards), pack,
-                                     start_batch, self._split, info))
+                                     start_batch, self._split, info, self._use_cached))
 
     def next(self) -> Dict[str, np.ndarray]:
         """This process's rows of the next global batch (its shards' rows, in shard order)."""

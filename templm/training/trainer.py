@@ -258,7 +258,8 @@ def train(model_dir: str = gin.REQUIRED, model: Any = gin.REQUIRED, train_datase
         # --- Resume: what shapes the state or the data checked against the checkpoint's record first. ----------
         meta = {"seed": seed, "data_seed": data_cfg.seed, "mixture_or_task_name": data_cfg.mixture_or_task_name,
                 "batch_size": batch_size, "task_feature_lengths": lengths, "pack": data_cfg.pack,
-                "split": data_cfg.split, "vocabulary": _vocabulary_digest(data_cfg.mixture_or_task_name),
+                "split": data_cfg.split, "use_cached": data_cfg.use_cached,
+                "vocabulary": _vocabulary_digest(data_cfg.mixture_or_task_name),
                 "model_config": describe_model(model),
                 "optimizer": bound_optimizer_name() if optimizer is None else None}
         keys = tuple(k for k in _RESUME_BINDINGS if k != "data_shards") + (("data_shards",) if data_cfg.shards else ())
@@ -289,7 +290,8 @@ def train(model_dir: str = gin.REQUIRED, model: Any = gin.REQUIRED, train_datase
             # --- Data: this process's shards' rows of each global batch, where the checkpoint left them. -----
             inputs = TrainingInput(data_cfg.mixture_or_task_name, lengths, batch_size,
                                    data_cfg.seed if data_cfg.seed is not None else seed, data_cfg.pack,
-                                   data_cfg.shards or saved.get("data_shards", 0), split=data_cfg.split)
+                                   data_cfg.shards or saved.get("data_shards", 0), split=data_cfg.split,
+                                   use_cached=data_cfg.use_cached)
             if start_step:
                 names = tuple(inputs.shard_name(s) for s in inputs.shards)
                 states = checkpointer.restore_inputs(saved["step"], names)
@@ -336,6 +338,7 @@ _RESUME_BINDINGS = {
     "batch_size": "train/templm.DatasetConfig.batch_size, BATCH_SIZE",
     "task_feature_lengths": "train/templm.DatasetConfig.task_feature_lengths, TASK_FEATURE_LENGTHS",
     "pack": "train/templm.DatasetConfig.pack", "split": "train/templm.DatasetConfig.split",
+    "use_cached": "train/templm.DatasetConfig.use_cached, USE_CACHED_TASKS",
     "vocabulary": "the task's vocabulary, TEMPLM_VOCABULARY",
     "data_shards": "train/templm.DatasetConfig.shards (0: the checkpoint's)"}
 
