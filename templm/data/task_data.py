@@ -9,6 +9,9 @@
     spm/vocab.model                                    SentencePiece model trained on the seen years' training documents
     manifest.json                                      years, seen/future slices, counts, vocabulary, config
 
+Every file is made from the documents the clean-up keeps (templm.data.splits.index_corpus: no other language, no
+near-copy of an earlier document, a repeated id's first document only), the documents the splits are drawn from.
+
 Files are split by year so a Yearly task reads only its year and a Uniform or Temporal task reads them all, and
 optionally each year into several files, so that a training run's data shards (one per host) can each read whole
 files of their own (templm/training/input_pipeline.py; a split with fewer files than shards is read whole by every
@@ -38,7 +41,7 @@ from templm.data.readers import Corpus, TemplamaReader, read_documents, resolve_
 from templm.data.records import Document
 from templm.data.salient_spans import BuiltinEntityDetector, cloze_to_ssm, make_entity_detector, ssm_examples
 from templm.data.filters import FilterConfig
-from templm.data.splits import read_split_file, yearly_buckets
+from templm.data.splits import CorpusIndex, index_corpus, read_split_file, yearly_buckets
 from templm.data.tfrecords import RecordFile
 from templm.data.vocab import train_spm
 from templm.data.world import WORLD_VERSION, WorldConfig, generate_world
@@ -142,8 +145,19 @@ def _split_of_documents(split_dir: str, years: Sequence[int]) -> Dict[str, str]:
     return split_of
 
 
-def _training_documents(corpus: str, fmt: str, split_of: Dict[str, str]) -> Iterator:
-    return (doc for doc in read_documents(corpus, fmt) if doc.id not in split_of)
+def kept_documents(corpus: Corpus, fmt: str, index: CorpusIndex) -> Iterator[Document]:
+    """The corpus's documents that `index` holds (those the clean-up kept; of a repeated id, its first document), in
+    corpus order: what the task records and the vocabulary are made from, so that a near-copy of a held-out document
+    or an article in another language, removed from the splits, is not trained on either."""
+    kept = set(index.ids.tolist())
+    for doc in read_documents(corpus, fmt):
+        if doc.id in kept:
+            kept.discard(doc.id)  # a later document under the same id is not the one the index holds
+            yield doc
+
+
+def _training_documents(corpus: Corpus, fmt: str, index: CorpusIndex, split_of: Dict[str, str]) -> Iterator:
+    return (doc for doc in kept_documents(corpus, fmt, index) if doc.id not in split_of)
 
 
 def prepare_task_data(config: TaskDataConfig, out_dir: str, overwrite: bool = False) -> dict:
@@ -172,9 +186,10 @@ def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None) -> 
         generate_world(config.world, os.path.join(root, "world"), lock=False)  # inside our own partial folder
         corpus, fmt = os.path.join(root, "world", "news.jsonl"), "jsonl"
         templama_dir = templama_dir or os.path.join(root, "world", "templama")
+    index = index_corpus(corpus, fmt, clean=config.clean)
     buckets = yearly_buckets(corpus, os.path.join(root, "splits"), heldout_per_year=config.heldout_per_year,
                              heldout_fraction=config.heldout_fraction, seed=config.seed, format=fmt,
-                             clean=config.clean)
+                             clean=config.clean, index=index)
     if final is not None:  # the world's corpus sits in this partial folder: stats.json names its final place
         stats_path = os.path.join(root, "splits", "stats.json")
         with open(stats_path, encoding="utf-8") as f:
@@ -189,7 +204,7 @@ def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None) -> 
     detector = make_entity_detector(config.detector)
     if isinstance(detector, BuiltinEntityDetector):
         sample = []
-        for doc in _training_documents(corpus, fmt, split_of):
+        for doc in _training_documents(corpus, fmt, index, split_of):
             sample.append(doc.text)
             if len(sample) >= 5000:
                 break
@@ -198,9 +213,9 @@ def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None) -> 
     tf = _tf()
     writers = _Writers(root, config.files_per_year)
     rng = random.Random(config.seed)
-    ticker = console.Ticker("task data", buckets.get("corpus_documents"), "documents")
+    ticker = console.Ticker("task data", len(index), "documents")
     try:
-        for n, doc in enumerate(read_documents(corpus, fmt), 1):
+        for n, doc in enumerate(kept_documents(corpus, fmt, index), 1):
             ticker.update(n)
             split = split_of.get(doc.id, "train")
             examples = ssm_examples(doc.text, detector, config.one_span_per_sentence, rng)
@@ -243,7 +258,8 @@ def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None) -> 
     # piece of the future (words that only appear then are spelled in older pieces). The Temporal prefix
     # ("year: 2014 ") must be in it even where the corpus never writes a colon.
     prefixes = [Document(f"prefix-{y}", datetime.date(y, 1, 1), f"year: {y}") for y in years]
-    seen_documents = (doc for doc in _training_documents(corpus, fmt, split_of) if doc.date.year in seen_years)
+    seen_documents = (doc for doc in _training_documents(corpus, fmt, index, split_of)
+                      if doc.date.year in seen_years)
     train_spm(itertools.chain(prefixes, seen_documents), spm_prefix, vocab_size=config.vocab_size,
               max_sentences=config.max_spm_sentences, seed=config.seed, exact_size=config.exact_vocab_size)
     manifest = {

@@ -62,3 +62,76 @@ def test_templama_queries_of_years_without_news_are_left_out_and_said(tmp_path, 
     assert manifest["counts"]["templama"]["train"] == {"2014": 1, "2015": 1}
     assert ("warning: 3 TempLAMA queries of 2012, 2013, 2019 are left out: the corpus has no news of those years "
             "(2014-2016)") in capsys.readouterr().err
+
+
+def _records(folder):
+    """{split: [example id, ...]} of the record files in `folder` (customnews/ or templama/ of a task-data folder)."""
+    import tensorflow as tf
+
+    found = {}
+    for name in sorted(os.listdir(folder)):
+        split = name.split("-")[0]
+        for raw in tf.data.TFRecordDataset(os.path.join(folder, name)).as_numpy_iterator():
+            example = tf.train.Example.FromString(raw)
+            found.setdefault(split, []).append(example.features.feature["id"].bytes_list.value[0].decode())
+    return found
+
+
+def test_the_records_are_made_of_the_documents_the_clean_up_keeps(tmp_path):
+    """The splits left out what the clean-up removed, but the task records were made from every document the
+    reader gave: a near-copy of a held-out article was trained on (the leak the clean-up is for), and so were an
+    article in another language and a later document under a repeated id. The records, like the splits and the
+    vocabulary, are made of the kept documents only; without the clean-up the near-copy and the other language are
+    in, the repeated id's later document still out."""
+    rng = random.Random(7)
+    names = ["Ana Lopes", "Red Lions", "Port Alba", "Tom Reyes", "Blue Harbour", "Mira Stone", "Green Vale"]
+    words = ("the council said on monday that new plans for roads schools and parks would be ready before the "
+             "summer while local people asked for more time to read them and to meet officials").split()
+
+    def article():
+        sentences = []
+        for _ in range(6):
+            middle = " ".join(rng.choice(words) for _ in range(9))
+            sentences.append(f"Reports say {rng.choice(names)} and {rng.choice(names)} {middle}.")
+        return " ".join(sentences)
+
+    docs = [{"id": f"{y}-{k}", "date": f"{y}-{1 + k % 12:02d}-{1 + k % 28:02d}", "text": article()}
+            for y in (2014, 2015, 2016) for k in range(40)]
+    original = docs[5]
+    copy = dict(original, id="copy-of-2014-5", date="2016-11-20",
+                text=original["text"].replace(" and ", " with ", 1))
+    french = {"id": "fr-1", "date": "2015-06-02",
+              "text": "Le conseil municipal a annoncé lundi que les nouveaux projets pour les routes, les écoles et les "
+                      "parcs seraient prêts avant l'été, tandis que les habitants ont demandé plus de temps pour les "
+                      "lire et rencontrer les responsables de la ville. Selon Ana Lopes, les travaux commenceront "
+                      "en septembre et dureront plusieurs mois dans le quartier du port."}
+    again = {"id": "2015-3", "date": "2016-12-01", "text": article()}
+    corpus = tmp_path / "news.jsonl"
+    corpus.write_text("\n".join(json.dumps(d) for d in docs + [copy, french, again]) + "\n", encoding="utf-8")
+
+    def documents(out, clean):
+        from templm.data.filters import FilterConfig
+
+        config = TaskDataConfig(corpus=str(corpus), vocab_size=120, exact_vocab_size=False, future_years=1,
+                                heldout_fraction=0.5, clean=FilterConfig() if clean else None)
+        manifest = prepare_task_data(config, str(out))
+        records = _records(os.path.join(str(out), "customnews"))
+        return manifest, {split: {i.split("#")[0] for i in ids} for split, ids in records.items()}, records
+
+    manifest, by_split, records = documents(tmp_path / "cleaned", True)
+    written = set().union(*by_split.values())
+    assert original["id"] in written  # it has salient spans: a near-copy of it would have them too
+    assert not {"copy-of-2014-5", "fr-1"} & written
+    stats = json.loads((tmp_path / "cleaned" / "splits" / "stats.json").read_text())["yearly"]
+    assert stats["cleaned"]["near_duplicates_removed"] == 1 and stats["cleaned"]["other_language_removed"] == 1
+    assert stats["duplicates_dropped"] == 1
+    assert sum(len(ids) for ids in records.values()) == sum(
+        n for split in manifest["counts"]["customnews"].values() for n in split.values())
+    # The repeated id's records are its first document's: the same examples as without the later one.
+    first = [i for i in records["train"] + records.get("validation", []) + records.get("test", [])
+             if i.startswith("2015-3#")]
+    assert first and len(first) == len(set(first))
+
+    _, plain, _ = documents(tmp_path / "plain", False)
+    everything = set().union(*plain.values())
+    assert {"copy-of-2014-5", "fr-1"} <= everything and everything - written == {"copy-of-2014-5", "fr-1"}
