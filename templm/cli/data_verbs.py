@@ -273,6 +273,7 @@ def define_data_tasks():
     bounds(vocab_size=(4, None), max_spm_sentences=(1, None), heldout_per_year=(0, None), heldout_fraction=(0, 1),
             future_years=(0, None), files_per_year=(1, None), seed=(0, None))
     world_configurable()
+    define_beam_flags()
 
 
 def main_data_tasks():
@@ -285,7 +286,12 @@ def main_data_tasks():
         one_span_per_sentence=FLAGS.one_span_per_sentence, heldout_per_year=FLAGS.heldout_per_year,
         heldout_fraction=FLAGS.heldout_fraction, future_years=FLAGS.future_years,
         files_per_year=FLAGS.files_per_year, seed=FLAGS.seed)
-    manifest = prepare_task_data(config, FLAGS.out, overwrite=FLAGS.overwrite)
+    via = None
+    if FLAGS.runner:
+        from templm.data.task_data_beam import OnBeam
+
+        via = OnBeam(beam_options())
+    manifest = prepare_task_data(config, FLAGS.out, overwrite=FLAGS.overwrite, via=via)
     totals = {folder: {split: sum(by_year.values()) for split, by_year in splits.items()}
               for folder, splits in manifest["counts"].items()}
     print(json.dumps({"out": FLAGS.out, "years": manifest["years"], "future_years": manifest["future_years"],

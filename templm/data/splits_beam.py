@@ -162,6 +162,14 @@ def index_corpus_beam(corpus_path: Corpus, pipeline_options: Sequence[str], form
     """`splits.index_corpus` as a Beam pipeline run with `pipeline_options` (Beam's own flags, e.g.
     ["--runner=DirectRunner", "--direct_num_workers=2"]): the same index (module docstring). `work_dir`: as
     `wikidata_beam.build_templama_beam`'s."""
+    return index_and_places_beam(corpus_path, pipeline_options, format, on_error, clean, work_dir)[0]
+
+
+def index_and_places_beam(corpus_path: Corpus, pipeline_options: Sequence[str], format: str = "auto",
+                          on_error: str = "raise", clean: Optional[FilterConfig] = FilterConfig(),
+                          work_dir: Optional[str] = None) -> Tuple[CorpusIndex, Dict[int, List[int]]]:
+    """`index_corpus_beam`'s index and where its documents are: {file rank: the numbers in that file of the documents
+    the index holds, ascending} (what a later pipeline over the same files keeps, `task_data_beam`)."""
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -206,6 +214,10 @@ def index_corpus_beam(corpus_path: Corpus, pipeline_options: Sequence[str], form
     documents.sort(key=lambda d: (d[0], d[1]))
     ordinals = [ordinal for rank, number, ordinal, _ in documents if (rank, number) not in dropped]
     ids = [doc_id for rank, number, _, doc_id in documents if (rank, number) not in dropped]
+    places: Dict[int, List[int]] = collections.defaultdict(list)
+    for rank, number, _, _ in documents:
+        if (rank, number) not in dropped:
+            places[rank].append(number)
     del documents
     filtered = None
     if config is not None:
@@ -217,7 +229,7 @@ def index_corpus_beam(corpus_path: Corpus, pipeline_options: Sequence[str], form
     console.say(f"{where}: indexed {counts_read.get('read', 0)} documents on Beam in "
                 f"{time.monotonic() - begun:.0f}s")
     return sorted_index(ordinals, ids, counts_read.get("read", 0), counts_read.get("later_copies", 0), filtered,
-                        corpus, where, config)
+                        corpus, where, config), dict(places)
 
 
 def _near_duplicates(pairs: List[List[List[int]]]) -> set:

@@ -33,11 +33,13 @@ import itertools
 import json
 import os
 import random
-from typing import Dict, Iterator, Optional, Sequence, Tuple
+import time
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 from absl import logging
 
-from templm.data.readers import Corpus, TemplamaReader, read_documents, resolve_corpus, templama_split_files
+from templm.data.readers import (Corpus, TemplamaReader, describe_corpus, read_documents, resolve_corpus,
+                                 templama_split_files)
 from templm.data.records import Document
 from templm.data.salient_spans import BuiltinEntityDetector, cloze_to_ssm, make_entity_detector, ssm_examples
 from templm.data.filters import FilterConfig
@@ -91,6 +93,11 @@ def _tf():
     return tf
 
 
+def document_example(tf, example: Any, doc: Document, number: int) -> bytes:
+    """The record of a document's `number`-th salient-span example (`salient_spans.SsmExample`)."""
+    return _example(tf, example.inputs, example.targets, [example.targets], doc.date.year, f"{doc.id}#{number}")
+
+
 def _example(tf, inputs: str, targets: str, answers: Sequence[str], year: int, example_id: str):
     def text(values):
         return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v.encode("utf-8") for v in values]))
@@ -99,6 +106,11 @@ def _example(tf, inputs: str, targets: str, answers: Sequence[str], year: int, e
         "inputs": text([inputs]), "targets": text([targets]), "answers": text(answers), "id": text([example_id]),
         "year": tf.train.Feature(int64_list=tf.train.Int64List(value=[year])),
     })).SerializeToString(deterministic=True)
+
+
+def record_file_name(split: str, year: int, part: int, files: int) -> str:
+    """The name of a split's record file of `year`: the part-th of `files` (records dealt out in turn)."""
+    return f"{split}-{year}" + (f"-{part:05d}-of-{files:05d}" if files > 1 else "") + ".tfrecord"
 
 
 class _Writers:
@@ -116,9 +128,8 @@ class _Writers:
         key = (folder, split, year, part)
         if key not in self.open:
             os.makedirs(os.path.join(self.root, folder), exist_ok=True)
-            name = f"{split}-{year}" + (f"-{part:05d}-of-{self.files:05d}" if self.files > 1 else "") + ".tfrecord"
-            path = os.path.join(self.root, folder, name)
-            self.open[key] = RecordFile(path)
+            self.open[key] = RecordFile(os.path.join(self.root, folder, record_file_name(split, year, part,
+                                                                                         self.files)))
         self.open[key].write(record)
         self.counts[folder][split][str(year)] += 1
 
@@ -160,13 +171,17 @@ def _training_documents(corpus: Corpus, fmt: str, index: CorpusIndex, split_of: 
     return (doc for doc in kept_documents(corpus, fmt, index) if doc.id not in split_of)
 
 
-def prepare_task_data(config: TaskDataConfig, out_dir: str, overwrite: bool = False) -> dict:
+def prepare_task_data(config: TaskDataConfig, out_dir: str, overwrite: bool = False, via: Any = None) -> dict:
     """Builds the task folder for `config` at `out_dir` (see the module docstring). Returns the manifest. `out_dir`
-    is replaced only when it is absent, empty or templm task data, unless `overwrite`."""
+    is replaced only when it is absent, empty or templm task data, unless `overwrite`. `via`: where the work that
+    grows with the corpus runs (`templm.data.task_data_beam.OnBeam`: the clean-up and the salient-span records as
+    Beam pipelines; None: in this process)."""
     if config.files_per_year < 1:  # before any work
         raise DataError(f"files_per_year must be at least 1, not {config.files_per_year}")
+    if via is not None:
+        via.check(config)
     final = paths.absolute(out_dir)
-    return build_output_folder(out_dir, "task data", lambda tmp: _prepare(config, tmp, final), overwrite)
+    return build_output_folder(out_dir, "task data", lambda tmp: _prepare(config, tmp, final, via), overwrite)
 
 
 def _retarget(value, tmp: str, final: str):
@@ -180,13 +195,16 @@ def _retarget(value, tmp: str, final: str):
     return value
 
 
-def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None) -> dict:
+def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None, via: Any = None) -> dict:
     corpus, templama_dir, fmt = config.corpus, config.templama_dir, config.corpus_format
     if corpus is None:
         generate_world(config.world, os.path.join(root, "world"), lock=False)  # inside our own partial folder
         corpus, fmt = os.path.join(root, "world", "news.jsonl"), "jsonl"
         templama_dir = templama_dir or os.path.join(root, "world", "templama")
-    index = index_corpus(corpus, fmt, clean=config.clean)
+    if via is None:
+        index, places = index_corpus(corpus, fmt, clean=config.clean), None
+    else:
+        index, places = via.index(corpus, fmt, config.clean)
     buckets = yearly_buckets(corpus, os.path.join(root, "splits"), heldout_per_year=config.heldout_per_year,
                              heldout_fraction=config.heldout_fraction, seed=config.seed, format=fmt,
                              clean=config.clean, index=index)
@@ -213,15 +231,22 @@ def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None) -> 
     tf = _tf()
     writers = _Writers(root, config.files_per_year)
     rng = random.Random(config.seed)
-    ticker = console.Ticker("task data", len(index), "documents")
+    ticker = console.Ticker("task data", len(index), "documents") if via is None else None
+    begun = time.monotonic()
     try:
-        for n, doc in enumerate(kept_documents(corpus, fmt, index), 1):
-            ticker.update(n)
-            split = split_of.get(doc.id, "train")
-            examples = ssm_examples(doc.text, detector, config.one_span_per_sentence, rng)
-            for i, ex in enumerate(examples):
-                writers.write("customnews", split, doc.date.year,
-                              _example(tf, ex.inputs, ex.targets, [ex.targets], doc.date.year, f"{doc.id}#{i}"))
+        if via is not None:  # the records written by the pipeline's workers, their counts in the single order
+            counts = via.customnews(corpus, fmt, places, split_of, detector, config, root)
+            if counts:
+                writers.counts["customnews"] = counts
+        else:
+            for n, doc in enumerate(kept_documents(corpus, fmt, index), 1):
+                ticker.update(n)
+                for i, ex in enumerate(ssm_examples(doc.text, detector, config.one_span_per_sentence, rng)):
+                    writers.write("customnews", split_of.get(doc.id, "train"), doc.date.year,
+                                  document_example(tf, ex, doc, i))
+        records = sum(n for by_year in writers.counts.get("customnews", {}).values() for n in by_year.values())
+        console.say(f"{describe_corpus(corpus)}: {records} salient-span records of {len(index)} documents in "
+                    f"{time.monotonic() - begun:.1f}s" + (" on Beam" if via is not None else ""))
         query_years = set()
         corpus_years, outside = set(years), {}  # outside: queries of years without news, year -> count
         if templama_dir:
@@ -237,7 +262,8 @@ def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None) -> 
                                   _example(tf, cloze_to_ssm(q.query), target, q.gold_names, q.year, q.id))
                     query_years.add(q.year)
     finally:
-        ticker.close()
+        if ticker is not None:
+            ticker.close()
         writers.close()
 
     if outside:
