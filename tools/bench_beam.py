@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Benchmark templm's Beam pipelines against the single process (issue 45's scaling figures): TempLAMA from a
-Wikidata dump, and the corpus clean-up of `data splits`.
+Wikidata dump, the corpus clean-up of `data splits`, and the task data of `data tasks`.
 
-    python tools/bench_beam.py                  # both: 2,000 copies of the test dump, 2,000 documents; then 10x
+    python tools/bench_beam.py                  # all: 2,000 copies of the test dump, 2,000 documents; then 10x
     python tools/bench_beam.py --pipeline splits --docs 1000 --scale 4
+    python tools/bench_beam.py --pipeline tasks --docs 2000 --scale 10
 
 The dump is tests/fixtures/wikidata_dump.json's 25 entity lines (every rule of the reader) repeated `--copies`
 times with fresh ids (each copy's ids, and the statements' references to them, renumbered), written as the
@@ -19,6 +20,12 @@ written as WMT's document-level News Crawl ships it (one gzipped file a year), 4
 article and 2 % in French; `single` is splits.index_corpus, `beam-N` splits_beam.index_corpus_beam, both with the
 paper's clean-up (langid, MinHash LSH at 0.8), reported as documents per second, per worker, and the same memory
 figures; at `--scale` times the documents also `beam-2xscale` (as many documents per worker as beam-2 at 1x).
+
+The task data (`--pipeline tasks`): the same corpus with people's names in its English articles (the salient spans),
+built whole by task_data.prepare_task_data (`single`) and with task_data_beam.OnBeam (`beam-N`): the clean-up, the
+yearly buckets, the records and a 500-piece vocabulary; documents per second of the whole build. The launching
+process still fits the entity detector on the first training documents and reads the corpus once for the
+vocabulary's sample. No `beam-2xscale` here: each worker loads TensorFlow to write records (about 0.6 GiB).
 """
 
 from __future__ import annotations
@@ -80,12 +87,16 @@ _FRENCH = ("le conseil municipal a voté mardi le prolongement de la ligne vers 
            "de consultations publiques au cours desquelles les habitants ont discuté du bruit et du coût").split()
 
 
-def write_corpus(folder: str, docs: int, seed: int = 0) -> list:
+def write_corpus(folder: str, docs: int, seed: int = 0, names: bool = False) -> list:
     """`docs` articles over 2016-2019 as WMT document-level News Crawl files (one gzipped file a year): 4 % near-copies
-    of an earlier article (a few words changed), 2 % French. Returns the files."""
+    of an earlier article (a few words changed), 2 % French; with `names`, an English article's sentences of 15 words
+    each hold two of 400 people's and places' names (the salient spans of the task records). Returns the files."""
     rng = random.Random(seed)
     years = {year: [] for year in range(2016, 2020)}
     written = []
+    syllables = ["al", "ba", "cor", "di", "ven", "lo", "mar", "ti", "sa", "ron", "ka", "bel"]
+    people = [" ".join("".join(rng.choice(syllables) for _ in range(2)).capitalize() for _ in range(2))
+              for _ in range(400)]
     for i in range(docs):
         day = datetime.date(2016, 1, 1) + datetime.timedelta(days=i * (4 * 365) // docs)  # 2016-2019, evenly
         roll = rng.random()
@@ -94,6 +105,10 @@ def write_corpus(folder: str, docs: int, seed: int = 0) -> list:
             for place in rng.sample(range(len(words)), 3):
                 words[place] = rng.choice(_ENGLISH)
             text = " ".join(words)
+        elif names and roll <= 0.98:
+            text = " ".join(f"{rng.choice(people)} met {rng.choice(people)} as "
+                            + " ".join(rng.choice(_ENGLISH) for _ in range(11)) + "." for _ in range(20))
+            written.append(text)
         else:
             text = " ".join(rng.choice(_FRENCH if roll > 0.98 else _ENGLISH) for _ in range(300))
             written.append(text)
@@ -112,9 +127,22 @@ def write_corpus(folder: str, docs: int, seed: int = 0) -> list:
 
 def run_one(config: str, data: str, out: str) -> dict:
     """One configuration in this process: seconds and peak memory (this process's, its largest child's). `data`: a
-    dump, or a folder of news files (the clean-up)."""
+    dump, a folder of news files (the clean-up) or a folder `tasks-*` of them (the task data)."""
     started = time.perf_counter()
-    if os.path.isdir(data):
+    if os.path.basename(data).startswith("tasks-"):
+        from absl import logging
+
+        from templm.data.task_data import TaskDataConfig, prepare_task_data
+
+        logging.set_verbosity(logging.INFO)  # the build's line of its records stage, read by `measure`
+        from templm.data.task_data_beam import OnBeam
+
+        corpus = sorted(os.path.join(data, name) for name in os.listdir(data))
+        config_ = TaskDataConfig(corpus=corpus, vocab_size=500, exact_vocab_size=False, future_years=1)
+        manifest = prepare_task_data(config_, out, via=None if config == "single" else OnBeam(options(config)))
+        result = {"items": sum(1 for _ in corpus_documents(corpus)),
+                  "kept": sum(n for by_year in manifest["counts"]["customnews"].values() for n in by_year.values())}
+    elif os.path.isdir(data):
         from templm.data.splits import index_corpus
         from templm.data.splits_beam import index_corpus_beam
 
@@ -135,13 +163,23 @@ def run_one(config: str, data: str, out: str) -> dict:
             "worker_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
 
 
+def corpus_documents(corpus: list):
+    from templm.data.readers import read_documents
+
+    return read_documents(corpus)
+
+
 def measure(config: str, data: str, root: str) -> dict:
     out = os.path.join(root, f"out-{config}-{os.path.basename(data)}")
     result = subprocess.run([sys.executable, os.path.abspath(__file__), "--run", config, "--data", data, "--out", out],
                             capture_output=True, text=True, cwd=REPO)
     if result.returncode != 0:
         raise SystemExit(f"{config} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    measured = json.loads(result.stdout.strip().splitlines()[-1])
+    records = re.search(r"salient-span records of (\d+) documents in ([\d.]+)s", result.stderr)
+    if records:  # the task data's records stage, as the build reports it
+        measured.update(records_docs=int(records.group(1)), records_seconds=float(records.group(2)))
+    return measured
 
 
 def report(metric: str, unit: str, results: dict, items: int) -> None:
@@ -155,13 +193,19 @@ def report(metric: str, unit: str, results: dict, items: int) -> None:
         emit(metric, rate, unit, config, items=items, workers=workers, per_worker=rate / workers,
              ratio_to_single=rate / (single["items"] / single["seconds"]), seconds=r["seconds"],
              rss_mib=r["rss_mib"], worker_rss_mib=r["worker_rss_mib"])
+        if "records_seconds" in r:  # the records stage alone (the kept documents' salient-span records)
+            stage = r["records_docs"] / r["records_seconds"]
+            log(f"{config}: records stage {r['records_seconds']:.1f} s, {stage:,.0f} docs/s")
+            emit("task_records_docs_per_sec", stage, "docs/s", config, items=r["records_docs"], workers=workers,
+                 per_worker=stage / workers, seconds=r["records_seconds"],
+                 ratio_to_single=stage / (single["records_docs"] / single["records_seconds"]))
     if len({(r["items"], r["kept"]) for r in results.values()}) != 1:
         raise SystemExit(f"the configurations disagree: {results}")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--pipeline", choices=["all", "templama", "splits"], default="all")
+    p.add_argument("--pipeline", choices=["all", "templama", "splits", "tasks"], default="all")
     p.add_argument("--copies", type=int, default=2000, help="TempLAMA: copies of the test dump's entities")
     p.add_argument("--docs", type=int, default=2000, help="the clean-up: documents")
     p.add_argument("--scale", type=int, default=10, help="the second run's size, as a multiple of the first")
@@ -193,6 +237,16 @@ def main(argv=None) -> int:
                 configs = CONFIGS + ((f"beam-{2 * args.scale}",) if docs > args.docs else ())
                 report("cleanup_docs_per_sec", "docs/s", {config: measure(config, folder, root)
                                                           for config in configs}, docs)
+        if args.pipeline in ("all", "tasks"):
+            for docs in (args.docs, args.docs * args.scale):
+                folder = os.path.join(root, f"tasks-{docs}")
+                os.makedirs(folder)
+                files = write_corpus(folder, docs, names=True)
+                log(f"corpus of {docs:,} documents with names in {len(files)} WMT files "
+                    f"({sum(os.path.getsize(f) for f in files) / 2 ** 20:.1f} MiB gzipped)")
+                configs = CONFIGS  # (a worker holds TensorFlow, about 0.6 GiB: no 2 x scale workers here)
+                report("task_data_docs_per_sec", "docs/s", {config: measure(config, folder, root)
+                                                            for config in configs}, docs)
     return 0
 
 

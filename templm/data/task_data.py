@@ -245,8 +245,8 @@ def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None, via
                     writers.write("customnews", split_of.get(doc.id, "train"), doc.date.year,
                                   document_example(tf, ex, doc, i))
         records = sum(n for by_year in writers.counts.get("customnews", {}).values() for n in by_year.values())
-        console.say(f"{describe_corpus(corpus)}: {records} salient-span records of {len(index)} documents in "
-                    f"{time.monotonic() - begun:.1f}s" + (" on Beam" if via is not None else ""))
+        logging.info("%s: %d salient-span records of %d documents in %.1fs%s", describe_corpus(corpus), records,
+                     len(index), time.monotonic() - begun, " on Beam" if via is not None else "")
         query_years = set()
         corpus_years, outside = set(years), {}  # outside: queries of years without news, year -> count
         if templama_dir:
@@ -286,8 +286,11 @@ def _prepare(config: TaskDataConfig, root: str, final: Optional[str] = None, via
     prefixes = [Document(f"prefix-{y}", datetime.date(y, 1, 1), f"year: {y}") for y in years]
     seen_documents = (doc for doc in _training_documents(corpus, fmt, index, split_of)
                       if doc.date.year in seen_years)
+    sample = None if via is None else via.spm_sample(corpus, fmt, places, split_of, sorted(seen_years), prefixes,
+                                                     config.max_spm_sentences, config.seed)
     train_spm(itertools.chain(prefixes, seen_documents), spm_prefix, vocab_size=config.vocab_size,
-              max_sentences=config.max_spm_sentences, seed=config.seed, exact_size=config.exact_vocab_size)
+              max_sentences=config.max_spm_sentences, seed=config.seed, exact_size=config.exact_vocab_size,
+              sample=sample)
     manifest = {
         "version": MANIFEST_VERSION,
         "years": all_years,

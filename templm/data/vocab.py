@@ -14,7 +14,7 @@ import os
 import random
 import re
 import sys
-from typing import TYPE_CHECKING, Iterable, List, Tuple
+from typing import TYPE_CHECKING, Iterable, List, Optional, Tuple
 
 import sentencepiece
 from sentencepiece import sentencepiece_model_pb2
@@ -52,7 +52,8 @@ def split_sentences_for_spm(text: str) -> List[str]:
 def sample_sentences(documents: Iterable[Document], max_sentences: int, seed: int = 0) -> Tuple[List[str], int]:
     """A uniform sample of at most `max_sentences` training lines, streamed (reservoir sampling, `random.Random(seed)`).
 
-    Returns (sample, total number of lines seen). Same documents and seed give the same sample.
+    Returns (sample, total number of lines seen). Same documents and seed give the same sample. Which lines it holds
+    depends on their number alone (`reservoir_lines`), so a pipeline that counts the lines first draws the same.
     """
     if max_sentences < 1:
         raise ValueError(f"max_sentences must be >= 1, got {max_sentences}")
@@ -71,9 +72,24 @@ def sample_sentences(documents: Iterable[Document], max_sentences: int, seed: in
     return reservoir, seen
 
 
+def reservoir_lines(seen: int, max_sentences: int, seed: int = 0) -> List[int]:
+    """The numbers (from 0) of the lines `sample_sentences` holds after `seen` lines, in its sample's order: its
+    generator's draws do not depend on the lines, so they are made here from the count alone."""
+    if max_sentences < 1:
+        raise ValueError(f"max_sentences must be >= 1, got {max_sentences}")
+    rng = random.Random(seed)
+    slots = list(range(min(seen, max_sentences)))
+    for number in range(max_sentences, seen):
+        j = rng.randrange(number + 1)
+        if j < max_sentences:
+            slots[j] = number
+    return slots
+
+
 def train_spm(documents: Iterable[Document], model_prefix: str, vocab_size: int = 32000,
               max_sentences: int = 1_000_000, seed: int = 0, model_type: str = "unigram",
-              character_coverage: float = 1.0, exact_size: bool = True) -> str:
+              character_coverage: float = 1.0, exact_size: bool = True,
+              sample: Optional[Tuple[List[str], int]] = None) -> str:
     """Trains a SentencePiece model on (a sample of) `documents`; returns the path of `model_prefix + ".model"`.
 
     Writes `<model_prefix>.model` and `<model_prefix>.vocab`, both renamed into place from temporary files once both
@@ -86,6 +102,9 @@ def train_spm(documents: Iterable[Document], model_prefix: str, vocab_size: int 
     many as it supports (SentencePiece's soft limit; where the text supports `vocab_size`, the model is the same
     either way). Use it where the text is drawn at random (the embedded world of any seed) and the vocabulary only
     has to fit.
+
+    `sample`: (lines, lines seen) drawn already as `sample_sentences` draws them from `documents` (a pipeline's,
+    `task_data_beam`); `documents` is then not read.
 
     Raises DataError (naming the corpus file when `documents` is a reader) when there is no text, and ValueError when
     `vocab_size` is too large (with exact_size) or too small for the text.
@@ -101,7 +120,7 @@ def train_spm(documents: Iterable[Document], model_prefix: str, vocab_size: int 
         raise ValueError(f"the model prefix {model_prefix!r} names a folder, not a file prefix: give one such as "
                          f"{os.path.join(model_prefix, 'spm')!r} (it writes spm.model and spm.vocab there)")
     source = getattr(documents, "path", None)
-    sentences, seen = sample_sentences(documents, max_sentences, seed)
+    sentences, seen = sample if sample is not None else sample_sentences(documents, max_sentences, seed)
     n_sentences = len(sentences)
     if not sentences:
         raise DataError("no text to train a SentencePiece vocabulary on (no non-blank lines in any document)", source)

@@ -7,7 +7,6 @@ process's order-dependent rule), and a repeated id whose first document was remo
 
 import base64
 import datetime
-import gzip
 import hashlib
 import json
 import random
@@ -18,7 +17,7 @@ from templm.data.filters import FilterConfig, Signer, similarity
 from templm.data.splits import SPLIT_NAMES, index_corpus, make_splits, yearly_buckets
 from templm.data.splits_beam import index_corpus_beam
 from templm.errors import DataError
-from templm_testing import folder_contents, run_templm
+from templm_testing import folder_contents, run_templm, wmt_line, write_wmt_years
 
 D = datetime.date
 IN_PROCESS = ["--runner=DirectRunner", "--direct_num_workers=1"]
@@ -43,11 +42,6 @@ def _edited(text, rng, edits):
     for place in rng.sample(range(len(words)), edits):
         words[place] = f"changed{place}word"
     return " ".join(words) + "."
-
-
-def _wmt_line(date, text, raw=None):
-    split = base64.b64encode(text.replace(". ", ".\n").encode()).decode()
-    return f"{date:%Y%m%d}\t{split}\t{raw or base64.b64encode(text.encode()).decode()}\n"
 
 
 def _wmt_id(text, raw=None):
@@ -77,22 +71,17 @@ def corpus(tmp_path_factory):
     while day <= D(2019, 12, 31):
         text = f"Short note {i} of the day." if i % 4 else _article(rng, 60)
         if day.year < 2019:
-            lines[day.year].append(_wmt_line(day, text))
+            lines[day.year].append(wmt_line(day, text))
         else:
             jsonl.append(json.dumps({"id": f"note-{i}", "date": day.isoformat(), "text": text}) + "\n")
         day += datetime.timedelta(days=5)
         i += 1
-    lines[2016] += [_wmt_line(D(2016, 3, 1), chain), _wmt_line(D(2016, 4, 1), copied),
-                    _wmt_line(D(2016, 5, 1), FRENCH, french_raw)]
-    lines[2017] += [_wmt_line(D(2017, 2, 1), second), _wmt_line(D(2017, 6, 1), copied, _raw(copied, 2)),
-                    _wmt_line(D(2017, 7, 1), "An English text under the French article's id, later.", french_raw)]
-    lines[2018] += [_wmt_line(D(2018, 2, 1), third), _wmt_line(D(2018, 3, 1), copied, _raw(copied, 3))]
-    files = []
-    for year, year_lines in lines.items():
-        path = folder / f"news-docs.{year}.en.filtered.gz"
-        with gzip.open(path, "wt", encoding="utf-8") as f:
-            f.writelines(year_lines)
-        files.append(str(path))
+    lines[2016] += [wmt_line(D(2016, 3, 1), chain), wmt_line(D(2016, 4, 1), copied),
+                    wmt_line(D(2016, 5, 1), FRENCH, french_raw)]
+    lines[2017] += [wmt_line(D(2017, 2, 1), second), wmt_line(D(2017, 6, 1), copied, _raw(copied, 2)),
+                    wmt_line(D(2017, 7, 1), "An English text under the French article's id, later.", french_raw)]
+    lines[2018] += [wmt_line(D(2018, 2, 1), third), wmt_line(D(2018, 3, 1), copied, _raw(copied, 3))]
+    files = write_wmt_years(folder, lines)
     (folder / "news-2019.jsonl").write_text("".join(jsonl), encoding="utf-8")
     files.append(str(folder / "news-2019.jsonl"))
     return files, {"chain": _wmt_id(chain), "second": _wmt_id(second), "third": _wmt_id(third),

@@ -13,9 +13,11 @@ import random
 
 import pytest
 
+from sentencepiece import sentencepiece_model_pb2
+
 from templm.data.task_data import TaskDataConfig, prepare_task_data
 from templm.data.task_data_beam import OnBeam
-from templm_testing import folder_contents, run_templm
+from templm_testing import folder_contents, run_templm, wmt_line, write_wmt_years
 
 IN_PROCESS = ["--runner=DirectRunner", "--direct_num_workers=1"]
 TWO_WORKERS = ["--runner=DirectRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
@@ -32,11 +34,6 @@ def _article(rng):
                     + " ".join(rng.choice(WORDS) for _ in range(10)) + "." for _ in range(6))
 
 
-def _wmt_line(date, text, raw=None):
-    split = base64.b64encode(text.replace(". ", ".\n").encode()).decode()
-    return f"{date:%Y%m%d}\t{split}\t{raw or base64.b64encode(text.encode()).decode()}\n"
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """WMT files of 2015 and 2016 and a JSON-lines file of 2017: articles every few days, a near-copy in 2016 of a
@@ -49,29 +46,26 @@ def corpus(tmp_path_factory):
     while day <= datetime.date(2017, 12, 31):
         text = _article(rng)
         if day.year < 2017:
-            lines[day.year].append(_wmt_line(day, text))
+            lines[day.year].append(wmt_line(day, text))
         else:
             jsonl.append(json.dumps({"id": f"n{i}", "date": day.isoformat(), "text": text}) + "\n")
         day += datetime.timedelta(days=6)
         i += 1
     original = base64.b64decode(lines[2015][3].split("\t")[2]).decode()
     french_raw = base64.b64encode(b"a french article").decode()
-    lines[2015].append(_wmt_line(datetime.date(2015, 9, 9), FRENCH, french_raw))
-    lines[2016] += [_wmt_line(datetime.date(2016, 2, 2), original.replace(" met ", " saw ", 1)),
-                    _wmt_line(datetime.date(2016, 3, 3), _article(rng), french_raw)]
-    files = []
-    for year, year_lines in lines.items():
-        path = folder / f"news-docs.{year}.en.filtered.gz"
-        with gzip.open(path, "wt", encoding="utf-8") as f:
-            f.writelines(year_lines)
-        files.append(str(path))
+    lines[2015].append(wmt_line(datetime.date(2015, 9, 9), FRENCH, french_raw))
+    lines[2016] += [wmt_line(datetime.date(2016, 2, 2), original.replace(" met ", " saw ", 1)),
+                    wmt_line(datetime.date(2016, 3, 3), _article(rng), french_raw)]
+    files = write_wmt_years(folder, lines)
     (folder / "news-2017.jsonl").write_text("".join(jsonl), encoding="utf-8")
     return files + [str(folder / "news-2017.jsonl")]
 
 
 def _config(files, files_per_year):
+    """With one file a year, what the command line below asks for; with two, a vocabulary sample of 200 of the
+    training lines (591), so that the sample's draw replaces lines."""
     return TaskDataConfig(corpus=files, vocab_size=90, future_years=1, heldout_fraction=0.2,
-                          files_per_year=files_per_year)  # what the command line below asks for
+                          files_per_year=files_per_year, max_spm_sentences=1_000_000 if files_per_year == 1 else 200)
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +85,12 @@ def test_the_corpus_holds_what_the_clean_up_removes(single):
     assert stats["duplicates_dropped"] == 1
     records = [name for name in single[2] if name.startswith("customnews/")]
     assert "customnews/train-2015-00001-of-00002.tfrecord" in records and len(records) == 3 * 3 * 2
+    lines = {}
+    for files_per_year in (1, 2):
+        model = sentencepiece_model_pb2.ModelProto()
+        model.ParseFromString(single[files_per_year]["spm/vocab.model"])
+        lines[files_per_year] = model.trainer_spec.input_sentence_size
+    assert lines[2] == 200 and lines[1] > 2 * 200  # drawn from more than twice as many lines
 
 
 @pytest.mark.parametrize("options, files_per_year", [(IN_PROCESS, 2), (TWO_WORKERS, 1)],

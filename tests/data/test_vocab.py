@@ -265,3 +265,21 @@ def test_retraining_in_place_is_seen_by_load_vocabulary(trained, tmp_path):
     # seqio caches models by path; a model retrained at the same path must not be served from that cache.
     assert train_spm(read_documents(corpus), prefix, vocab_size=100) == path
     assert load_vocabulary(path).vocab_size == 100 + EXTRA_IDS
+
+
+@pytest.mark.parametrize("max_sentences", [1, 7, 300, 1000, 5000])
+def test_the_reservoir_s_lines_follow_from_their_count_alone(max_sentences):
+    """A pipeline draws the vocabulary's sample by counting the lines first (templm.data.task_data_beam): the lines
+    `sample_sentences` keeps, and their order, are those `reservoir_lines` names from the count and the seed."""
+    import datetime
+
+    from templm.data.records import Document
+    from templm.data.vocab import reservoir_lines, sample_sentences, split_sentences_for_spm
+
+    docs = [Document(str(i), datetime.date(2014, 1, 1), f"Line {i} here. And {i} again! Third {i}?")
+            for i in range(400)]
+    lines = [line for doc in docs for line in split_sentences_for_spm(doc.text)]
+    for seed in (0, 5):
+        sample, seen = sample_sentences(iter(docs), max_sentences, seed)
+        assert seen == len(lines) == 1200
+        assert sample == [lines[n] for n in reservoir_lines(seen, max_sentences, seed)]

@@ -103,6 +103,28 @@ def folder_contents(out, bytes_only=False):
     return found
 
 
+def wmt_line(date, text, raw=None):
+    """A line of WMT's document-level News Crawl as published: the date, the text split into sentences and the unsplit
+    text (`raw`, by default the text's), both base64; the reader's id is the sha256 of the unsplit field."""
+    import base64
+
+    split = base64.b64encode(text.replace(". ", ".\n").encode()).decode()
+    return f"{date:%Y%m%d}\t{split}\t{raw or base64.b64encode(text.encode()).decode()}\n"
+
+
+def write_wmt_years(folder, lines_by_year):
+    """One gzipped `news-docs.YEAR.en.filtered.gz` a year of {year: [wmt_line, ...]} in `folder`; returns the files."""
+    import gzip
+
+    files = []
+    for year, lines in lines_by_year.items():
+        path = os.path.join(folder, f"news-docs.{year}.en.filtered.gz")
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.writelines(lines)
+        files.append(str(path))
+    return files
+
+
 def write_texts(folder, texts):
     """One `<name>.txt` per entry of `texts` in `folder` (a CALM corpus source); returns the folder."""
     os.makedirs(folder, exist_ok=True)
