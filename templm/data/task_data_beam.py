@@ -68,17 +68,17 @@ class _ExtractFile:
     def __call__(self, element: Tuple[int, str]) -> Iterator[str]:
         import random
 
-        from templm.data.salient_spans import make_entity_detector, ssm_examples
-        from templm.data.task_data import _tf, document_example
-        from templm.data.tfrecords import RecordFile
+        import tensorflow as tf  # in the worker: the records are tf.train.Example protos
 
+        from templm.data.salient_spans import make_entity_detector, ssm_examples
+        from templm.data.task_data import document_example
+        from templm.data.tfrecords import RecordFile
         from templm.data.vocab import split_sentences_for_spm
 
         rank, path = element
         if self.detector is None:  # a spaCy pipeline: loaded in the worker, not shipped to it
             self.detector = make_entity_detector(self.detector_name)
         kept = _kept_numbers(self.work, rank)
-        tf = _tf()
         shards: Dict[Tuple[str, int], list] = {}  # (split, year) -> [writer, records, first number]
         lines: Dict[int, int] = {}
         try:
@@ -153,8 +153,9 @@ class _WritePart:
 
 
 class OnBeam:
-    """The `via` of `task_data.prepare_task_data` that runs the clean-up and the salient-span records as Beam
-    pipelines with `pipeline_options` (Beam's own flags). `work_dir`: as `splits_beam.index_corpus_beam`'s."""
+    """The `via` of `task_data.prepare_task_data` that runs the clean-up, the salient-span records and the
+    vocabulary's sample as Beam pipelines with `pipeline_options` (Beam's own flags). `work_dir`: as
+    `splits_beam.index_corpus_beam`'s."""
 
     def __init__(self, pipeline_options: Sequence[str], work_dir: Optional[str] = None):
         self.pipeline_options = list(pipeline_options)
@@ -192,7 +193,7 @@ class OnBeam:
                  | "salient spans" >> beam.FlatMap(_ExtractFile(work, fmt, split_of, shipped, config.detector))
                  | "write counts" >> beam.io.WriteToText(paths.join(work, "counts")))
             counted = [json.loads(line) for line in read_lines(paths.join(work, "counts") + "*")]
-            self.lines = {(rank, year): n for kind, year, rank, n in (c for c in counted if c[0] == "lines")}
+            self.lines = {(rank, year): n for _, year, rank, n in (c for c in counted if c[0] == "lines")}
             parts, counts = _deal([c[1:] for c in counted if c[0] == "records"], config.files_per_year)
             folder = paths.join(root, "customnews")
             if parts:
@@ -203,7 +204,6 @@ class OnBeam:
                      | "spread them" >> beam.Reshuffle()
                      | "write" >> beam.Map(_WritePart(work, folder, config.files_per_year)))
         return counts
-
 
     def spm_sample(self, corpus: Corpus, fmt: str, places: Dict[int, List[int]], split_of: Dict[str, str],
                    seen_years: Sequence[int], prefixes: Sequence[Any], max_sentences: int, seed: int
