@@ -19,7 +19,7 @@ def define_train():
     define_distributed()
     flags.DEFINE_list("seqio_additional_cache_dirs", [], "Folders (gs:// too) searched for seqio's offline caches "
                       "of the tasks (seqio's cache_tasks_main --output_cache_dir), read where "
-                      "train/templm.DatasetConfig.use_cached = True (T5X's flag and binding).")
+                      "--gin.USE_CACHED_TASKS=True (train/templm.DatasetConfig.use_cached; T5X's flag and macro).")
     import templm.evaluation.checkpoint_eval  # noqa: F401  (registers every configurable the T5 configs bind)
 
 
