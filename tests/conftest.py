@@ -111,7 +111,8 @@ SLOWEST_FILES = [
     "tests/training/test_input_pipeline.py",  # 72 s
     "tests/models/test_kglm.py",  # 65 s
     "tests/test_fault_matrix.py",  # every verb x fault class in-process, with the shared verb inputs
-    "tests/tasks/test_seqio_cache.py",  # seqio's cache on Beam with two worker processes: ~40 s
+    "tests/tasks/test_seqio_cache.py",  # seqio's cache on Beam, then a training from it: ~40 s
+    "tests/data/test_task_data_beam.py",  # the task data on Beam, one case with two worker processes: ~30 s
 ]
 
 
@@ -120,6 +121,7 @@ SLOWEST_FILES = [
 # runs, `make test` runs them. A file listed whole, or a test by the start of its id.
 SLOW = (
     "tests/tasks/test_seqio_cache.py",
+    "tests/data/test_task_data_beam.py",
     "tests/data/test_wikidata_beam.py",
     "tests/training/test_trainer.py",
     "tests/training/test_kglm_trainer.py",
