@@ -58,20 +58,22 @@ def open_text(path: str, mode: str = "rb"):
         raise DataError("no such file", path)
     if paths.isdir(path):
         raise DataError("is a folder; expected a file", path)
-    compressed = path.endswith((".gz", ".bz2"))
+    decompress = gzip.open if path.endswith(".gz") else bz2.open if path.endswith(".bz2") else None
     if "r" not in mode:
         raw = paths.open(path, mode) if paths.is_url(path) else path
-        return gzip.open(raw, mode) if path.endswith(".gz") else bz2.open(raw, mode) if compressed else (
-            raw if paths.is_url(path) else open(path, mode))
+        if decompress is not None:
+            return decompress(raw, mode)
+        return raw if paths.is_url(path) else open(path, mode)
     # A bucket's GFile reads whole lines only (its readline takes no size): buffered, it reads a line in pieces.
     raw = paths.binary_stream(paths.open(path, "rb")) if paths.is_url(path) else open(path, "rb")
-    counted = _Counted(raw) if compressed else None
+    if decompress is None:
+        return Guarded(raw, path)
+    counted = _Counted(raw)
     try:
-        stream = (gzip.open(counted, "rb") if path.endswith(".gz") else bz2.open(counted, "rb")) if compressed else raw
+        return Guarded(decompress(counted, "rb"), path, counted)
     except BaseException:
         raw.close()
         raise
-    return Guarded(stream, path, counted)
 
 
 class _Counted:
@@ -101,17 +103,15 @@ class Guarded:
         self.stream = stream
         self.path = path
         self.counted = counted
-        self.max_ratio = MAX_RATIO
-        self.min_bomb_bytes = MIN_BOMB_BYTES
         self.given = 0
         self.lines = 0
         self.closed = False
 
     def _checked(self, data: bytes) -> bytes:
         self.given += len(data)
-        if (self.counted is not None and self.given > self.min_bomb_bytes
-                and self.given > self.max_ratio * max(self.counted.bytes, 1)):
-            raise DataError(f"decompresses to more than {self.max_ratio:,} times its size ({self.given:,} bytes "
+        if (self.counted is not None and self.given > MIN_BOMB_BYTES
+                and self.given > MAX_RATIO * max(self.counted.bytes, 1)):
+            raise DataError(f"decompresses to more than {MAX_RATIO:,} times its size ({self.given:,} bytes "
                             f"from {self.counted.bytes:,}): refused as a compression bomb, not read further "
                             "(text compresses 3 to 20 times)", self.path)
         return data

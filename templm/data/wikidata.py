@@ -123,7 +123,7 @@ class _Dump:
         elapsed = max(time.monotonic() - started, 1e-9)
         rate = self.lines / elapsed
         try:
-            done = f.tell() / self.size  # the file's bytes read, compressed ones for a .gz if self.size else 0.0
+            done = f.tell() / self.size if self.size else 0.0  # the file's bytes read (compressed ones of a .gz)
         except (OSError, ValueError):
             done = 0.0
         eta = f", ETA {format_duration((1 - done) * elapsed / done)}" if 0 < done < 1 else ""
