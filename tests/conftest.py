@@ -113,6 +113,7 @@ SLOWEST_FILES = [
     "tests/test_fault_matrix.py",  # every verb x fault class in-process, with the shared verb inputs
     "tests/tasks/test_seqio_cache.py",  # seqio's cache on Beam, then a training from it: ~40 s
     "tests/data/test_task_data_beam.py",  # the task data on Beam, one case with two worker processes: ~30 s
+    "tests/data/test_lm_streams.py",  # the token streams on Beam, one case with two worker processes: ~30 s
 ]
 
 
@@ -122,6 +123,7 @@ SLOWEST_FILES = [
 SLOW = (
     "tests/tasks/test_seqio_cache.py",
     "tests/data/test_task_data_beam.py",
+    "tests/data/test_lm_streams.py",
     "tests/data/test_wikidata_beam.py",
     "tests/training/test_trainer.py",
     "tests/training/test_kglm_trainer.py",

@@ -20,6 +20,8 @@ OUTPUTS = {
                                   "--subjects_per_relation=4", "--docs_per_month=2"],
     "data splits": lambda out, i: ["data", "splits", f"--corpus={i['corpus']}", f"--out={out}"],
     "data templama": lambda out, i: ["data", "templama", f"--dump={i['corpus']}", f"--out={out}"],
+    "data streams": lambda out, i: ["data", "streams", f"--corpus={i['corpus']}", f"--split_dir={i['root']}",
+                                    f"--spm_model={i['root'] / 'no.model'}", f"--out={out}"],
     "data cronquestions": lambda out, i: ["data", "cronquestions", f"--release={i['root']}", f"--out={out}"],
     "data tasks": lambda out, i: ["data", "tasks", f"--out={out}", "--vocab_size=100"],
     "data calm": lambda out, i: ["data", "calm", f"--out={out}", f"--texts={i['texts']}"],
@@ -98,7 +100,8 @@ def test_a_bad_output_folder_is_refused_before_any_work(inputs, tmp_path, verb, 
 WRITE_INTO = ("is-eval", "appendices", "calm", "stream")
 # The verbs that build their folder in `<folder>.partial` under the same lock beside it, and the one that keeps
 # adding to its folder under a lock inside it.
-BUILDERS = ("data world", "data splits", "data templama", "data cronquestions", "data tasks", "data calm")
+BUILDERS = ("data world", "data splits", "data streams", "data templama", "data cronquestions", "data tasks",
+            "data calm")
 SECOND_RUN = {**{verb: lambda out: f"{out}.lock" for verb in WRITE_INTO + BUILDERS},
               **{verb: lambda out: f"{out}/.templm.lock" for verb in ("reproduce", "train-lm")}}
 
@@ -144,6 +147,8 @@ def _full_disk_cases(i):
                          "--test_docs_per_month=2", "--test_months=6", "--heldout_per_year=4", "--allow_degenerate"),
                         None, 300, True),
         "data spm": (("data", "spm", f"--corpus={news}", "--out={out}/spm", "--vocab_size=150"), None, 300, False),
+        "data streams": (("data", "streams", f"--corpus={news}", f"--split_dir={i['splits']}",
+                          f"--spm_model={i['spm']}", "--out={out}"), None, 300, True),
         "data templama": (("data", "templama", "--norequire_enwiki", f"--dump={dump}", "--out={out}",
                            "--max_subjects=4"), None, 300, True),
         "data cronquestions": (("data", "cronquestions", f"--release={i['release']}", "--out={out}"), None, 300, True),
@@ -169,8 +174,9 @@ def _full_disk_cases(i):
     }
 
 
-FULL_DISK = ["data world", "data splits", "data spm", "data templama", "data cronquestions", "data tasks",
-             "data calm", "train", "train-lm", "eval", "infer", "reproduce", "is-eval", "appendices", "calm", "stream"]
+FULL_DISK = ["data world", "data splits", "data spm", "data streams", "data templama", "data cronquestions",
+             "data tasks", "data calm", "train", "train-lm", "eval", "infer", "reproduce", "is-eval", "appendices",
+             "calm", "stream"]
 
 
 def _with_files_limited(limit, args, env):
@@ -219,6 +225,8 @@ def _wrong_kind_cases(i):
         "data stats": (("data", "stats", f"--corpus={news}", "--on_error=maybe"), 2, "--on_error"),
         "data splits": (("data", "splits", f"--corpus={news}", "--out={out}", "--test_months=six"), 2, "--test_months"),
         "data spm": (("data", "spm", f"--corpus={news}", "--out={out}/spm", "--vocab_size=big"), 2, "--vocab_size"),
+        "data streams": (("data", "streams", f"--corpus={news}", f"--split_dir={i['splits']}",
+                          f"--spm_model={i['spm']}", "--out={out}", "--on_error=maybe"), 2, "--on_error"),
         "data templama": (("data", "templama", "--dump=tests/fixtures/wikidata_dump.json", "--out={out}",
                            "--max_subjects=four"), 2, "--max_subjects"),
         "data cronquestions": (("data", "cronquestions", f"--release={i['release']}", "--out={out}",
@@ -363,7 +371,7 @@ def test_the_failures_page_holds_the_contract_table():
 
 # Run again: the same command into the folder of its finished run replaces that run's output with the same output
 # (a builder's folder is rebuilt and swapped in whole; a verb that writes into its folder writes it again), exit 0.
-RUN_AGAIN = ("data tasks", "data cronquestions", "data calm", "is-eval")
+RUN_AGAIN = ("data tasks", "data streams", "data cronquestions", "data calm", "is-eval")
 
 
 @pytest.mark.parametrize("verb", RUN_AGAIN)
@@ -412,6 +420,7 @@ def _signal_cases(i, out):
         "data stats": (["data", "stats", f"--corpus={news}"], str(news), False),
         "data splits": (run("data splits"), f"{out}.partial/", True),
         "data spm": (run("data spm"), f"{out}/", True),
+        "data streams": (run("data streams"), f"{out}.partial/", True),
         "data templama": (run("data templama"), f"{out}.partial/", True),
         "data cronquestions": (run("data cronquestions"), f"{out}.partial/", True),
         "data calm": (run("data calm"), f"{out}.partial/", True),
@@ -426,8 +435,8 @@ def _signal_cases(i, out):
     }
 
 
-SIGNALLED = ["data stats", "data splits", "data spm", "data templama", "data cronquestions", "data calm", "plan",
-             "eval", "infer", "is-eval", "calm", "appendices"]
+SIGNALLED = ["data stats", "data splits", "data spm", "data streams", "data templama", "data cronquestions",
+             "data calm", "plan", "eval", "infer", "is-eval", "calm", "appendices"]
 
 
 @pytest.mark.parametrize("verb", SIGNALLED)

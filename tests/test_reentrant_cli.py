@@ -40,6 +40,8 @@ def _cases(i):
                          "--test_docs_per_month=2", "--test_months=6", "--heldout_per_year=4",
                          "--allow_degenerate"), None),
         "data spm": (("data", "spm", f"--corpus={news}", "--out={out}/spm", "--vocab_size=150"), None),
+        "data streams": (("data", "streams", f"--corpus={news}", f"--split_dir={i['splits']}",
+                          f"--spm_model={i['spm']}", "--out={out}"), None),
         "data templama": (("data", "templama", "--norequire_enwiki", f"--dump={dump}", "--out={out}",
                            "--max_subjects=4"), None),
         "data cronquestions": (("data", "cronquestions", f"--release={i['root'] / 'no_release'}", "--out={out}"),
@@ -113,9 +115,9 @@ def _losses(out):
         return [row["loss"] for row in map(json.loads, f) if row.get("split") == "train"]
 
 
-VERBS = ["data world", "data stats", "data splits", "data spm", "data templama", "data cronquestions", "data tasks",
-         "data calm", "train", "eval", "infer", "plan", "reproduce", "calm", "is-eval", "train-lm", "stream",
-         "appendices"]
+VERBS = ["data world", "data stats", "data splits", "data spm", "data streams", "data templama", "data cronquestions",
+         "data tasks", "data calm", "train", "eval", "infer", "plan", "reproduce", "calm", "is-eval", "train-lm",
+         "stream", "appendices"]
 
 
 def test_the_cases_cover_every_verb():

@@ -26,7 +26,7 @@ _BAD_FOLDER = ("refused before any work (exit 1): a folder of a user's files or 
 
 # (verbs, {fault: promise}) in the page's order; each verb in exactly one row.
 ROWS: List[Tuple[Tuple[str, ...], Dict[str, str]]] = [
-    (("data world", "data tasks", "data calm", "data splits", "data templama", "data cronquestions"), {
+    (("data world", "data tasks", "data calm", "data splits", "data streams", "data templama", "data cronquestions"), {
         "bad input": "exit 1 (file:line, the binding, a missing file named) or 2 (a flag's kind or range), before "
                      "the build where it can be checked; partial removed",
         "a bad output folder": _BAD_FOLDER,

@@ -1,4 +1,5 @@
-"""The verbs that build data: `templm data world | stats | splits | spm | templama | cronquestions | tasks | calm`."""
+"""The verbs that build data: `templm data world | stats | splits | spm | streams | templama | cronquestions | tasks |
+calm`."""
 
 from __future__ import annotations
 
@@ -83,6 +84,8 @@ def main_data_stats():
 
 # The kinds of output folder of `data splits`, `data templama` and `data cronquestions`.
 SPLITS_KIND, TEMPLAMA_KIND, CRONQUESTIONS_KIND = "splits", "TempLAMA", "CronQuestions"
+STREAMS_KIND = "token streams"
+DEFAULT_STREAM_SPLITS = ("time_stratified_train", "control_train")  # the splits a streaming study trains on
 
 
 def define_data_splits():
@@ -158,6 +161,41 @@ def main_data_splits():
         return summary
 
     print(json.dumps(build_output_folder(FLAGS.out, SPLITS_KIND, build, FLAGS.overwrite)))
+
+
+def define_data_streams():
+    define_corpus_flags(split=False)
+    flags.DEFINE_string("split_dir", None, "The splits folder (`templm data splits` output, or a published one).",
+                        required=True)
+    flags.DEFINE_list("splits", list(DEFAULT_STREAM_SPLITS), "The splits to tokenise (file stems in --split_dir).")
+    flags.DEFINE_string("spm_model", None, "The SentencePiece model the language model is trained with.",
+                        required=True)
+    flags.DEFINE_string("out", None, "Output folder: each split's token stream by month and manifest.json (built "
+                        "whole beside it, then put in its place); train-lm reads it with txl/streams.gin.",
+                        required=True)
+    define_overwrite()
+    define_beam_flags()
+
+
+def main_data_streams():
+    from templm.data.lm_streams import split_files_of, write_streams
+    from templm.outputs import build_output_folder
+
+    if not FLAGS.splits:
+        raise ConfigError("--splits names no split")
+    split_files = split_files_of(FLAGS.split_dir, FLAGS.splits)
+    if FLAGS.runner:
+        from templm.data.lm_streams_beam import write_streams_beam
+
+        options = beam_options()
+        build = lambda folder: write_streams_beam(corpus_flag(), split_files, FLAGS.spm_model, folder,  # noqa
+                                                  options, FLAGS.format, FLAGS.on_error)
+    else:
+        build = lambda folder: write_streams(corpus_flag(), split_files, FLAGS.spm_model, folder,  # noqa: E731
+                                             FLAGS.format, FLAGS.on_error)
+    manifest = build_output_folder(FLAGS.out, STREAMS_KIND, build, FLAGS.overwrite)
+    print(json.dumps({"out": FLAGS.out, "splits": {name: {k: entry[k] for k in ("documents", "tokens", "missing")}
+                                                   for name, entry in manifest["splits"].items()}}))
 
 
 def define_data_spm():

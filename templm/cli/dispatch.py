@@ -32,6 +32,9 @@ VERBS: Dict[str, Verb] = {v.name: v for v in [
          data_verbs.define_data_splits, data_verbs.main_data_splits),
     Verb("data spm", "Train a SentencePiece vocabulary on a corpus or one of its splits.",
          data_verbs.define_data_spm, data_verbs.main_data_spm),
+    Verb("data streams", "Tokenise a language model's training splits once, as token streams by month that "
+         "train-lm reads instead of the corpus (on Beam with --runner).", data_verbs.define_data_streams,
+         data_verbs.main_data_streams, tensorflow=True),
     Verb("data templama", "Build TempLAMA from a Wikidata JSON dump (nine relations, any years).",
          data_verbs.define_data_templama, data_verbs.main_data_templama),
     Verb("data cronquestions", "Convert a CronQuestions release (its pickles read as plain data only) into the "

@@ -341,22 +341,23 @@ URL_SERVED: Dict[str, frozenset] = {
     "data stats": frozenset({"--corpus", "--split_dir"}),
     "data splits": frozenset({"--corpus", "--out"}),
     "data spm": frozenset({"--corpus", "--split_dir", "--out"}),
+    "data streams": frozenset({"--corpus", "--split_dir", "--spm_model", "--out"}),
     "data tasks": frozenset({"--corpus", "--templama_dir", "--out"}),
     "data templama": frozenset({"--dump", "--out"}),
     "data cronquestions": frozenset({"--release", "--out"}),
     "is-eval": frozenset({"--out", "--world_dir"}),
     "reproduce": frozenset({"--out", "--corpus", "--templama_dir", "--split_dir", "--task_data", "--stream_corpus",
                             "--calibration"}),
-    "train-lm": frozenset({"MODEL_DIR", "CORPUS", "SPLIT_DIR", "SPM_MODEL"}),
+    "train-lm": frozenset({"MODEL_DIR", "CORPUS", "SPLIT_DIR", "SPM_MODEL", "TOKEN_STREAMS"}),
     "stream": frozenset({"OUT_DIR", "TIME_STRATIFIED_DIR", "CONTROL_DIR"}),
     "appendices": frozenset({"--out", "--corpus"}),
     "data calm": frozenset({"--world_dir", "--texts", "--out"}),
     "calm": frozenset({"OUT_DIR"}),
 }
 PATH_FLAGS = ("out", "output", "input", "corpus", "stream_corpus", "world_dir", "templama_dir", "split_dir", "texts",
-              "task_data", "release", "dump", "calibration")
+              "task_data", "release", "dump", "calibration", "spm_model")
 PATH_MACROS = ("MODEL_DIR", "INITIAL_CHECKPOINT_PATH", "OUT_DIR", "SPLIT_DIR", "TIME_STRATIFIED_DIR", "CONTROL_DIR",
-               "CRONQUESTIONS_DIR", "CORPUS", "SPM_MODEL")
+               "CRONQUESTIONS_DIR", "CORPUS", "SPM_MODEL", "TOKEN_STREAMS")
 PATH_VARIABLES = {"data_dir": "TEMPLM_DATA_DIR", "vocabulary": "TEMPLM_VOCABULARY",
                   "cronquestions_dir": "TEMPLM_CRONQUESTIONS_DIR", "cache_dir": "TEMPLM_CACHE"}
 

@@ -84,9 +84,10 @@ class CorpusConfig:
     folder was gunzipped; e.g. split="control_train"). spm_model: the SentencePiece model (T5 ids; EOS separates
     documents). batch_size: parallel rows. data_order: "date" (split order) or "shuffle" (documents permuted per
     epoch, by `seed`, default the run's random_seed). corpus_format, on_error, allow_missing_ids: as
-    templm.data.readers reads a corpus."""
+    templm.data.readers reads a corpus. token_streams: a folder of `templm data streams` to read the split's tokens
+    from instead of tokenising the corpus (the same tokens; corpus and split_dir then unused)."""
 
-    corpus: Union[str, Sequence[str]] = gin.REQUIRED
+    corpus: Union[str, Sequence[str], None] = gin.REQUIRED
     spm_model: str = gin.REQUIRED
     batch_size: int = gin.REQUIRED
     split_file: Optional[str] = None
@@ -97,13 +98,16 @@ class CorpusConfig:
     corpus_format: str = "auto"
     on_error: str = "raise"
     allow_missing_ids: bool = False
+    token_streams: Optional[str] = None
 
     def __post_init__(self):
         require_field_types(self, "templm.CorpusConfig", {"batch_size": "BATCH_SIZE"})  # from gin, named
 
     def check(self, binding: str) -> None:
-        require_macros(binding, {"corpus": ("CORPUS", self.corpus), "spm_model": ("SPM_MODEL", self.spm_model),
+        require_macros(binding, {"spm_model": ("SPM_MODEL", self.spm_model),
                                  "batch_size": ("BATCH_SIZE", self.batch_size)})
+        if not self.token_streams:
+            require_macros(binding, {"corpus": ("CORPUS", self.corpus)})
         require_numbers(binding, {"batch_size": (self.batch_size, int, 1, "BATCH_SIZE"),
                                   "seed": (self.seed, int, 0, None)}, optional=("seed",))
 

@@ -24,7 +24,8 @@ A checkpoint records the model configuration, the corpus, the split and the Sent
 so `load_lm(model_dir)` rebuilds the model without any configuration and `templm stream` can check that the models
 it compares share one vocabulary.
 
-Multi-host: every process tokenises the same documents and puts its own rows of each batch on its own devices.
+Multi-host: every process tokenises the same documents (or reads the same token streams, `templm data streams`, bound
+with txl/streams.gin) and puts its own rows of each batch on its own devices.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from jax.sharding import PartitionSpec
 from templm import paths, remote
 from templm.data.lm_data import (DATA_ORDERS, LMData, load_processor, read_split_documents, split_path,
                                  tokenize_documents)
+from templm.data.lm_streams import read_split_stream
 from templm.data.readers import resolve_corpus
 from templm.errors import ConfigError, DataError, require_folder, require_macros, require_numbers
 from templm.io import file_sha256
@@ -201,7 +203,8 @@ _RESUME_BINDINGS = {
     "seed": "templm.train_lm.random_seed, SEED", "data_seed": "templm.CorpusConfig.seed",
     "data_order": "templm.CorpusConfig.data_order", "batch_size": "templm.CorpusConfig.batch_size, BATCH_SIZE",
     "tgt_len": "templm.train_lm.config, MODEL_CONFIG", "mem_len": "templm.train_lm.config, MODEL_CONFIG",
-    "data_fingerprint": "the corpus, its split and SentencePiece model: CORPUS, SPLIT_DIR, SPLIT, SPM_MODEL",
+    "data_fingerprint": "the corpus, its split and SentencePiece model: CORPUS, SPLIT_DIR, SPLIT, SPM_MODEL (or "
+                        "TOKEN_STREAMS)",
     "model_config": "templm.train_lm.config, MODEL_CONFIG"}
 
 
@@ -256,9 +259,13 @@ def train_lm(model_dir: str = gin.REQUIRED, config: Union[str, TransformerXLConf
     model_dir = paths.absolute(model_dir)
     if jax.process_index() == 0:  # a bucket that cannot be written is said before the data is read
         remote.check_location(model_dir, "MODEL_DIR")
-    split_file = paths.absolute(split_path(data_cfg.split_file, data_cfg.split_dir, data_cfg.split))
-    corpus = resolve_corpus(data_cfg.corpus)
     spm_model = paths.absolute(data_cfg.spm_model)
+    if data_cfg.token_streams:  # tokenised beforehand (`templm data streams`): the corpus and split as recorded there
+        streamed = read_split_stream(data_cfg.token_streams, data_cfg.split, spm_model, data_cfg.allow_missing_ids)
+        split_file, corpus = streamed[2]["split_file"], streamed[3]["corpus"]
+    else:
+        split_file = paths.absolute(split_path(data_cfg.split_file, data_cfg.split_dir, data_cfg.split))
+        corpus = resolve_corpus(data_cfg.corpus)
     mesh = options.mesh or partitioning.make_mesh()
     rules = partitioning.logical_axis_rules()
     n_data = mesh.shape["data"]
@@ -267,13 +274,20 @@ def train_lm(model_dir: str = gin.REQUIRED, config: Union[str, TransformerXLConf
                          f"of processes ({jax.process_count()})")
 
     # --- Data: the split's documents, tokenised, laid out as batch_size streams. ---------------------------------
-    documents = read_split_documents(corpus, split_file, data_cfg.corpus_format, data_cfg.on_error,
-                                     data_cfg.allow_missing_ids)
     processor = load_processor(spm_model)
     if processor.get_piece_size() > config.vocab_size:
         raise ValueError(f"TransformerXLConfig.vocab_size={config.vocab_size} cannot hold the "
                          f"{processor.get_piece_size()} pieces of {spm_model}")
-    tokens, offsets = tokenize_documents(documents, processor)
+    if data_cfg.token_streams:
+        tokens, offsets, entry, _ = streamed
+        dates = (entry["first_date"], entry["last_date"])
+        del streamed
+    else:
+        documents = read_split_documents(corpus, split_file, data_cfg.corpus_format, data_cfg.on_error,
+                                         data_cfg.allow_missing_ids)
+        tokens, offsets = tokenize_documents(documents, processor)
+        dates = (documents[0].date.isoformat(), documents[-1].date.isoformat())
+        del documents
     data = LMData(tokens, offsets, int(processor.eos_id()), batch_size, config.tgt_len, data_cfg.data_order,
                   data_seed)
     if data.segments_per_epoch < 1:
@@ -281,8 +295,7 @@ def train_lm(model_dir: str = gin.REQUIRED, config: Union[str, TransformerXLConf
                         f"on each of {batch_size} rows", split_file)
     data_stats = {"documents": data.n_documents, "tokens": int(len(tokens)),
                   "segments_per_epoch": data.segments_per_epoch, "tokens_per_epoch": data.tokens_per_epoch,
-                  "first_date": documents[0].date.isoformat(), "last_date": documents[-1].date.isoformat()}
-    del documents
+                  "first_date": dates[0], "last_date": dates[1]}
     logging.info("train_lm: %d documents, %d tokens from %s; %d segments of %dx%d per epoch", data.n_documents,
                  len(tokens), split_file, data.segments_per_epoch, batch_size, config.tgt_len)
 

@@ -8,12 +8,13 @@ import jax
 import numpy as np
 
 from templm import paths
+from templm.data.lm_streams import read_split_stream
 from cloud_testing import bucket_files, local_files, timeless, upload
 from templm_testing import REPO, run_templm
 
 
 def test_the_data_verbs_read_and_write_a_bucket_as_a_local_folder(gcs, bucket, tmp_path):
-    """data world, splits, spm and stats with every input and output in the bucket: the same bytes (and the same
+    """data world, splits, spm, streams and stats with every input and output in the bucket: the same bytes (and the same
     statistics) as the same verbs on local folders; nothing left beside the outputs, nothing made locally; a rerun
     replaces the bucket's world."""
     small = ["--seed=3", "--start_year=2015", "--end_year=2018", "--subjects_per_relation=4", "--docs_per_month=8"]
@@ -29,6 +30,9 @@ def test_the_data_verbs_read_and_write_a_bucket_as_a_local_folder(gcs, bucket, t
                       "--test_months=12", "--allow_degenerate"],
                      ["data", "spm", "--corpus", corpus, "--split_dir", f"{root}/splits",
                       "--split=time_stratified_train", "--out", f"{root}/spm/vocab", "--vocab_size=120"],
+                     ["data", "streams", "--corpus", corpus, "--split_dir", f"{root}/splits",
+                      "--splits=time_stratified_train", "--spm_model", f"{root}/spm/vocab.model", "--out",
+                      f"{root}/streams"],
                      ["data", "stats", "--corpus", corpus, "--split_dir", f"{root}/splits", "--split=test"]):
             result = run_templm(*args, cwd=work)
             assert result.returncode == 0, (args, result.stderr[-3000:])
@@ -37,11 +41,16 @@ def test_the_data_verbs_read_and_write_a_bucket_as_a_local_folder(gcs, bucket, t
     local, remote_files = local_files(here), bucket_files(gcs, bucket)
     assert set(remote_files) == set(local)  # nothing more in the bucket: no partial folder, no lock, no probe
     for name, data in local.items():
-        if name.endswith("stats.json"):  # names the corpus it was built from
+        if name.endswith(("stats.json", "manifest.json")):  # names the corpus it was built from
             data = data.replace(str(here).encode(), there.encode())
         assert remote_files[name] == data, name
     assert {k: v for k, v in runs[there].items() if k not in ("corpus", "split")} == {
         k: v for k, v in runs[str(here)].items() if k not in ("corpus", "split")}
+    # train-lm's reading of the streams (lm_streams.read_split_stream), from the bucket as from the folder.
+    read = [read_split_stream(f"{root}/streams", "time_stratified_train", str(here / "spm" / "vocab.model"))[:2]
+            for root in (there, str(here))]
+    for a, b in zip(*read):
+        np.testing.assert_array_equal(a, b)
 
 
 def _write_release(root, year):

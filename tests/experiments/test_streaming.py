@@ -26,6 +26,7 @@ from templm.experiments.streaming import (DynamicEvalConfig, StreamAnalyses, Str
 from templm.io import file_sha256, jsonable
 from templm.reports.stream import stream_markdown
 from templm.training import lm_trainer, partitioning
+from templm.training.configs import CorpusConfig
 from templm.training.loop import RunOptions
 from templm_testing import run_templm
 
@@ -136,6 +137,14 @@ def test_gin_configs_pick_the_splits_and_the_paper_model(runs):
         assert (gin.query_parameter("templm.TransformerXLConfig.mem_len"),
                 gin.query_parameter("templm.TransformerXLConfig.eval_mem_len")) == (384, 1600)
         assert gin.query_parameter("%SPLIT") == "control_train"
+        gin.clear_config()
+        # The split's tokens from `templm data streams` (txl/streams.gin after the setup's file): no corpus needed.
+        parse_gin(["txl/control.gin", "txl/streams.gin"], ["MODEL_DIR = '/m'", "TOKEN_STREAMS = '/t'",
+                                                           "SPM_MODEL = '/v'"])
+        corpus = CorpusConfig()
+        assert (corpus.token_streams, corpus.corpus, corpus.split_dir, corpus.split) == ("/t", None, None,
+                                                                                         "control_train")
+        corpus.check("templm.CorpusConfig")  # the corpus is not asked for
     finally:
         gin.clear_config()
 

@@ -15,6 +15,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from templm.data.lm_data import load_processor, read_split_documents, tokenize_documents
+from templm.data.lm_streams import write_streams
 from templm.data.splits import read_split_file
 from templm.errors import DataError, TrainingError
 from templm.experiments.streaming import prepare_preset_data
@@ -125,6 +126,30 @@ def test_resume_is_bitwise_exact_with_memories_across_an_epoch(data, tmp_path):
             _train(data, tmp_path / "resumed", 16, save_period=3, config_gin="# another config\n",
                    **{**common, **changed})
         assert _snapshot(tmp_path / "resumed") == before
+
+
+def test_a_run_from_token_streams_is_the_run_from_the_corpus(data, tmp_path):
+    """`templm data streams` tokenises a split once: a run reading its folder gets the same data (the same
+    fingerprint), so it resumes a run started from the corpus and ends with the same losses as one that never left it;
+    the streams of another split or vocabulary are refused naming it."""
+    pairs = read_split_file(os.path.join(data["split_dir"], "time_stratified_train.gz"))[:8]
+    splits = tmp_path / "splits"
+    splits.mkdir()
+    with gzip.open(splits / "small_train.gz", "wt") as f:
+        f.writelines(f"{d:%Y%m%d}\t{i}\n" for d, i in pairs)
+    write_streams(data["corpus"], {"small_train": str(splits / "small_train.gz")}, data["spm_model"],
+                  str(tmp_path / "streams"))
+    common = dict(split="small_train", seed=4, **SHARED)
+    straight = _train(data, tmp_path / "straight", 10, save_period=0, split_dir=str(splits), **common)
+    _train(data, tmp_path / "resumed", 5, save_period=5, split_dir=str(splits), **common)
+    resumed = _train(data, tmp_path / "resumed", 10, save_period=5, token_streams=str(tmp_path / "streams"), **common)
+    assert resumed.start_step == 5 and resumed.data == straight.data
+    np.testing.assert_array_equal(_losses(tmp_path / "resumed"), _losses(tmp_path / "straight"))
+    _, _, meta = lm_trainer.load_lm(str(tmp_path / "resumed"))
+    assert meta["split_file"] == str(splits / "small_train.gz")  # for `templm stream`, as from the corpus
+    with pytest.raises(DataError, match=r"manifest.json: holds no split 'time_stratified_train' \(it holds "
+                                        r"small_train\)"):
+        _train(data, tmp_path / "other", 2, token_streams=str(tmp_path / "streams"))
 
 
 def _snapshot(folder):
