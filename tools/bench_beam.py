@@ -1,10 +1,12 @@
 #!/usr/bin/env python
 """Benchmark templm's Beam pipelines against the single process (issue 45's scaling figures): TempLAMA from a
-Wikidata dump, the corpus clean-up of `data splits`, and the task data of `data tasks`.
+Wikidata dump, the corpus clean-up of `data splits`, the task data of `data tasks` and the language model's token
+streams of `data streams`.
 
     python tools/bench_beam.py                  # all: 2,000 copies of the test dump, 2,000 documents; then 10x
     python tools/bench_beam.py --pipeline splits --docs 1000 --scale 4
     python tools/bench_beam.py --pipeline tasks --docs 2000 --scale 10
+    python tools/bench_beam.py --pipeline streams --docs 2000 --scale 10
 
 The dump is tests/fixtures/wikidata_dump.json's 25 entity lines (every rule of the reader) repeated `--copies`
 times with fresh ids (each copy's ids, and the statements' references to them, renumbered), written as the
@@ -26,6 +28,12 @@ built whole by task_data.prepare_task_data (`single`) and with task_data_beam.On
 yearly buckets, the records and a 500-piece vocabulary; documents per second of the whole build. The launching
 process still fits the entity detector on the first training documents and reads the corpus once for the
 vocabulary's sample. No `beam-2xscale` here: each worker loads TensorFlow to write records (about 0.6 GiB).
+
+The token streams (`--pipeline streams`): the clean-up's corpus (no near-copies left out: every document), a split
+file naming all its documents and one id the corpus lacks, and a SentencePiece model of at most 500 pieces trained
+on the first corpus's documents (used for both sizes); `single` is lm_streams.write_streams, `beam-N`
+lm_streams_beam's pipeline, timed from after their imports; documents per second, per worker, and the memory
+figures.
 """
 
 from __future__ import annotations
@@ -128,8 +136,24 @@ def write_corpus(folder: str, docs: int, seed: int = 0, names: bool = False) -> 
 def run_one(config: str, data: str, out: str) -> dict:
     """One configuration in this process: seconds and peak memory (this process's, its largest child's). `data`: a
     dump, a folder of news files (the clean-up) or a folder `tasks-*` of them (the task data)."""
-    started = time.perf_counter()
-    if os.path.basename(data).startswith("tasks-"):
+    if os.path.basename(data).startswith("streams-"):
+        from templm.data.lm_streams import write_streams
+        from templm.data.lm_streams_beam import write_streams_beam
+
+        import apache_beam  # noqa: F401  (imports are not the pipeline's time)
+        import tensorflow  # noqa: F401
+
+        started = time.perf_counter()
+        corpus = sorted(os.path.join(data, "corpus", name) for name in os.listdir(os.path.join(data, "corpus")))
+        splits, spm = {"train": os.path.join(data, "train.gz")}, os.path.join(data, "spm.model")
+        os.makedirs(out)
+        if config == "single":
+            manifest = write_streams(corpus, splits, spm, out)
+        else:
+            manifest = write_streams_beam(corpus, splits, spm, out, options(config))
+        result = {"items": manifest["splits"]["train"]["documents"], "kept": manifest["splits"]["train"]["tokens"]}
+    elif os.path.basename(data).startswith("tasks-"):
+        started = time.perf_counter()
         from absl import logging
 
         from templm.data.task_data import TaskDataConfig, prepare_task_data
@@ -143,6 +167,7 @@ def run_one(config: str, data: str, out: str) -> dict:
         result = {"items": sum(1 for _ in corpus_documents(corpus)),
                   "kept": sum(n for by_year in manifest["counts"]["customnews"].values() for n in by_year.values())}
     elif os.path.isdir(data):
+        started = time.perf_counter()
         from templm.data.splits import index_corpus
         from templm.data.splits_beam import index_corpus_beam
 
@@ -150,6 +175,7 @@ def run_one(config: str, data: str, out: str) -> dict:
         index = index_corpus(corpus) if config == "single" else index_corpus_beam(corpus, options(config))
         result = {"items": index.read, "kept": len(index), "near_duplicates": index.filtered["near_duplicates_removed"]}
     else:
+        started = time.perf_counter()
         from templm.data.wikidata import build_templama
         from templm.data.wikidata_beam import build_templama_beam
 
@@ -205,7 +231,7 @@ def report(metric: str, unit: str, results: dict, items: int) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--pipeline", choices=["all", "templama", "splits", "tasks"], default="all")
+    p.add_argument("--pipeline", choices=["all", "templama", "splits", "tasks", "streams"], default="all")
     p.add_argument("--copies", type=int, default=2000, help="TempLAMA: copies of the test dump's entities")
     p.add_argument("--docs", type=int, default=2000, help="the clean-up: documents")
     p.add_argument("--scale", type=int, default=10, help="the second run's size, as a multiple of the first")
@@ -247,7 +273,37 @@ def main(argv=None) -> int:
                 configs = CONFIGS  # (a worker holds TensorFlow, about 0.6 GiB: no 2 x scale workers here)
                 report("task_data_docs_per_sec", "docs/s", {config: measure(config, folder, root)
                                                             for config in configs}, docs)
+        if args.pipeline in ("all", "streams"):
+            spm = None
+            for docs in (args.docs, args.docs * args.scale):
+                folder = os.path.join(root, f"streams-{docs}")
+                os.makedirs(os.path.join(folder, "corpus"))
+                files = write_corpus(os.path.join(folder, "corpus"), docs)
+                spm = write_split_and_spm(folder, files, spm)
+                log(f"corpus of {docs:,} documents in {len(files)} WMT files "
+                    f"({sum(os.path.getsize(f) for f in files) / 2 ** 20:.1f} MiB gzipped)")
+                report("token_streams_docs_per_sec", "docs/s", {config: measure(config, folder, root)
+                                                                for config in CONFIGS}, docs)
     return 0
+
+
+def write_split_and_spm(folder: str, files: list, spm: str = None) -> str:
+    """The split file of every document of `files` (and an id the corpus lacks) as `folder`/train.gz, and
+    `folder`/spm.model: a copy of `spm`, else one trained on the documents. Returns the model's path."""
+    import shutil
+
+    from templm.data.vocab import train_spm
+
+    docs = list(corpus_documents(files))
+    with gzip.open(os.path.join(folder, "train.gz"), "wt") as f:
+        f.writelines(f"{d.date:%Y%m%d}\t{d.id}\n" for d in docs[:len(docs) // 2])
+        f.write("20170101\tnot-in-the-corpus\n")
+        f.writelines(f"{d.date:%Y%m%d}\t{d.id}\n" for d in docs[len(docs) // 2:])
+    target = os.path.join(folder, "spm.model")
+    if spm:
+        shutil.copyfile(spm, target)
+        return target
+    return train_spm(docs, target[:-len(".model")], vocab_size=500, exact_size=False)
 
 
 if __name__ == "__main__":
