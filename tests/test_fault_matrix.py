@@ -288,7 +288,7 @@ ELSEWHERE = {
         "tests/training/test_loop.py::test_sigterm_during_the_last_save_is_not_dropped"],
     ("train-lm", "Ctrl-C (130) / SIGTERM (75)"): ["tests/training/test_loop.py::test_sigterm_saves_then_raises_and_a_rerun_resumes"],
     ("reproduce", "Ctrl-C (130) / SIGTERM (75)"): [
-        "tests/experiments/test_reproduce.py::test_sigterm_stops_a_run_of_several_seeds_and_a_rerun_resumes_it_to_each_seed_s_numbers"],
+        "tests/cloud/test_study.py::test_a_study_of_two_seeds_into_a_bucket_stopped_and_resumed_gives_each_seed_s_numbers"],
     ("stream", "Ctrl-C (130) / SIGTERM (75)"): [
         "tests/experiments/test_streaming.py::test_a_signal_during_dynamic_evaluation_is_one_line_and_no_crash"],
     ("train", "a second run at once"): ["tests/training/test_trainer.py::test_a_second_run_on_a_model_dir_in_use_is_refused"],

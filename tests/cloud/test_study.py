@@ -1,5 +1,6 @@
 """The study with --out in an emulator bucket (tests/cloud/conftest.py)."""
 
+import json
 import os
 import signal
 import subprocess
@@ -14,45 +15,68 @@ from templm_testing import run_templm
 
 
 @pytest.mark.e2e
-def test_the_study_into_a_bucket_stopped_and_resumed_gives_the_local_study_s_results(gcs, bucket, tiny_study,
-                                                                                     tmp_path):
-    """The suite's tiny study, its time-aware half (--nostreaming: the streaming half's verbs in a bucket are
-    tests/cloud/test_streaming.py's), with --out in the bucket, stopped by SIGTERM once its first model's checkpoint
-    is there (exit 75, no results), then the same command again: it resumes the run from the bucket and its
-    results.json equals the session's local run of the whole study but for the streaming half (timings and the
-    folder's own name aside); report.md and the figures are in the bucket, nothing is in the folder the commands ran
-    in."""
+def test_a_study_of_two_seeds_into_a_bucket_stopped_and_resumed_gives_each_seed_s_numbers(gcs, bucket, tiny_study,
+                                                                                         tmp_path):
+    """`--seeds=0,4` of the suite's tiny study, its time-aware half (--nostreaming: the streaming half's verbs in a
+    bucket are tests/cloud/test_streaming.py's), with --out in the bucket, stopped by SIGTERM once seed 0's first
+    model's checkpoint is there: exit 75 and no result (no results.json or report.md of the run or of seed 0, nothing
+    of seed 4). The same command again resumes seed 0 from the bucket, and its results.json equals the session's
+    local run of the whole study (tiny_study, which never stopped) but for the streaming half (timings and the
+    folder's own name aside); then it runs seed 4 and combines the two. report.md and the figures are in the bucket,
+    nothing is in the folder the commands ran in. (One run for all: preemption and resume, a bucket, and several
+    seeds, cost a study each.)"""
     from templm.metrics.findings import STREAMING
-    from templm_testing import TINY_STUDY
+    from templm.metrics.statistics import VERDICTS
 
-    out = f"gs://{bucket}/study"
-    study = (*TINY_STUDY, "--nostreaming", f"--out={out}")
+    out = f"gs://{bucket}/seeds"
+    study = ("reproduce", "--preset=tiny_test", "--seeds=0,4", "--gin.templm.Study.data_shards=2", "--nostreaming",
+             f"--out={out}")
     stopped = subprocess.Popen([sys.executable, "-m", "templm.cli", *study], cwd=tmp_path,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 600
-    while not any(n.startswith("study/models/uniform/checkpoints/") and n.endswith("/commit_success.txt")
+    while not any(n.startswith("seeds/seed_0/models/uniform/checkpoints/") and n.endswith("/commit_success.txt")
                   for n in gcs.objects(bucket)):
         assert stopped.poll() is None, stopped.stderr.read()[-3000:]
         assert time.monotonic() < deadline
         time.sleep(0.2)
     stopped.send_signal(signal.SIGTERM)
-    _, err = stopped.communicate(timeout=600)
+    out_text, err = stopped.communicate(timeout=600)
     assert stopped.returncode == EXIT_PREEMPTED, err[-3000:]
-    assert "study/results.json" not in gcs.objects(bucket)
+    assert "stopped by SIGTERM" in err and "run the same command again to resume" in err
+    assert "templm reproduce:" not in out_text
+    names = set(gcs.objects(bucket))
+    assert not names & {"seeds/results.json", "seeds/report.md", "seeds/seed_0/results.json",
+                        "seeds/seed_0/report.md"}
+    assert not any(n.startswith("seeds/seed_4/") for n in names)
 
-    result = run_templm(*study, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "resuming the time-aware half's models" in result.stderr
+    again = run_templm(*study, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming the time-aware half's models" in again.stderr
+    assert "holds no input state" not in again.stderr  # a finished model is kept without touching its input
+    assert f"templm reproduce: tiny_test preset, seeds 0,4: {out}/report.md" in again.stdout
     assert os.listdir(tmp_path) == []
     local_dir, _, _ = tiny_study()
     with open(os.path.join(local_dir, "results.json"), encoding="utf-8") as f:
         local = comparable(f.read(), str(local_dir))
     del local["extra"]
     local["findings"] = {k: v for k, v in local["findings"].items() if v["half"] != STREAMING}
-    there = comparable(gcs.read(bucket, "study/results.json").decode("utf-8"), out)
-    assert there == local
+    per_seed = {seed: json.loads(gcs.read(bucket, f"seeds/seed_{seed}/results.json").decode("utf-8"))
+                for seed in ("0", "4")}
+    assert comparable(json.dumps(per_seed["0"]), f"{out}/seed_0") == local
+
+    combined = json.loads(gcs.read(bucket, "seeds/results.json").decode("utf-8"))
+    assert combined["seeds"] == [0, 4] and set(combined["per_seed"]) == {"0", "4"}
+    for seed, alone in per_seed.items():  # each seed's run whole, as its own folder holds it
+        assert combined["per_seed"][seed] == alone and alone["seed"] == int(seed)
+    for name, found in combined["findings"].items():
+        assert len(found["per_seed"]) == 2 and found["verdict"] in VERDICTS, name
+    loss = combined["aggregate"]["models"]["uniform"]["train_loss"]
+    losses = [per_seed[s]["models"]["uniform"]["train_loss"] for s in ("0", "4")]
+    assert loss["mean"] == pytest.approx(sum(losses) / 2) and loss["n"] == 2 and loss["low"] < loss["mean"]
+    assert "## 2 seeds" in gcs.read(bucket, "seeds/report.md").decode("utf-8")
     names = set(gcs.objects(bucket))
-    assert {"study/report.md", "study/run.json", "study/figures/future_loglik.png"} <= names
+    assert {"seeds/seed_4/report.md", "seeds/seed_0/run.json"} <= names
+    assert any(n.startswith("seeds/figures/") for n in names)
     assert not any(".partial" in n or n.endswith(".lock") or ".templm-probe" in n for n in names), sorted(names)
 
 

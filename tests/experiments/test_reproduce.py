@@ -7,15 +7,11 @@ example for example, the trained parameters bit for bit, the evaluation's number
 import dataclasses
 import json
 import os
-import signal
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 
-from templm.errors import EXIT_PREEMPTED
 from templm.experiments.reproduce import PRESETS, ExtraStage, Reproduction, run_extra_stage
 from templm.metrics.findings import STREAMING, STUDY
 from templm.metrics.statistics import VERDICTS, verdict
@@ -300,53 +296,7 @@ def test_a_rerun_that_fails_on_a_damaged_model_keeps_the_results_and_says_what_t
     assert {name: (out / name).read_bytes() for name in before} == before
 
 
-def test_sigterm_stops_a_run_of_several_seeds_and_a_rerun_resumes_it_to_each_seed_s_numbers(results, tmp_path):
-    """`--seeds=0,4` (seed 0: the suite's tiny study, without its streaming half) stopped by SIGTERM once seed 0's
-    first models are trained exits with the preemption status and writes no result; the same command run again
-    resumes seed 0's models and ends with the numbers of the run that never stopped (tiny_study's), then runs seed
-    4 and combines the two seeds. (One run for both: preemption and resume, and several seeds, cost a study each.)"""
-    out = tmp_path / "seeds"
-    args = ("reproduce", "--preset=tiny_test", "--seeds=0,4", "--gin.templm.Study.data_shards=2", "--nostreaming",
-            f"--out={out}")
-    proc = subprocess.Popen([sys.executable, "-m", "templm.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    seen = []
-    for line in proc.stderr:  # stop it once the first models are trained
-        seen.append(line)
-        if "trained temporal:" in line:
-            proc.send_signal(signal.SIGTERM)
-            break
-    out_text, err = proc.communicate(timeout=900)
-    assert proc.returncode == EXIT_PREEMPTED, "".join(seen) + err
-    assert "stopped by SIGTERM" in err and "run the same command again to resume" in err
-    assert "templm reproduce:" not in out_text and not (out / "results.json").exists()
-    assert not (out / "report.md").exists() and not (out / "seed_0" / "results.json").exists()
-    assert not (out / "seed_0" / "report.md").exists() and not (out / "seed_4").exists()
-    assert (out / "seed_0" / "models" / "temporal" / "checkpoints").is_dir()
-
-    again = templm(*args)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resuming the time-aware half's models" in again.stderr
-    assert "holds no input state" not in again.stderr  # a finished model is kept without touching its input
-    assert f"templm reproduce: tiny_test preset, seeds 0,4: {out}/report.md" in again.stdout
-    # Seed 0 resumed: the numbers of the run that never stopped, its streaming half apart (without it, results.json
-    # names no path of its folder).
-    resumed = json.loads((out / "seed_0" / "results.json").read_text())
-    local = {k: v for k, v in results.items() if k not in ("timing", "extra")}
-    local["findings"] = {k: v for k, v in local["findings"].items() if v["half"] != STREAMING}
-    assert {k: v for k, v in resumed.items() if k != "timing"} == local
-
-    combined = json.loads((out / "results.json").read_text())
-    assert combined["seeds"] == [0, 4] and set(combined["per_seed"]) == {"0", "4"}
-    for seed in ("0", "4"):  # each seed's run whole, as its own folder holds it
-        alone = json.loads((out / f"seed_{seed}" / "results.json").read_text())
-        assert combined["per_seed"][seed] == alone and alone["seed"] == int(seed)
-    for name, found in combined["findings"].items():
-        assert len(found["per_seed"]) == 2 and found["verdict"] in VERDICTS, name
-    loss = combined["aggregate"]["models"]["uniform"]["train_loss"]
-    losses = [combined["per_seed"][s]["models"]["uniform"]["train_loss"] for s in ("0", "4")]
-    assert loss["mean"] == pytest.approx(sum(losses) / 2) and loss["n"] == 2 and loss["low"] < loss["mean"]
-    text = (out / "report.md").read_text()
-    assert "## 2 seeds" in text and (out / "seed_4" / "report.md").exists() and (out / "figures").is_dir()
+def test_seeds_named_twice_are_refused(tmp_path):
+    """(A run of several seeds, stopped and resumed, is tests/cloud/test_study.py's, into a bucket.)"""
     bad = templm("reproduce", "--preset=tiny_test", f"--out={tmp_path / 'x'}", "--seeds=1,1")
     assert bad.returncode == 1 and "distinct" in bad.stderr
