@@ -85,7 +85,6 @@ def main_data_stats():
 # The kinds of output folder of `data splits`, `data templama` and `data cronquestions`.
 SPLITS_KIND, TEMPLAMA_KIND, CRONQUESTIONS_KIND = "splits", "TempLAMA", "CronQuestions"
 STREAMS_KIND = "token streams"
-DEFAULT_STREAM_SPLITS = ("time_stratified_train", "control_train")  # the splits a streaming study trains on
 
 
 def define_data_splits():
@@ -167,7 +166,9 @@ def define_data_streams():
     define_corpus_flags(split=False)
     flags.DEFINE_string("split_dir", None, "The splits folder (`templm data splits` output, or a published one).",
                         required=True)
-    flags.DEFINE_list("splits", list(DEFAULT_STREAM_SPLITS), "The splits to tokenise (file stems in --split_dir).")
+    flags.DEFINE_list("splits", ["time_stratified_train"], "The splits to tokenise with --spm_model (file stems in "
+                      "--split_dir): as in the paper, CONTROL (control_train) has a SentencePiece model of its own, "
+                      "so its streams are another command.")
     flags.DEFINE_string("spm_model", None, "The SentencePiece model the language model is trained with.",
                         required=True)
     flags.DEFINE_string("out", None, "Output folder: each split's token stream by month and manifest.json (built "

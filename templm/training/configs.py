@@ -108,6 +108,9 @@ class CorpusConfig:
                                  "batch_size": ("BATCH_SIZE", self.batch_size)})
         if not self.token_streams:
             require_macros(binding, {"corpus": ("CORPUS", self.corpus)})
+        elif self.split_file:
+            raise ConfigError(f"{binding}.split_file is bound with token_streams, whose split is chosen by "
+                              f"{binding}.split (SPLIT): unset split_file")
         require_numbers(binding, {"batch_size": (self.batch_size, int, 1, "BATCH_SIZE"),
                                   "seed": (self.seed, int, 0, None)}, optional=("seed",))
 

@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 from templm.data.lm_data import load_processor, read_split_documents, tokenize_documents
 from templm.data.lm_streams import write_streams
 from templm.data.splits import read_split_file
-from templm.errors import DataError, TrainingError
+from templm.errors import ConfigError, DataError, TrainingError
 from templm.experiments.streaming import prepare_preset_data
 from templm.models.transformer_xl import TransformerXLConfig
 from templm.training import lm_trainer, partitioning
@@ -150,6 +150,8 @@ def test_a_run_from_token_streams_is_the_run_from_the_corpus(data, tmp_path):
     with pytest.raises(DataError, match=r"manifest.json: holds no split 'time_stratified_train' \(it holds "
                                         r"small_train\)"):
         _train(data, tmp_path / "other", 2, token_streams=str(tmp_path / "streams"))
+    with pytest.raises(ConfigError, match="split_file is bound with token_streams"):
+        _train(data, tmp_path / "other", 2, token_streams=str(tmp_path / "streams"), split_file=str(splits))
 
 
 def _snapshot(folder):
