@@ -404,9 +404,14 @@ class TemplamaReader(Reader):
 
     source = "templama"
 
+    def __init__(self, path: str, *args: Any, quiet_repeats: bool = False, **kwargs: Any):
+        super().__init__(path, *args, **kwargs)
+        self.quiet_repeats = quiet_repeats
+
     def __iter__(self) -> Iterator[Query]:
         """The file's queries, an id once: a later row with an id read before is dropped (the first row is the
-        query), and one warning names them, so task data, evaluation and a study count the same queries."""
+        query), and one warning names them (unless `quiet_repeats`: a file read again whose reading said them), so
+        task data, evaluation and a study count the same queries."""
         seen = set()
         repeated: Dict[str, int] = {}
         for query in super().__iter__():
@@ -416,7 +421,7 @@ class TemplamaReader(Reader):
             seen.add(query.id)
             yield query
         self.duplicates = sum(repeated.values())
-        if repeated:
+        if repeated and not self.quiet_repeats:
             named = ", ".join(list(repeated)[:5]) + (f" and {len(repeated) - 5} more" if len(repeated) > 5 else "")
             console.warn(f"{self.path}: {self.duplicates} row(s) repeat the id of an earlier row ({named}): the first "
                          f"row of each id is the query, the later ones are left out ({len(seen)} queries)")

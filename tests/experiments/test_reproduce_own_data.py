@@ -23,7 +23,7 @@ def own_data(tmp_path_factory):
     root = tmp_path_factory.mktemp("own_data")
     rng = random.Random(7)
     ids = write_news_crawl(root / "wmt", documents(rng))
-    release = write_templama_release(root / "templama")
+    release = write_templama_release(root / "templama", repeat_test_row=True)
     split_dir, sizes = write_published_splits(root / "splits", ids, rng)
     # Real splits and corpora drift apart: the test split and TIME-STRATIFIED's training split each name an id this
     # corpus lacks (appended as another gzip member, which gzip readers take as one stream).
@@ -106,6 +106,30 @@ def test_split_ids_the_corpus_lacks_are_counted_before_any_training_and_the_stud
     with open(out / results["extra"]["streaming"]["results"], encoding="utf-8") as f:
         stream = json.load(f)
     assert stream["settings"]["n_documents"] == own_data["sizes"]["test"]  # the 36 documents the corpus holds
+
+
+def test_a_mirror_s_release_trains_on_original_names_and_counts_a_repeated_id_once(own_data, study):
+    """The mirror's answers (an alias list whose first name carries its asterisk, and `original_name`): the models
+    train on the original name, never on an alias; a row repeating the id of an earlier one (a mirror's row after the
+    release's) is one warning naming the id, and the same 24 test queries in the task data and the study's
+    evaluation."""
+    import tensorflow as tf
+
+    out, results, result = study
+    targets = {}
+    for path in glob.glob(str(out / "data" / "templama" / "train-*.tfrecord")):
+        for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
+            features = tf.train.Example.FromString(record).features.feature
+            answers = [v.decode() for v in features["answers"].bytes_list.value]
+            targets[features["id"].bytes_list.value[0].decode()] = (features["targets"].bytes_list.value[0].decode(),
+                                                                    answers)
+    mirrored = {i: t for i, (t, answers) in targets.items() if "Red Lions FC*" in answers or "The Stars*" in answers}
+    assert mirrored and set(mirrored.values()) <= {"Red Lions", "Northern Stars"}, mirrored
+    assert not any("*" in t for t, _ in targets.values())
+    test_file = os.path.join(own_data["templama"], "test.json")
+    assert result.stderr.count(f"{test_file}: 1 row(s) repeat the id of an earlier row (Q106_P54_2015)") == 1
+    assert results["world"]["templama_splits"]["test"] == own_data["release"]["test"] == 24
+    assert len(set(results["per_query"]["id"])) == len(results["per_query"]["id"]) == 24
 
 
 def test_a_split_that_names_none_of_the_corpus_is_refused_before_any_work(own_data, tmp_path):
@@ -203,7 +227,7 @@ def test_prepared_task_data_is_read_where_it_is_and_names_its_release(own_data, 
 def test_mending_the_streaming_split_redoes_that_half_alone(own_data, study, tmp_path):
     """The split folder mended (the ids the corpus lacks taken out) and the study rerun: the time-aware half's
     models are reused as they are (their checkpoints untouched, the same F1), the streaming half starts afresh and
-    says why; --only time_aware then runs that half alone, its findings tested and the streaming half's not."""
+    says why; --only streaming then runs that half alone, its findings tested and the time-aware half's not."""
     out, results, _ = study
     rerun = tmp_path / "run"
     shutil.copytree(out, rerun)
@@ -233,12 +257,12 @@ def test_mending_the_streaming_split_redoes_that_half_alone(own_data, study, tmp
     assert again["extra"]["streaming"]["published_splits"]["test"]["missing"] == 0
 
     alone = templm("reproduce", "--preset=tiny_test", f"--out={rerun}", f"--corpus={own_data['corpus']}",
-                   f"--templama_dir={own_data['templama']}", f"--split_dir={mended}", "--only=time_aware")
+                   f"--templama_dir={own_data['templama']}", f"--split_dir={mended}", "--only=streaming")
     assert alone.returncode == 0, alone.stderr[-3000:]
-    assert "extra: streaming: skipped: --only time_aware" in alone.stderr
+    assert "train uniform and temporal: skipped: --only streaming" in alone.stderr
     with open(rerun / "results.json", encoding="utf-8") as f:
         found = json.load(f)["findings"]
-    assert found["streaming_gap"]["evidence"] == ("not tested: the streaming stage was skipped (--only "
-                                                  "time_aware)")
-    assert found["temporal_beats_uniform"]["n"] == 18
-    assert os.path.isdir(rerun / "stream_experiment" / "time_stratified")  # the other half's models are kept
+    assert found["temporal_beats_uniform"]["evidence"].startswith("not tested: the ")
+    assert found["temporal_beats_uniform"]["evidence"].endswith(" stage was skipped (--only streaming)")
+    assert found["streaming_gap"]["n"] == again["findings"]["streaming_gap"]["n"] > 0
+    assert {p: os.stat(p).st_mtime_ns for p in checkpoints} == checkpoints  # the other half's models are kept

@@ -15,7 +15,8 @@ PLAYERS = ["Alan Smith", "Bruno Costa", "Carla Mendes", "Dario Rossi", "Elena Pe
            "Greta Lindqvist", "Hugo Laurent", "Ines Duarte", "Jonas Weber", "Kenji Sato", "Lucia Moreno"]
 CLUBS = [("Q900", "Red Lions"), ("Q901", "Blue Harbour"), ("Q902", "Green Valley"), ("Q903", "Northern Stars"),
          ("Q904", "Lakeside Rovers"), ("Q905", "Eastport Athletic")]
-ALIASES = {"Q900": ["Red Lions", "Red Lions FC"], "Q903": ["Northern Stars", "The Stars"]}  # a mirror's name lists
+# A mirror's rows: `name` a list of aliases (the first with the mirror's asterisk) and `original_name` the release's.
+ALIASES = {"Q900": ["Red Lions FC*", "Red Lions FC"], "Q903": ["The Stars*", "Northern Stars"]}
 SUBJECTS = {"train": PLAYERS[:4], "val": PLAYERS[4:6], "test": PLAYERS[6:]}
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December"]
@@ -70,25 +71,32 @@ def write_news_crawl(folder, docs):
     return ids
 
 
-def write_templama_release(folder):
-    """train.json, val.json, test.json as Google's release: one JSON object a line, answers as lists."""
+def write_templama_release(folder, repeat_test_row=False):
+    """train.json, val.json, test.json as Google's release: one JSON object a line, answers as lists; the answers of
+    two clubs as a mirror writes them (ALIASES, with `original_name`). `repeat_test_row`: test.json ends with a row
+    repeating the id of its first with another answer (a mirror's row concatenated to the release's)."""
     os.makedirs(folder, exist_ok=True)
     counts = {}
     for stem, players in SUBJECTS.items():
+        rows = []
+        for player in players:
+            pid = f"Q{100 + PLAYERS.index(player)}"
+            held = [club_of(player, y) for y in YEARS]
+            frequent = max(held, key=held.count)
+            for year in YEARS:
+                qid, name = club_of(player, year)
+                answer = {"wikidata_id": qid, "name": name}
+                if qid in ALIASES:
+                    answer = {"wikidata_id": qid, "name": ALIASES[qid], "original_name": [name]}
+                rows.append({"query": f"{player} plays for _X_.", "answer": [answer], "date": str(year),
+                             "id": f"{pid}_P54_{year}", "relation": "P54",
+                             "most_frequent_answer": {"wikidata_id": frequent[0], "name": frequent[1]},
+                             "most_recent_answer": {"wikidata_id": held[-1][0], "name": held[-1][1]}})
+        counts[stem] = len(rows)
+        if stem == "test" and repeat_test_row:
+            rows.append({**rows[0], "answer": [{"wikidata_id": "Q999", "name": "Somewhere Else"}]})
         with open(os.path.join(folder, f"{stem}.json"), "w", encoding="utf-8") as f:
-            for player in players:
-                pid = f"Q{100 + PLAYERS.index(player)}"
-                held = [club_of(player, y) for y in YEARS]
-                frequent = max(held, key=held.count)
-                for year in YEARS:
-                    qid, name = club_of(player, year)
-                    answer = {"wikidata_id": qid, "name": ALIASES.get(qid, name)}
-                    f.write(json.dumps({
-                        "query": f"{player} plays for _X_.", "answer": [answer], "date": str(year),
-                        "id": f"{pid}_P54_{year}", "relation": "P54",
-                        "most_frequent_answer": {"wikidata_id": frequent[0], "name": frequent[1]},
-                        "most_recent_answer": {"wikidata_id": held[-1][0], "name": held[-1][1]}}) + "\n")
-        counts[stem] = len(players) * len(YEARS)
+            f.writelines(json.dumps(row) + "\n" for row in rows)
     return counts
 
 
