@@ -296,7 +296,7 @@ ELSEWHERE = {
         "tests/test_outputs.py::test_two_task_data_builds_on_one_folder_at_once_one_is_refused_and_the_folder_is_whole"],
     ("data world", "a second run at once"): [
         "tests/test_outputs.py::test_a_second_writer_is_refused_naming_the_first_and_a_killed_holder_frees_the_lock"],
-    ("train", "run again"): ["tests/training/test_trainer.py::test_kill_minus_9_then_resume_is_bitwise_exact",
+    ("train", "run again"): ["tests/cloud/test_train.py::test_train_into_a_bucket_resumes_bitwise_after_kill_9_and_sigterm",
                              "tests/training/test_trainer.py::test_resuming_with_other_settings_is_refused_naming_the_binding_before_any_step"],
     ("train-lm", "run again"): ["tests/training/test_lm_trainer.py::test_resume_is_bitwise_exact_with_memories_across_an_epoch"],
     ("reproduce", "run again"): [
