@@ -217,7 +217,7 @@ def write_streams_beam(corpus: Corpus, split_files: Mapping[str, str], spm_model
         missing_ids = dict(json.loads(line) for line in read_lines(paths.join(work, "missing") + "*"))
         months = [json.loads(line) for line in read_lines(paths.join(work, "months") + "*")]
     entries = {}
-    for name, split_file in sorted(split_files.items()):
+    for name, split_file in split_files.items():  # in the given order, as the single process checks them
         mine = sorted(m for m in months if m[0] == name)
         missing = counts.get(f"missing:{name}", 0)
         if missing:  # as splits.apply_split says it
