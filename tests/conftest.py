@@ -98,7 +98,7 @@ SLOWEST_FILES = [
     "tests/test_reentrant_cli.py",  # 449 s
     "tests/tasks/test_registry.py",  # 247 s
     "tests/test_cli.py",  # 206 s
-    "tests/cloud/test_study.py",  # the tiny study into an emulator bucket: ~120 s with its local run, alone
+    "tests/cloud/test_study.py",  # two seeds of the tiny study into an emulator bucket, stopped and resumed: ~150 s
     "tests/cloud/test_train.py",  # 80 s, alone (two training processes into an emulator bucket)
     "tests/experiments/test_reproduce_own_data.py",  # 140 s
     "tests/experiments/test_importance_sampling.py",  # 115 s
