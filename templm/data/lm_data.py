@@ -47,6 +47,12 @@ def split_path(split_file: Optional[str], split_dir: Optional[str], split: str) 
     return plain if not paths.exists(compressed) and paths.isfile(plain) else compressed
 
 
+def require_split_file(split_file: str) -> None:
+    """A DataError naming a split file that does not exist."""
+    if not paths.exists(split_file):
+        raise DataError("no such split file (write one with `templm data splits`)", split_file)
+
+
 def read_split_documents(corpus: Corpus, split_file: str, format: str = "auto", on_error: str = "raise",
                          allow_missing: bool = False) -> List[Document]:
     """The documents of `corpus` that `split_file` names, sorted by date then id.
@@ -55,8 +61,7 @@ def read_split_documents(corpus: Corpus, split_file: str, format: str = "auto", 
     not hold (unless allow_missing: then a warning).
     """
     split_file = os.fspath(split_file)
-    if not paths.exists(split_file):
-        raise DataError("no such split file (write one with `templm data splits`)", split_file)
+    require_split_file(split_file)
     where = describe_corpus(corpus)
     docs_iter, report = apply_split(corpus, split_file, format, on_error)
     docs = sorted(docs_iter, key=lambda d: (d.date, d.id))

@@ -18,6 +18,7 @@ resume the other). Which document an id names is as `splits.apply_split` says: i
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
@@ -25,7 +26,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 import numpy as np
 
 from templm import paths
-from templm.data.lm_data import load_processor
+from templm.data.lm_data import load_processor, require_split_file, split_path, tokenize_documents
 from templm.data.readers import Corpus, describe_corpus, resolve_corpus
 from templm.data.splits import apply_split
 from templm.data.token_stream import month_of
@@ -59,11 +60,6 @@ def write_npy(path: str, chunks: Iterable[np.ndarray], count: int, dtype: str) -
         raise ValueError(f"{path}: {written} values written where the header says {count}")
 
 
-def tokenize(processor: Any, text: str) -> np.ndarray:
-    """One document's pieces then EOS (int32), as lm_data.tokenize_documents lays them out."""
-    return np.append(np.asarray(processor.encode(text), np.int32), np.int32(processor.eos_id()))
-
-
 def split_entry(split_file: str, months: Mapping[str, Tuple[int, int]], first: Optional[str], last: Optional[str],
                 missing: int, missing_ids: List[str], date_mismatches: int) -> Dict[str, Any]:
     """A split's record in the manifest (months: {YYYY-MM: (documents, tokens)})."""
@@ -87,8 +83,6 @@ def write_manifest(folder: str, corpus: Corpus, spm_model: str, eos_id: int, spl
 
 def split_files_of(split_dir: str, names: Iterable[str]) -> Dict[str, str]:
     """{split: its file} in a splits folder (`split_dir/split.gz`, or `split_dir/split` where it was gunzipped)."""
-    from templm.data.lm_data import split_path
-
     return {name: paths.absolute(split_path(None, split_dir, name)) for name in names}
 
 
@@ -108,26 +102,19 @@ def write_streams(corpus: Corpus, split_files: Mapping[str, str], spm_model: str
     entries = {}
     for name, split_file in split_files.items():
         split_file = paths.absolute(split_file)
-        if not paths.exists(split_file):
-            raise DataError("no such split file (write one with `templm data splits`)", split_file)
+        require_split_file(split_file)
         docs_iter, report = apply_split(corpus, split_file, format, on_error)
         docs = sorted(docs_iter, key=lambda d: (d.date, d.id))
         check_found(name, len(docs), report.missing, split_file, corpus)
         paths.makedirs(paths.join(folder, name))
         months: Dict[str, Tuple[int, int]] = {}
-        start = 0
-        while start < len(docs):
-            month = month_of(docs[start].date)
-            end = start
-            while end < len(docs) and month_of(docs[end].date) == month:
-                end += 1
-            pieces = [tokenize(processor, doc.text) for doc in docs[start:end]]
-            lengths = np.array([len(p) for p in pieces], np.int64)
+        for month, group in itertools.groupby(docs, key=lambda d: month_of(d.date)):
+            tokens, offsets = tokenize_documents(list(group), processor)
+            lengths = np.diff(offsets)
             tokens_file, lengths_file = month_files(folder, name, month)
-            write_npy(tokens_file, pieces, int(lengths.sum()), "<i4")
+            write_npy(tokens_file, [tokens], len(tokens), "<i4")
             write_npy(lengths_file, [lengths], len(lengths), "<i8")
-            months[month] = (end - start, int(lengths.sum()))
-            start = end
+            months[month] = (len(lengths), len(tokens))
         entries[name] = split_entry(split_file, months, docs[0].date.isoformat(), docs[-1].date.isoformat(),
                                     report.missing, list(report.missing_ids), report.date_mismatches)
     return write_manifest(folder, corpus, spm_model, int(processor.eos_id()), entries)
@@ -150,11 +137,10 @@ def read_manifest(folder: str) -> dict:
     return manifest
 
 
-def read_split_stream(folder: str, split: str, spm_model: str,
-                      allow_missing: bool = False) -> Tuple[np.ndarray, np.ndarray, dict, dict]:
-    """(tokens, offsets [D + 1], the split's manifest entry, the manifest) of one split of a streams folder, for the
-    SentencePiece model `spm_model` (the one it was tokenised with: checked by SHA-256). Ids of the split that the
-    corpus lacked are a DataError unless `allow_missing`, as lm_data.read_split_documents."""
+def open_split_stream(folder: str, split: str, spm_model: str, allow_missing: bool = False) -> Tuple[dict, dict]:
+    """(the split's manifest entry, the manifest) of one split of a streams folder, checked before its tokens are
+    read: there, tokenised with the SentencePiece model `spm_model` (by SHA-256), and, unless `allow_missing`, with
+    every id of its split file in the corpus (as lm_data.read_split_documents); a DataError naming what is not."""
     folder = paths.absolute(folder)
     manifest = read_manifest(folder)
     where = paths.join(folder, MANIFEST)
@@ -167,6 +153,22 @@ def read_split_stream(folder: str, split: str, spm_model: str,
     if entry["missing"] and not allow_missing:
         raise DataError(f"{entry['missing']} of the document ids of split {split} were not in the corpus (first: "
                         f"{', '.join(entry['missing_ids'])}); is it the split of another corpus?", entry["split_file"])
+    return entry, manifest
+
+
+def read_split_stream(folder: str, split: str, spm_model: str,
+                      allow_missing: bool = False) -> Tuple[np.ndarray, np.ndarray, dict, dict]:
+    """(tokens, offsets [D + 1], the split's manifest entry, the manifest) of one split of a streams folder
+    (`open_split_stream`, then `read_split_tokens`)."""
+    entry, manifest = open_split_stream(folder, split, spm_model, allow_missing)
+    return (*read_split_tokens(folder, split, entry), entry, manifest)
+
+
+def read_split_tokens(folder: str, split: str, entry: Mapping[str, Any]) -> Tuple[np.ndarray, np.ndarray]:
+    """(tokens, offsets [D + 1]) of one split of a streams folder, its months' files checked against its manifest
+    entry (`open_split_stream`)."""
+    folder = paths.absolute(folder)
+    where = paths.join(folder, MANIFEST)
     tokens, lengths = [], []
     for month, counts in entry["months"].items():
         for path, kind, n in zip(month_files(folder, split, month), ("tokens", "lengths"),
@@ -187,4 +189,4 @@ def read_split_stream(folder: str, split: str, spm_model: str,
     if offsets[-1] != len(tokens_all):
         raise DataError(f"the lengths of split {split} add up to {offsets[-1]} tokens, its files hold "
                         f"{len(tokens_all)}", where)
-    return tokens_all, offsets, entry, manifest
+    return tokens_all, offsets

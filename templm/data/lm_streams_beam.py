@@ -25,12 +25,11 @@ import json
 import struct
 from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple
 
-from templm import console, paths
+from templm import paths
 from templm.data.beam_work import read_lines, work_folder
-from templm.data.lm_streams import (check_found, month_files, split_entry, tokenize, write_manifest, write_npy)
+from templm.data.lm_streams import check_found, month_files, split_entry, write_manifest, write_npy
 from templm.data.readers import Corpus, corpus_files, describe_corpus, read_documents, resolve_corpus
-from templm.data.splits import MISSING_IDS_SHOWN, read_split_file
-from templm.errors import DataError
+from templm.data.splits import MISSING_IDS_SHOWN, read_split_file, warn_split_report
 
 _HEAD = struct.Struct("<IIQ")  # a shard record: date ordinal, id bytes, tokens; then the id, then the tokens (int32)
 
@@ -88,7 +87,7 @@ class _TokenizeFile:
         self.processor = None
 
     def __call__(self, element: Tuple[int, List[Tuple[int, str]]]) -> Iterator[Tuple[Tuple[str, str], int]]:
-        from templm.data.lm_data import load_processor
+        from templm.data.lm_data import load_processor, tokenize_documents
         from templm.data.token_stream import month_of
 
         rank, numbered = element
@@ -103,7 +102,7 @@ class _TokenizeFile:
             for number, doc in enumerate(read_documents(path, format=self.fmt, on_error=self.on_error), 1):
                 if number not in kept:
                     continue
-                tokens = tokenize(self.processor, doc.text)
+                tokens, _ = tokenize_documents([doc], self.processor)
                 key = doc.id.encode("utf-8")
                 record = (_HEAD.pack(doc.date.toordinal(), len(key), len(tokens)) + key
                           + tokens.astype("<i4").tobytes())
@@ -180,7 +179,7 @@ def write_streams_beam(corpus: Corpus, split_files: Mapping[str, str], spm_model
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from templm.data.lm_data import load_processor
+    from templm.data.lm_data import load_processor, require_split_file
 
     corpus = resolve_corpus(corpus)
     files = corpus_files(corpus)
@@ -188,8 +187,7 @@ def write_streams_beam(corpus: Corpus, split_files: Mapping[str, str], spm_model
     eos_id = int(load_processor(spm_model).eos_id())  # a bad model file, said here rather than by a worker
     split_files = {name: paths.absolute(path) for name, path in split_files.items()}
     for path in split_files.values():
-        if not paths.exists(path):
-            raise DataError("no such split file (write one with `templm data splits`)", path)
+        require_split_file(path)
     for path in files:  # a missing file or an unknown format, said here rather than by a worker
         read_documents(path, format=format, on_error=on_error)
     options = PipelineOptions(list(pipeline_options))
@@ -219,16 +217,11 @@ def write_streams_beam(corpus: Corpus, split_files: Mapping[str, str], spm_model
     entries = {}
     for name, split_file in split_files.items():  # in the given order, as the single process checks them
         mine = sorted(m for m in months if m[0] == name)
-        missing = counts.get(f"missing:{name}", 0)
-        if missing:  # as splits.apply_split says it
-            console.warn(f"{describe_corpus(corpus)}: {missing} of {counts.get(f'expected:{name}', 0)} id(s) in "
-                         f"{split_file} are not in the corpus; first: {', '.join(missing_ids.get(name, []))}")
-        if counts.get(f"date_mismatches:{name}"):
-            console.warn(f"{describe_corpus(corpus)}: {counts[f'date_mismatches:{name}']} document(s) of "
-                         f"{split_file} have a date other than the split file's")
+        missing, mismatches = counts.get(f"missing:{name}", 0), counts.get(f"date_mismatches:{name}", 0)
+        warn_split_report(describe_corpus(corpus), split_file, counts.get(f"expected:{name}", 0), missing,
+                          missing_ids.get(name, []), mismatches)
         check_found(name, len(mine), missing, split_file, corpus)
-        date = lambda ordinal: datetime.date.fromordinal(ordinal).isoformat()  # noqa: E731
-        entries[name] = split_entry(split_file, {m[1]: (m[2], m[3]) for m in mine}, date(mine[0][4]),
-                                    date(mine[-1][5]), missing, missing_ids.get(name, []),
-                                    counts.get(f"date_mismatches:{name}", 0))
+        first, last = (datetime.date.fromordinal(ordinal).isoformat() for ordinal in (mine[0][4], mine[-1][5]))
+        entries[name] = split_entry(split_file, {m[1]: (m[2], m[3]) for m in mine}, first, last, missing,
+                                    missing_ids.get(name, []), mismatches)
     return write_manifest(folder, corpus, spm_model, eos_id, entries)

@@ -783,14 +783,22 @@ def apply_split(corpus_path: Corpus, split_path: str, format: str = "auto",
         report._missing = len(pending)
         report._missing_ids = [doc_id for doc_id, _ in zip(pending, range(MISSING_IDS_SHOWN))]
         report.done = True
-        if pending:
-            console.warn(f"{where}: {len(pending)} of {report.expected} id(s) in {split_path} are not in the "
-                         f"corpus; first: {', '.join(report._missing_ids)}")
-        if report.date_mismatches:
-            console.warn(f"{where}: {report.date_mismatches} document(s) of {split_path} have a date other than "
-                         "the split file's")
+        warn_split_report(where, split_path, report.expected, len(pending), report._missing_ids,
+                          report.date_mismatches)
 
     return documents(), report
+
+
+def warn_split_report(where: str, split_path: str, expected: int, missing: int, missing_ids: Sequence[str],
+                      date_mismatches: int) -> None:
+    """The warnings of a split applied to a corpus (`where`): the ids it names that the corpus lacks (the first
+    few), and the documents whose date differs from the split file's."""
+    if missing:
+        console.warn(f"{where}: {missing} of {expected} id(s) in {split_path} are not in the corpus; first: "
+                     f"{', '.join(missing_ids)}")
+    if date_mismatches:
+        console.warn(f"{where}: {date_mismatches} document(s) of {split_path} have a date other than the split "
+                     "file's")
 
 
 def check_split_ids(corpus_path: Corpus, split_files: Dict[str, str], format: str = "auto",

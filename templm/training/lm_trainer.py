@@ -46,7 +46,7 @@ from jax.sharding import PartitionSpec
 from templm import paths, remote
 from templm.data.lm_data import (DATA_ORDERS, LMData, load_processor, read_split_documents, split_path,
                                  tokenize_documents)
-from templm.data.lm_streams import read_split_stream
+from templm.data.lm_streams import open_split_stream, read_split_tokens
 from templm.data.readers import resolve_corpus
 from templm.errors import ConfigError, DataError, require_folder, require_macros, require_numbers
 from templm.io import file_sha256
@@ -261,8 +261,9 @@ def train_lm(model_dir: str = gin.REQUIRED, config: Union[str, TransformerXLConf
         remote.check_location(model_dir, "MODEL_DIR")
     spm_model = paths.absolute(data_cfg.spm_model)
     if data_cfg.token_streams:  # tokenised beforehand (`templm data streams`): the corpus and split as recorded there
-        streamed = read_split_stream(data_cfg.token_streams, data_cfg.split, spm_model, data_cfg.allow_missing_ids)
-        split_file, corpus = streamed[2]["split_file"], streamed[3]["corpus"]
+        entry, manifest = open_split_stream(data_cfg.token_streams, data_cfg.split, spm_model,
+                                            data_cfg.allow_missing_ids)
+        split_file, corpus = entry["split_file"], manifest["corpus"]
     else:
         split_file = paths.absolute(split_path(data_cfg.split_file, data_cfg.split_dir, data_cfg.split))
         corpus = resolve_corpus(data_cfg.corpus)
@@ -279,9 +280,8 @@ def train_lm(model_dir: str = gin.REQUIRED, config: Union[str, TransformerXLConf
         raise ValueError(f"TransformerXLConfig.vocab_size={config.vocab_size} cannot hold the "
                          f"{processor.get_piece_size()} pieces of {spm_model}")
     if data_cfg.token_streams:
-        tokens, offsets, entry, _ = streamed
+        tokens, offsets = read_split_tokens(data_cfg.token_streams, data_cfg.split, entry)
         dates = (entry["first_date"], entry["last_date"])
-        del streamed
     else:
         documents = read_split_documents(corpus, split_file, data_cfg.corpus_format, data_cfg.on_error,
                                          data_cfg.allow_missing_ids)

@@ -14,9 +14,9 @@ from templm_testing import REPO, run_templm
 
 
 def test_the_data_verbs_read_and_write_a_bucket_as_a_local_folder(gcs, bucket, tmp_path):
-    """data world, splits, spm, streams and stats with every input and output in the bucket: the same bytes (and the same
-    statistics) as the same verbs on local folders; nothing left beside the outputs, nothing made locally; a rerun
-    replaces the bucket's world."""
+    """data world, splits, spm, streams and stats with every input and output in the bucket: the same bytes (and the
+    same statistics) as the same verbs on local folders; nothing left beside the outputs, nothing made locally; a
+    rerun replaces the bucket's world."""
     small = ["--seed=3", "--start_year=2015", "--end_year=2018", "--subjects_per_relation=4", "--docs_per_month=8"]
     here, there = tmp_path / "local", f"gs://{bucket}"
     work = tmp_path / "cwd"
