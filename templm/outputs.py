@@ -22,7 +22,7 @@ import os
 import shutil
 import socket
 import sys
-from typing import Any, Callable, Dict, Iterator, Sequence
+from typing import Any, Callable, Dict, Iterator, Sequence, Tuple
 
 from templm import paths, remote
 from templm.errors import ConfigError, DataError, check_interrupted
@@ -31,14 +31,16 @@ from templm.io import NamedWrites, atomic_write, write_failure_named
 MARKER = ".templm.json"
 LOCK = ".templm.lock"
 PARTIAL_MARKER = ".templm.partial"  # inside `<folder>.partial` while templm builds it: a folder of ours to remove
-# Files that mark a folder of each kind written before the markers existed.
-_SIGNATURES: Dict[str, Sequence[str]] = {
-    "world": ("news.jsonl", "stats.json"),
-    "task data": ("manifest.json",),
-    "CALM corpus": ("vocab",),
-    "reproduction": ("run.json",),
-    "importance-sampling evaluation": ("is_eval.json",),
-    "CALM run": ("learner.jsonl", "baseline.jsonl"),
+# What marks a folder of each kind written before the markers existed: its files, each with what it must hold (None:
+# present; a suffix: a folder of such files; key sets: a JSON object with every key of one of them), so that a
+# user's folder holding a file that merely has one of these names (an is_eval.json of their own) is not templm's.
+_SIGNATURES: Dict[str, Sequence[Tuple[str, Any]]] = {
+    "world": (("news.jsonl", None), ("stats.json", (("config", "documents", "by_year"),))),
+    "task data": (("manifest.json", (("version", "years", "counts"),)),),
+    "CALM corpus": (("vocab", ".vocab"),),
+    "reproduction": (("run.json", (("halves",), ("preset", "seed"))),),
+    "importance-sampling evaluation": (("is_eval.json", (("config", "rows"),)),),
+    "CALM run": (("learner.jsonl", None), ("baseline.jsonl", None)),
 }
 _HELD: Dict[str, int] = {}  # lock path -> depth: a process may take its own lock again (nested stages)
 
@@ -53,10 +55,24 @@ def kind_of(folder: str) -> str:
     except Exception as e:  # absent (OSError locally, TensorFlow's NotFoundError on a URL); a URL's other errors raise
         if paths.is_url(folder) and not _not_found(e) or not isinstance(e, OSError) and not _not_found(e):
             raise
-    for kind, names in _SIGNATURES.items():
-        if all(paths.exists(paths.join(folder, name)) for name in names):
+    for kind, files in _SIGNATURES.items():
+        if all(_holds(paths.join(folder, name), what) for name, what in files):
             return kind
     return ""
+
+
+def _holds(path: str, what: Any) -> bool:
+    """Whether `path` is a file of an older templm output as _SIGNATURES describes it."""
+    if what is None:
+        return paths.exists(path)
+    if isinstance(what, str):
+        return paths.isdir(path) and bool(paths.listdir(path)) and all(n.endswith(what) for n in paths.listdir(path))
+    try:
+        with paths.open(path, encoding="utf-8") as f:
+            value = json.loads(f.read(64 << 20) or "null")
+    except Exception:  # absent, unreadable, larger than any of ours, not JSON: not a file of ours
+        return False
+    return isinstance(value, dict) and any(all(key in value for key in keys) for keys in what)
 
 
 def check_output_folder(folder: str, kind: str, overwrite: bool = False,

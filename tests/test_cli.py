@@ -459,6 +459,13 @@ def test_a_task_data_folder_that_is_not_one_is_one_line_in_a_fresh_process(tmp_p
                                 f"--gin.MODEL_DIR='{tmp_path / 'm'}'", env={"TEMPLM_DATA_DIR": str(tmp_path)})
     assert result.returncode == 1, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == (
-        f"templm train: error: {tmp_path}: no task data here (no manifest.json): build it with `templm data tasks "
-        "--out DIR`") and "Traceback" not in result.stderr
+        f"templm train: error: {tmp_path}: TEMPLM_DATA_DIR names a folder without task data (no manifest.json): "
+        "build task data with `templm data tasks --out DIR`") and "Traceback" not in result.stderr
+    for what, path in (("a file, not a task-data folder", tmp_path / "a_file"), ("no folder", tmp_path / "none")):
+        if what.startswith("a file"):
+            path.write_text("x")
+        result = templm("train", "--gin_file=gin_configs/temporal.gin", f"--gin.MODEL_DIR='{tmp_path / 'm'}'",
+                            env={"TEMPLM_DATA_DIR": str(path)})
+        assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith(
+            f"templm train: error: {path}: TEMPLM_DATA_DIR names {what}: build task data"), result.stderr[-2000:]
     assert not (tmp_path / "m").exists()

@@ -30,10 +30,10 @@ def test_the_settings_passed_win_over_the_process_environment(monkeypatch, tmp_p
     passed = tmp_path / "passed"
     passed.mkdir()
     try:
-        with pytest.raises(DataError, match="no task data here") as error:
+        with pytest.raises(DataError, match="TEMPLM_DATA_DIR names a folder without task data") as error:
             tasks.configure(settings=Settings(data_dir=str(passed)))
         assert error.value.path == str(passed)
-        with pytest.raises(DataError, match="no task data here") as error:  # without an object: read now
+        with pytest.raises(DataError, match="TEMPLM_DATA_DIR names no folder") as error:  # without an object: read now
             tasks.configure()
         assert error.value.path == str(tmp_path / "from_the_environment")
     finally:

@@ -56,11 +56,18 @@ def inputs(tmp_path_factory):
     return {"root": root, "corpus": root / "corpus.jsonl", "texts": root / "texts"}
 
 
+# A user's files named as templm's own outputs name theirs (is-eval replaced a user's is_eval.json: the names alone
+# had marked an older output): each verb meets a file named like its own.
+USERS_FILES = {"notes.md": "mine", **{name: '{"mine": true}' for name in
+                                      ("is_eval.json", "manifest.json", "run.json", "stats.json", "results.json")}}
+
+
 def _users_folder(path):
     path.mkdir()
-    (path / "notes.md").write_text("mine")
+    for name, text in USERS_FILES.items():
+        (path / name).write_text(text)
     (path / "sub").mkdir()
-    return {"notes.md": "mine"}
+    return USERS_FILES
 
 
 def test_every_verb_joins_the_matrix():
@@ -91,7 +98,8 @@ def test_a_bad_output_folder_is_refused_before_any_work(inputs, tmp_path, verb, 
     assert "Traceback" not in result.stderr
     assert sorted(os.listdir(tmp_path)) == before  # nothing beside it (no .partial, no .lock)
     if kept:
-        assert sorted(os.listdir(out)) == ["notes.md", "sub"] and (out / "notes.md").read_text() == "mine"
+        assert sorted(os.listdir(out)) == sorted([*kept, "sub"])
+        assert all((out / name).read_text() == text for name, text in kept.items())
     if kind == "a file":
         assert out.read_text() == "a user's file"
 

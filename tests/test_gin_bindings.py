@@ -70,6 +70,13 @@ def test_a_mesh_of_no_partitions_is_named():
     """`templm plan` with num_partitions=0 ended in a ZeroDivisionError traceback."""
     from templm.training.partitioning import make_mesh
 
+    from templm_testing import run_templm
+
     for bad, said in ((0, "must be at least 1, got 0"), (2.5, "expected a whole number, got 2.5")):
         with pytest.raises(ConfigError, match=rf"^templm\.make_mesh\.num_partitions: {said}"):
             make_mesh(bad)
+        # `plan --devices N` lays the mesh out from the binding itself (the fault campaign's rerun: a traceback).
+        result = run_templm("plan", "--gin_file=gin_configs/temporal.gin", "--gin_file=gin_configs/mesh/gpu_8.gin",
+                            f"--gin.templm.make_mesh.num_partitions={bad}", "--devices=8")
+        assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == \
+            f"templm plan: error: templm.make_mesh.num_partitions: {said}", result.stderr[-2000:]

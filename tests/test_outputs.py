@@ -59,6 +59,30 @@ def test_folders_written_before_the_markers_are_known_by_their_files(tmp_path):
     a_file.write_text("x")
     with pytest.raises(DataError, match="is a file, not a folder"):
         check_output_folder(str(a_file), "world")
+    # A user's file that merely has the name of one of those files is not templm's (the fault campaign: `is-eval`
+    # replaced a user's is_eval.json): what the file holds decides.
+    older = {"is_eval.json": ("importance-sampling evaluation", {"config": {}, "rows": []}),
+             "manifest.json": ("task data", {"version": 1, "years": [2015], "counts": {}}),
+             "run.json": ("reproduction", {"halves": {}})}
+    for name, (kind, held) in older.items():
+        folder = tmp_path / name.replace(".", "_")
+        folder.mkdir()
+        (folder / name).write_text(json.dumps(held))
+        assert kind_of(str(folder)) == kind
+        check_output_folder(str(folder), kind)
+        for users in ('{"mine": true}', "[1, 2]", "not json", "[" * 100_000):
+            (folder / name).write_text(users)
+            assert kind_of(str(folder)) == "", users[:10]
+            with pytest.raises(DataError, match=rf"is not a templm output, not an? {kind} \({name}\)"):
+                check_output_folder(str(folder), kind)
+            assert (folder / name).read_text() == users
+    vocab = tmp_path / "calm" / "vocab"
+    vocab.mkdir(parents=True)
+    assert kind_of(str(vocab.parent)) == ""  # an empty folder named vocab
+    (vocab / "a.vocab").write_text("a\t1\n")
+    assert kind_of(str(vocab.parent)) == "CALM corpus"
+    (vocab / "notes.md").write_text("mine")
+    assert kind_of(str(vocab.parent)) == ""
 
 
 def test_a_failed_build_leaves_the_earlier_output_and_no_partial_folder(tmp_path):

@@ -11,7 +11,7 @@ from absl import flags
 from templm import console, paths
 from templm.cli.options import (FLAGS, STATE, bound_value, bounds, configure_tasks, define_distributed,
                                 join_processes, writable_folder)
-from templm.errors import ConfigError, loads_json
+from templm.errors import ConfigError, loads_json, require_numbers
 from templm.outputs import holding
 
 
@@ -85,7 +85,8 @@ def main_plan():
                               f"got {shape!r}")
         shape = tuple(shape)
     elif FLAGS.devices:
-        partitions = int(mesh_bindings.get("num_partitions", 1))
+        partitions = mesh_bindings.get("num_partitions", 1)
+        require_numbers("templm.make_mesh", {"num_partitions": (partitions, int, 1, None)})  # as make_mesh does
         if FLAGS.devices % partitions:
             raise ConfigError(f"--devices {FLAGS.devices} does not divide into num_partitions {partitions}")
         shape = (FLAGS.devices // partitions, partitions)

@@ -12,6 +12,7 @@ import functools
 
 import gin
 
+from templm import paths
 from templm.data import cronquestions, task_data, vocab
 from templm.errors import DataError
 from templm.settings import Settings, parse_years  # noqa: F401  (parse_years: templm.tasks.parse_years as before)
@@ -43,6 +44,7 @@ def configure(data_dir=None, vocabulary_path=None, extra_ids=None, train_years=N
     have).
     """
     settings = settings or Settings.from_environment()
+    from_settings = not data_dir
     data_dir = data_dir or settings.data_dir
     vocabulary_path = vocabulary_path or settings.vocabulary
     extra_ids = settings.extra_ids if extra_ids is None else extra_ids
@@ -50,7 +52,13 @@ def configure(data_dir=None, vocabulary_path=None, extra_ids=None, train_years=N
     data_dir = data_dir or task_data.default_data_dir(settings.cache_dir)
     manifest = task_data.read_manifest(data_dir)
     if manifest is None and not default:
-        raise DataError("no task data here (no manifest.json): build it with `templm data tasks --out DIR`", data_dir)
+        kind = "file" if paths.isfile(data_dir) else "folder" if paths.exists(data_dir) else "none"
+        what = {"file": "a file, not a task-data folder", "none": "no folder",
+                "folder": "a folder without task data (no manifest.json)"}[kind] if from_settings else \
+            {"file": "is a file, not a task-data folder", "none": "no such folder",
+             "folder": "no task data here (no manifest.json)"}[kind]
+        raise DataError(f"{'TEMPLM_DATA_DIR names ' if from_settings else ''}{what}: build task data with `templm "
+                        "data tasks --out DIR`", data_dir)
     ensure = None
     if manifest is None:
         config = task_data.TaskDataConfig()
