@@ -211,6 +211,37 @@ def lock_holder(lock_path, what):
     return proc
 
 
+def run_templm_stopped(when, *args, sig=None, timeout=300, **kwargs):
+    """`run_templm(*args, **kwargs)` with SIGTERM (or `sig`) sent to this process, which runs the verb, as soon as
+    `when()` is true (polled from a thread of its own; an AssertionError after `timeout` seconds without it). What the
+    process as a whole does with a signal (its status, its last line, no crash on the way out) is for tests of a
+    process; this is for what the verb does and leaves."""
+    import signal
+    import threading
+    import time
+
+    ended, seen = threading.Event(), []
+
+    def watch():
+        deadline = time.monotonic() + timeout
+        while not ended.is_set() and time.monotonic() < deadline:
+            if when():
+                seen.append(True)
+                os.kill(os.getpid(), sig or signal.SIGTERM)
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, name="templm-test-signal")
+    watcher.start()
+    try:
+        result = run_templm(*args, **kwargs)
+    finally:
+        ended.set()
+        watcher.join()
+    assert seen, f"the verb ended before the moment to stop it came: {result.stderr[-3000:]}"
+    return result
+
+
 def wait_for_path(path, proc, timeout=240, poll=0.01):
     """Returns once `path` exists while `proc` (a Popen with stderr piped) runs; an AssertionError if the process
     ends first (with its error output) or the path does not appear in `timeout` seconds (the process is killed)."""

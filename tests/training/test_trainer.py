@@ -30,7 +30,7 @@ from templm.training.checkpoints import load_params
 from templm.training.configs import CheckpointConfig, DatasetConfig, RestoreCheckpointConfig, SaveCheckpointConfig
 from templm.training.input_pipeline import TrainingInput
 from templm.training.loop import RunOptions
-from templm_testing import event_tags, lock_holder, run_templm, wait_for_path, xla_flags
+from templm_testing import event_tags, lock_holder, run_templm, run_templm_stopped, xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LENGTHS = {"inputs": 32, "targets": 8}
@@ -341,12 +341,15 @@ def test_nan_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
 
 @pytest.mark.e2e
 def test_sigterm_saves_exits_as_preempted_and_a_rerun_resumes(data_dir, tmp_path):
+    """SIGTERM once the run has written its first metrics, sent to this process, which runs the verb (what the
+    process as a whole does with it, its status and last line, is tests/cloud/test_train.py's and the fault
+    matrix's): a checkpoint at the step, exit 75, no result; the same command again resumes there."""
     env = {"TEMPLM_DATA_DIR": data_dir}
-    proc = _cli(f"--gin.MODEL_DIR='{tmp_path}'", "--gin.TRAIN_STEPS=100000", "--gin.SAVE_PERIOD=1000", env=env)
-    wait_for_path(tmp_path / "metrics.jsonl", proc)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == EXIT_PREEMPTED, err[-3000:]
+    stopped_run = run_templm_stopped(lambda: (tmp_path / "metrics.jsonl").exists(), "train", *CLI_CONFIG,
+                                     f"--gin.MODEL_DIR='{tmp_path}'", "--gin.TRAIN_STEPS=100000",
+                                     "--gin.SAVE_PERIOD=1000", env=env)
+    out, err = stopped_run.stdout, stopped_run.stderr
+    assert stopped_run.returncode == EXIT_PREEMPTED, err[-3000:]
     assert out == ""  # no result from unfinished work
     params, meta = load_params(str(tmp_path / "checkpoints"))
     stopped = meta["step"]
