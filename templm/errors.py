@@ -338,14 +338,22 @@ def loads_json(text: "str | bytes") -> Any:
                                    0) from None
 
 
+MAX_JSON_CHARS = 256 << 20  # a JSON file read whole (a config, a run's record): those templm reads are kilobytes
+
+
 def read_json(path: str, missing: str) -> Any:
-    """The JSON value of the file `path`; a DataError naming it where it is absent (`missing`: what that means) or
-    is not JSON (ValueError covers a decoding error of either kind)."""
+    """The JSON value of the file `path`; a DataError naming it where it is absent (`missing`: what that means), is
+    not JSON (ValueError covers a decoding error of either kind) or is longer than MAX_JSON_CHARS (read no further:
+    a config.json of gigabytes would fill the memory before it could be refused)."""
     from templm import paths
 
     try:
         with paths.open(path, encoding="utf-8") as f:
-            return loads_json(f.read())
+            text = f.read(MAX_JSON_CHARS + 1)
+        if len(text) > MAX_JSON_CHARS:
+            raise DataError(f"longer than {MAX_JSON_CHARS >> 20} MiB: not a JSON file of the kind templm reads "
+                            "whole (they are kilobytes); not read further", path)
+        return loads_json(text)
     except FileNotFoundError:
         raise DataError(missing, path) from None
     except (OSError, ValueError) as e:

@@ -416,7 +416,7 @@ def test_hf_import_matches_numpy_forward(tmp_path, gated, tied):
     assert saved["feed_forward_proj"] == hf["feed_forward_proj"] and saved["tie_word_embeddings"] == tied
 
 
-def test_hf_import_errors(tmp_path):
+def test_hf_import_errors(tmp_path, monkeypatch):
     hf = hf_config(True, False)
     with pytest.raises(DataError, match="no such checkpoint"):
         t5.load_hf_checkpoint(str(tmp_path / "absent"))
@@ -446,6 +446,13 @@ def test_hf_import_errors(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(dict(hf, num_layers=10_000_000)))
     with pytest.raises(DataError, match=r"model.safetensors: config.json \(.*config.json\) says 10,000,000 encoder "
                                         r"layers, the weights hold 2 \(blocks 0-1\)"):
+        t5.load_hf_checkpoint(str(tmp_path))
+    # A config.json of gigabytes is refused after the limit's bytes, not read whole (the limit lowered here).
+    from templm import errors
+
+    monkeypatch.setattr(errors, "MAX_JSON_CHARS", 4096)
+    (tmp_path / "config.json").write_text(json.dumps(hf) + " " * 5000)
+    with pytest.raises(DataError, match=r"config.json: longer than 0 MiB: not a JSON file of the kind templm reads"):
         t5.load_hf_checkpoint(str(tmp_path))
 
 
