@@ -126,6 +126,9 @@ def digest(path: str) -> Dict[str, str]:
 
 
 class Campaign:
+    """The cases, a method for each of the issue's classes: each case runs in a folder of its own under OUT/cases,
+    records its row (the checks, the status, the process's last line) and keeps the process's output in OUT/logs."""
+
     def __init__(self, out: str, txl_runs: Optional[str]):
         self.out, self.txl_runs = os.path.abspath(out), txl_runs
         self.rows: List[Dict[str, object]] = []
@@ -261,7 +264,7 @@ class Campaign:
 
     def _writing(self, verb: str, out: str) -> List[str]:
         """The smallest command of `verb` writing into `out`."""
-        txl = "txl_missing"
+        txl = "txl_missing"  # the output folder is refused before the runs are read
         return {
             "is-eval": ["is-eval", f"--out={out}", *IS_EVAL],
             "calm": ["calm", "--gin_file=calm/txl_online.gin", f"--gin.OUT_DIR='{out}'"],
