@@ -354,6 +354,8 @@ def read_json(path: str, missing: str) -> Any:
             raise DataError(f"longer than {MAX_JSON_CHARS >> 20} MiB: not a JSON file of the kind templm reads "
                             "whole (they are kilobytes); not read further", path)
         return loads_json(text)
+    except DataError:  # (a ValueError too) the size refused above, said once
+        raise
     except FileNotFoundError:
         raise DataError(missing, path) from None
     except (OSError, ValueError) as e:
