@@ -25,7 +25,7 @@ import sys
 from typing import Any, Callable, Dict, Iterator, Sequence, Tuple
 
 from templm import paths, remote
-from templm.errors import ConfigError, DataError, check_interrupted
+from templm.errors import ConfigError, DataError, check_interrupted, read_json
 from templm.io import NamedWrites, atomic_write, write_failure_named
 
 MARKER = ".templm.json"
@@ -68,9 +68,8 @@ def _holds(path: str, what: Any) -> bool:
     if isinstance(what, str):
         return paths.isdir(path) and bool(paths.listdir(path)) and all(n.endswith(what) for n in paths.listdir(path))
     try:
-        with paths.open(path, encoding="utf-8") as f:
-            value = json.loads(f.read(64 << 20) or "null")
-    except Exception:  # absent, unreadable, larger than any of ours, not JSON: not a file of ours
+        value = read_json(path, "absent")
+    except DataError:  # absent, unreadable, not JSON, past read_json's size limit: not a file of ours
         return False
     return isinstance(value, dict) and any(all(key in value for key in keys) for keys in what)
 

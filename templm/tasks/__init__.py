@@ -52,13 +52,15 @@ def configure(data_dir=None, vocabulary_path=None, extra_ids=None, train_years=N
     data_dir = data_dir or task_data.default_data_dir(settings.cache_dir)
     manifest = task_data.read_manifest(data_dir)
     if manifest is None and not default:
-        kind = "file" if paths.isfile(data_dir) else "folder" if paths.exists(data_dir) else "none"
-        what = {"file": "a file, not a task-data folder", "none": "no folder",
-                "folder": "a folder without task data (no manifest.json)"}[kind] if from_settings else \
-            {"file": "is a file, not a task-data folder", "none": "no such folder",
-             "folder": "no task data here (no manifest.json)"}[kind]
-        raise DataError(f"{'TEMPLM_DATA_DIR names ' if from_settings else ''}{what}: build task data with `templm "
-                        "data tasks --out DIR`", data_dir)
+        # (what TEMPLM_DATA_DIR names, what a folder given here is)
+        if paths.isfile(data_dir):
+            named, given = "a file, not a task-data folder", "is a file, not a task-data folder"
+        elif paths.exists(data_dir):
+            named, given = "a folder without task data (no manifest.json)", "no task data here (no manifest.json)"
+        else:
+            named, given = "no folder", "no such folder"
+        what = f"TEMPLM_DATA_DIR names {named}" if from_settings else given
+        raise DataError(f"{what}: build task data with `templm data tasks --out DIR`", data_dir)
     ensure = None
     if manifest is None:
         config = task_data.TaskDataConfig()
