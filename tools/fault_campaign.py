@@ -44,7 +44,7 @@ CRASH = ("Traceback", "Fatal Python error", "Segmentation fault", "core dumped",
 
 
 class Run:
-    """One finished `templm` process: status, output, seconds, peak memory (MiB, of the process and its children)."""
+    """One finished `templm` process: status, output, seconds, its peak memory (MiB)."""
 
     def __init__(self, returncode, stdout, stderr, seconds, peak_mib=None, signalled=None):
         self.returncode, self.stdout, self.stderr, self.seconds = returncode, stdout, stderr, seconds
@@ -65,7 +65,6 @@ def templm(args: Sequence[str], cwd: str = REPO, env: Optional[Dict[str, str]] =
     """`python -m templm.cli ARGS` in a fresh process; `stop(line, seconds)` is asked at each line of standard error
     and when it says so the process gets `sig` (once); with `timer`, it gets `sig` that many seconds after the
     start instead (a process that prints nothing while it starts)."""
-    import resource
     import threading
 
     start = time.monotonic()
@@ -88,12 +87,22 @@ def templm(args: Sequence[str], cwd: str = REPO, env: Optional[Dict[str, str]] =
         if stop is not None and signalled is None and stop(line, time.monotonic() - start):
             proc.send_signal(sig)
             signalled = time.monotonic() - start
-    proc.wait(timeout=timeout)
+    # Reaped with wait4 for this process's own peak memory (RUSAGE_CHILDREN is the largest of every child so far).
+    deadline = time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise TimeoutError(f"templm {' '.join(args)}: still running after {timeout} s")
+        time.sleep(0.05)
+    proc.returncode = os.waitstatus_to_exitcode(status)
     reader.join()
     if timer is not None:
         clock.cancel()
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    return Run(proc.returncode, "".join(out), "".join(err), time.monotonic() - start, peak, signalled)
+    return Run(proc.returncode, "".join(out), "".join(err), time.monotonic() - start, usage.ru_maxrss / 1024,
+               signalled)
 
 
 def at(text: str, delay: float = 0.0) -> Callable[[str, float], bool]:
