@@ -465,7 +465,7 @@ def test_a_task_data_folder_that_is_not_one_is_one_line_in_a_fresh_process(tmp_p
         if what.startswith("a file"):
             path.write_text("x")
         result = templm("train", "--gin_file=gin_configs/temporal.gin", f"--gin.MODEL_DIR='{tmp_path / 'm'}'",
-                            env={"TEMPLM_DATA_DIR": str(path)})
+                        env={"TEMPLM_DATA_DIR": str(path)})
         assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith(
             f"templm train: error: {path}: TEMPLM_DATA_DIR names {what}: build task data"), result.stderr[-2000:]
     assert not (tmp_path / "m").exists()
