@@ -1,9 +1,10 @@
 """`templm reproduce --preset smoke|small --out DIR [--seed S]`: the time-aware T5 study end to end, in one command.
 
-    world -> yearly splits -> vocabulary and task records -> Uniform, Temporal and Yearly T5 models (trained on
-    the seen years) -> evaluation (TempLAMA F1 by year and slice, CustomNews perplexity, yearly router, F1 by year
-    gap and by answer duration) -> future probes (log-likelihood degradation, calibration entropy) -> adaptation
-    (alpha mixtures of a new year against retraining from scratch) -> streaming (Transformer-XL) -> report
+    world -> yearly splits -> vocabulary and task records -> [a starting model, Study.pretrain_steps] -> Uniform,
+    Temporal and Yearly T5 models (trained on the seen years) -> evaluation (TempLAMA F1 by year and slice,
+    CustomNews perplexity, yearly router, F1 by year gap and by answer duration) -> future probes (log-likelihood
+    degradation, calibration entropy) -> adaptation (alpha mixtures of a new year against retraining from scratch)
+    -> streaming (Transformer-XL) -> report
 
 `reproduce(preset, out_dir, seed)` writes under `out_dir`
 
@@ -24,10 +25,10 @@ half's models afresh and keeps the other's (a mended split folder retrains the T
 run says which; `only` / `skip` (--only, --skip) run a half alone or leave one out.
 
 Models never see the future years: Uniform and Temporal train on the mixtures whose training splits hold only the
-seen years (the SeqIO tasks' default), the Yearly experts on one seen year each, and the retrained references (and the
-adaptation mixtures) on the seen years plus the new year. The same preset and seed give the same numbers (seeded
-world, seeded and ordered tf.data pipelines, deterministic CPU arithmetic); wall-clock times are kept apart, under
-"timing".
+seen years (the SeqIO tasks' default), the starting model on the seen years' news, the Yearly experts on one seen
+year each, and the retrained references (and the adaptation mixtures) on the seen years plus the new year. The same
+preset and seed give the same numbers (seeded world, seeded and ordered tf.data pipelines, deterministic CPU
+arithmetic); wall-clock times are kept apart, under "timing".
 
 Studies (gin_configs/study/*.gin, templm/experiments/studies.py; docs/results.md has their measured times): `smoke` (the
 demo: every stage, small and noisy), `small` (sized so that the paper's findings show), `tiny_test` (the test
@@ -40,8 +41,9 @@ all processes (the one loop of templm.training, the T5 batches fixed by `Study.d
 on its own device with the parameters gathered from all (partitioning.host_local).
 
 The stages are functions of a `Reproduction` (what they all read and none changes) and of what the earlier stages
-returned: `prepare_data` gives TaskData, `train_main` and `train_yearly` the TrainedModels, `evaluate` an Evaluation,
-`future_probes` and `adapt` a StageOutput; `_reproduce` runs them in order and puts results.json together.
+returned: `prepare_data` gives TaskData, `pretrain` (where the study has one), `train_main` and `train_yearly` the
+TrainedModels, `evaluate` an Evaluation, `future_probes` and `adapt` a StageOutput; `_reproduce` runs them in order
+and puts results.json together.
 
 The Transformer-XL streaming half ("Mind the Gap": TIME-STRATIFIED and CONTROL models, monthly degradation, dynamic
 evaluation) is the extra stage "streaming", registered in `EXTRA_STAGES` below; `extra_stages=[]` (the CLI's
@@ -261,15 +263,17 @@ def _plan(preset: Preset, n_experts: int, extra: Sequence[ExtraStage]) -> List[T
     # pipeline start and checkpoints, one evaluation of a model. The first ETA; later ones rescale by what ran.
     rate = preset.estimated_steps_per_s
     per_training, per_evaluation = 5.0, 2.0
-    plan = [("data", 5.0),
-            ("train uniform and temporal", 2 * per_training + 2 * preset.steps / rate),
-            ("train yearly experts", n_experts * (per_training + preset.yearly_steps / rate)),
-            ("evaluate", per_evaluation * (n_experts + 6)),
-            ("future probes", 5.0),
-            ("adaptation", (2 * len(preset.alphas) + 2) * per_training
-             + (2 * len(preset.alphas) * preset.adapt_steps + 2 * preset.retrain_steps) / rate
-             + per_evaluation * (2 * len(preset.alphas) * (preset.adapt_eval_points + 1)
-                                 + 2 * (preset.retrain_eval_points + 1)))]
+    plan = [("data", 5.0)]
+    if preset.pretrain_steps:
+        plan.append(("pretrain", per_training + preset.pretrain_steps / rate))
+    plan += [("train uniform and temporal", 2 * per_training + 2 * preset.steps / rate),
+             ("train yearly experts", n_experts * (per_training + preset.yearly_steps / rate)),
+             ("evaluate", per_evaluation * (n_experts + 6)),
+             ("future probes", 5.0),
+             ("adaptation", (2 * len(preset.alphas) + 2) * per_training
+              + (2 * len(preset.alphas) * preset.adapt_steps + 2 * preset.retrain_steps) / rate
+              + per_evaluation * (2 * len(preset.alphas) * (preset.adapt_eval_points + 1)
+                                  + 2 * (preset.retrain_eval_points + 1)))]
     plan += [(f"extra: {stage.name}", stage.estimate(preset)) for stage in extra]
     return plan
 
@@ -342,6 +346,9 @@ class Reproduction:
         self.lengths = {"inputs": preset.inputs_length, "targets": preset.targets_length}
         self.data_dir = paths.absolute(data.task_data) if data.task_data else paths.join(out_dir, "data")
         self.models_dir = paths.join(out_dir, "models")
+        # Where a model trained from the start starts: the study's pretrained model, else its initial checkpoint.
+        self.start_from = (paths.join(self.models_dir, PRETRAINED, "checkpoints") if preset.pretrain_steps
+                           else preset.initial_checkpoint)
 
     def header(self) -> Dict[str, Any]:
         """The results every run starts from, before any stage: the preset, the seed and the model's shape."""
@@ -357,14 +364,16 @@ class Reproduction:
         """What a model of the study is evaluated on during training."""
         return DatasetConfig(task, self.lengths, self.preset.eval_batch_size, split=split)
 
-    def train_kwargs(self) -> Dict[str, Any]:
+    def train_kwargs(self, pretraining: bool = False) -> Dict[str, Any]:
         """The trainer's arguments every model of the study shares; a model trained from the start (not fine-tuned)
-        starts from the study's initial checkpoint."""
+        starts from the study's pretrained model or else its initial checkpoint (the pretrained model itself from
+        the initial checkpoint)."""
         p = self.preset
+        start_from = p.initial_checkpoint if pretraining else self.start_from
         save = SaveCheckpointConfig(period=0, keep=1,
                                     input_state_at_end=False)  # models of fixed length (a SIGTERM's save keeps it)
         return dict(model=self.model, optimizer=self.optimizer, random_seed=self.seed,
-                    checkpoint_cfg=CheckpointConfig(save, RestoreCheckpointConfig(p.initial_checkpoint)),
+                    checkpoint_cfg=CheckpointConfig(save, RestoreCheckpointConfig(start_from)),
                     stats_period=max(1, min(20, p.steps // 10)),
                     options=RunOptions(mesh=self.mesh, evaluator=evaluate_params,
                                        progress=console.LONG_WORK_SECONDS,  # a line for minutes of work
@@ -374,14 +383,16 @@ class Reproduction:
     def train(self, name: str, regime: str, mixture: str, steps: int, init: str = "scratch") -> "TrainedModel":
         start = time.time()
         result = trainer.train(model_dir=paths.join(self.models_dir, name), train_dataset_cfg=self.train_data(mixture),
-                               total_steps=steps, eval_period=0, **self.train_kwargs())
+                               total_steps=steps, eval_period=0, **self.train_kwargs(pretraining=name == PRETRAINED))
         params = partitioning.host_local(result.params)  # each process evaluates on its own device
         return self.trained(name, regime, mixture, int(result.step), (result.train or {}).get("loss"), init,
                             time.time() - start, params)
 
     def trained(self, name, regime, mixture, steps, loss, init, seconds, params=None) -> "TrainedModel":
         """A model a stage trained, as results["models"] records it (one line on the terminal)."""
-        if init == "scratch" and self.preset.initial_checkpoint:
+        if init == "scratch" and name != PRETRAINED and self.preset.pretrain_steps:
+            init = PRETRAINED
+        elif init == "scratch" and self.preset.initial_checkpoint:
             init = self.preset.initial_checkpoint
         record = {"regime": regime, "mixture": mixture, "params": self.params_count, "steps": steps,
                   "batch_size": self.preset.batch_size, "train_loss": None if loss is None else float(loss),
@@ -541,6 +552,19 @@ def _shared(preset: Preset, config: Any) -> Dict[str, Any]:
             "scorer": TextScorer(model, None, {"inputs": preset.inputs_length, "targets": preset.targets_length},
                                  preset.eval_batch_size)}
     return _SHARED[preset]
+
+
+PRETRAINED = "pretrained"  # the study's starting model (Preset.pretrain_steps)
+PRETRAIN_TASK = "customnews_ssm_uniform"  # the seen years' news (the task's training split), no year prefix
+
+
+def pretrain(run: Reproduction, data: TaskData) -> Dict[str, TrainedModel]:
+    """The starting model every other model of the study starts from: the seen years' news alone (salient-span
+    masking, no year prefix, no TempLAMA queries), as the paper's models all start from T5-CBQA, trained with SSM on
+    text of every year before its snapshot. Its parameters are not kept: the others read its checkpoint."""
+    run.configure(data.data_dir)
+    model = run.train(PRETRAINED, "pretrain", PRETRAIN_TASK, run.preset.pretrain_steps)
+    return {PRETRAINED: TrainedModel(None, model.record, model.seconds)}
 
 
 def train_main(run: Reproduction, data: TaskData) -> Dict[str, TrainedModel]:
@@ -814,7 +838,8 @@ REPRODUCTION = "reproduction"  # the kind of output folder (templm.outputs)
 
 # The stages of the time-aware half, in order; when the data stage is skipped (no TempLAMA), all of them are, and
 # when the future probes are, adaptation is too (it adapts to the first future year).
-T5_STAGES = ("data", "train uniform and temporal", "train yearly experts", "evaluate", "future probes", "adaptation")
+T5_STAGES = ("data", "pretrain", "train uniform and temporal", "train yearly experts", "evaluate", "future probes",
+             "adaptation")
 
 
 # The halves of a study, what each trains into (under out_dir) and the stages each runs. A half's models depend on
@@ -1065,6 +1090,8 @@ def _reproduce(preset: Preset, out_dir: str, seed: int, extra: List[ExtraStage],
     try:
         with watch_sigterm():
             task_data = stage("data", data_stage)
+            if preset.pretrain_steps:
+                keep(stage("pretrain", lambda: pretrain(run, task_data)))
             params = keep(stage("train uniform and temporal", lambda: train_main(run, task_data)))
             params.update(keep(stage("train yearly experts", lambda: train_yearly(run, task_data))))
             evaluation = stage("evaluate", lambda: evaluate(run, task_data, params))

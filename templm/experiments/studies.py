@@ -81,6 +81,10 @@ class Preset:
     base_model: str = "tiny"  # a T5_1_1_CONFIGS name
     dropout_rate: float = 0.0
     initial_checkpoint: Optional[str] = None  # a templm or Hugging Face T5 folder every model starts from
+    # Steps of a starting model trained first on the seen years' news (salient-span masking, no year prefix, no
+    # TempLAMA), from `initial_checkpoint` if any; every model of the study then starts from it, as the paper's all
+    # start from the public T5-CBQA checkpoint (SSM on text of every year up to its snapshot). 0: no such model.
+    pretrain_steps: int = 0
     # The input pipelines each training's global batch is drawn from (train/templm.DatasetConfig.shards): 0, one per process.
     # The batches depend on it, not on the number of processes: any process count that divides it trains alike.
     data_shards: int = 0

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from templm.experiments.reproduce import PRESETS, ExtraStage, Reproduction, run_extra_stage
+from templm.experiments.reproduce import PRESETS, ExtraStage, Reproduction, StudyData, pretrain, run_extra_stage
 from templm.metrics.findings import STREAMING, STUDY
 from templm.metrics.statistics import VERDICTS, verdict
 from templm.reports import reproduction as report
@@ -259,6 +259,32 @@ def test_a_stage_repeats_exactly_with_the_same_seed(run_dir, results, tmp_path):
         assert seen == {"preset": "tiny_test", "seed": 0, "years": [2016, 2017], "figures": True,
                         "models": ["uniform"]}
         assert value == {"markdown": "Streaming numbers.", "value": 3, "timings_sec": {"train": 1.5}}
+    finally:
+        tasks.configure()
+
+
+def test_a_pretrained_model_is_where_every_model_starts(run_dir, tmp_path):
+    """With Study.pretrain_steps, a starting model trains first on the seen years' news alone (no year prefix, no
+    TempLAMA) and the models of the study start from it: the Uniform model trained here on the study's data, seed
+    and steps differs from the study's own Uniform (trained from scratch) only by its start."""
+    from templm import tasks
+    from templm.training.checkpoints import load_params
+
+    preset = dataclasses.replace(STUDY_PRESET, pretrain_steps=3)
+    run = Reproduction(preset, str(tmp_path), seed=0, data=StudyData(task_data=str(run_dir / "data")))
+    try:
+        data = run.prepare_data()
+        start = pretrain(run, data)["pretrained"]
+        assert start.params is None  # the others read its checkpoint
+        assert {k: start.record[k] for k in ("regime", "mixture", "steps", "init")} == {
+            "regime": "pretrain", "mixture": "customnews_ssm_uniform", "steps": 3, "init": "scratch"}
+        run.configure(data.data_dir)
+        uniform = run.train("uniform", "uniform", "uniform_mixture", PRESET.steps)
+        assert uniform.record["init"] == "pretrained" and uniform.record["steps"] == PRESET.steps
+        scratch, _ = load_params(str(run_dir / "models" / "uniform" / "checkpoints"))
+        differ = [not np.array_equal(np.asarray(x), np.asarray(y))
+                  for x, y in zip(jax.tree.leaves(uniform.params), jax.tree.leaves(scratch))]
+        assert all(differ)
     finally:
         tasks.configure()
 
