@@ -346,9 +346,6 @@ class Reproduction:
         self.lengths = {"inputs": preset.inputs_length, "targets": preset.targets_length}
         self.data_dir = paths.absolute(data.task_data) if data.task_data else paths.join(out_dir, "data")
         self.models_dir = paths.join(out_dir, "models")
-        # Where a model trained from the start starts: the study's pretrained model, else its initial checkpoint.
-        self.start_from = (paths.join(self.models_dir, PRETRAINED, "checkpoints") if preset.pretrain_steps
-                           else preset.initial_checkpoint)
 
     def header(self) -> Dict[str, Any]:
         """The results every run starts from, before any stage: the preset, the seed and the model's shape."""
@@ -364,16 +361,24 @@ class Reproduction:
         """What a model of the study is evaluated on during training."""
         return DatasetConfig(task, self.lengths, self.preset.eval_batch_size, split=split)
 
-    def train_kwargs(self, pretraining: bool = False) -> Dict[str, Any]:
-        """The trainer's arguments every model of the study shares; a model trained from the start (not fine-tuned)
-        starts from the study's pretrained model or else its initial checkpoint (the pretrained model itself from
-        the initial checkpoint)."""
+    def start_of(self, name: Optional[str] = None) -> Tuple[Optional[str], str]:
+        """(checkpoint folder or None, what results["models"] calls it) where the model `name` of the study starts
+        when trained from the start (not fine-tuned): the study's starting model (Study.pretrain_steps) for every
+        other model, else (and for the starting model itself) the study's initial checkpoint, else random
+        initialisation."""
         p = self.preset
-        start_from = p.initial_checkpoint if pretraining else self.start_from
+        if p.pretrain_steps and name != PRETRAINED:
+            return paths.join(self.models_dir, PRETRAINED, "checkpoints"), PRETRAINED
+        return p.initial_checkpoint, p.initial_checkpoint or "scratch"
+
+    def train_kwargs(self, name: Optional[str] = None) -> Dict[str, Any]:
+        """The trainer's arguments every model of the study shares; the model `name`, trained from the start (not
+        fine-tuned), starts where `start_of` says."""
+        p = self.preset
         save = SaveCheckpointConfig(period=0, keep=1,
                                     input_state_at_end=False)  # models of fixed length (a SIGTERM's save keeps it)
         return dict(model=self.model, optimizer=self.optimizer, random_seed=self.seed,
-                    checkpoint_cfg=CheckpointConfig(save, RestoreCheckpointConfig(start_from)),
+                    checkpoint_cfg=CheckpointConfig(save, RestoreCheckpointConfig(self.start_of(name)[0])),
                     stats_period=max(1, min(20, p.steps // 10)),
                     options=RunOptions(mesh=self.mesh, evaluator=evaluate_params,
                                        progress=console.LONG_WORK_SECONDS,  # a line for minutes of work
@@ -383,17 +388,15 @@ class Reproduction:
     def train(self, name: str, regime: str, mixture: str, steps: int, init: str = "scratch") -> "TrainedModel":
         start = time.time()
         result = trainer.train(model_dir=paths.join(self.models_dir, name), train_dataset_cfg=self.train_data(mixture),
-                               total_steps=steps, eval_period=0, **self.train_kwargs(pretraining=name == PRETRAINED))
+                               total_steps=steps, eval_period=0, **self.train_kwargs(name))
         params = partitioning.host_local(result.params)  # each process evaluates on its own device
         return self.trained(name, regime, mixture, int(result.step), (result.train or {}).get("loss"), init,
                             time.time() - start, params)
 
     def trained(self, name, regime, mixture, steps, loss, init, seconds, params=None) -> "TrainedModel":
         """A model a stage trained, as results["models"] records it (one line on the terminal)."""
-        if init == "scratch" and name != PRETRAINED and self.preset.pretrain_steps:
-            init = PRETRAINED
-        elif init == "scratch" and self.preset.initial_checkpoint:
-            init = self.preset.initial_checkpoint
+        if init == "scratch":
+            init = self.start_of(name)[1]
         record = {"regime": regime, "mixture": mixture, "params": self.params_count, "steps": steps,
                   "batch_size": self.preset.batch_size, "train_loss": None if loss is None else float(loss),
                   "init": init}
