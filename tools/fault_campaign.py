@@ -74,27 +74,36 @@ def templm(args: Sequence[str], cwd: str = REPO, env: Optional[Dict[str, str]] =
     reader = threading.Thread(target=lambda: out.append(proc.stdout.read()))
     reader.start()
     err, signalled = [], None
-    if timer is not None:
-        def fire():
-            nonlocal signalled
-            if proc.poll() is None:
-                proc.send_signal(sig)
+
+    # The process is reaped below with wait4 alone, for its own peak memory (RUSAGE_CHILDREN is the largest of every
+    # child so far): Popen.poll and send_signal would reap it first. Until then its pid stays ours (a zombie keeps
+    # it), so it is signalled by pid, under the lock the reaping takes, and only while it has not ended (waitid with
+    # WNOWAIT leaves it unreaped).
+    lock, reaped = threading.Lock(), []
+
+    def signal_it():
+        nonlocal signalled
+        with lock:
+            if not reaped and os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                os.kill(proc.pid, sig)
                 signalled = time.monotonic() - start
-        clock = threading.Timer(timer, fire)
+
+    if timer is not None:
+        clock = threading.Timer(timer, signal_it)
         clock.start()
     for line in proc.stderr:
         err.append(line)
         if stop is not None and signalled is None and stop(line, time.monotonic() - start):
-            proc.send_signal(sig)
-            signalled = time.monotonic() - start
-    # Reaped with wait4 for this process's own peak memory (RUSAGE_CHILDREN is the largest of every child so far).
+            signal_it()
     deadline = time.monotonic() + timeout
     while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
+        with lock:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                reaped.append(pid)
+                break
         if time.monotonic() > deadline:
-            proc.kill()
+            os.kill(proc.pid, signal.SIGKILL)
             raise TimeoutError(f"templm {' '.join(args)}: still running after {timeout} s")
         time.sleep(0.05)
     proc.returncode = os.waitstatus_to_exitcode(status)
