@@ -80,7 +80,7 @@ from templm.evaluation.inference import ModelFns
 from templm.evaluation.routing import YearRouter, evaluate_router
 from templm.evaluation.task_eval import evaluate_model, with_params
 from templm.experiments import adaptation, streaming
-from templm.experiments.studies import Preset, StreamPreset, load_study, study_names, world_config
+from templm.experiments.studies import PRETRAIN_TASKS, Preset, StreamPreset, load_study, study_names, world_config
 from templm.io import format_duration, jsonable, write_json
 from templm.metrics import qa, time_analysis
 from templm.metrics.findings import STREAMING, TIME_AWARE, combine_findings, judge
@@ -558,15 +558,16 @@ def _shared(preset: Preset, config: Any) -> Dict[str, Any]:
 
 
 PRETRAINED = "pretrained"  # the study's starting model (Preset.pretrain_steps)
-PRETRAIN_TASK = "customnews_ssm_uniform"  # the seen years' news (the task's training split), no year prefix
 
 
 def pretrain(run: Reproduction, data: TaskData) -> Dict[str, TrainedModel]:
     """The starting model every other model of the study starts from: the seen years' news alone (salient-span
-    masking, no year prefix, no TempLAMA queries), as the paper's models all start from T5-CBQA, trained with SSM on
-    text of every year before its snapshot. Its parameters are not kept: the others read its checkpoint."""
+    masking or T5's random spans, Study.pretrain_objective; no year prefix, no TempLAMA queries), as the paper's
+    models all start from T5-CBQA, trained with SSM on text of every year before its snapshot. Its parameters are not
+    kept: the others read its checkpoint."""
     run.configure(data.data_dir)
-    model = run.train(PRETRAINED, "pretrain", PRETRAIN_TASK, run.preset.pretrain_steps)
+    model = run.train(PRETRAINED, "pretrain", PRETRAIN_TASKS[run.preset.pretrain_objective],
+                      run.preset.pretrain_steps)
     return {PRETRAINED: TrainedModel(None, model.record, model.seconds)}
 
 

@@ -50,6 +50,10 @@ def _check_numbers(kind: str, study: Any) -> None:
     require_numbers(f"templm.{kind}", checks, optional=tuple(optional))
 
 
+# A starting model's objective (Study.pretrain_objective) -> the task it trains on: the seen years' news, no year prefix.
+PRETRAIN_TASKS = {"salient_spans": "customnews_ssm_uniform", "random_spans": "customnews_random_spans"}
+
+
 @dataclasses.dataclass(frozen=True)
 class Preset:
     """Everything the time-aware half's size depends on (gin: templm.Study)."""
@@ -85,12 +89,18 @@ class Preset:
     # TempLAMA), from `initial_checkpoint` if any; every model of the study then starts from it, as the paper's all
     # start from the public T5-CBQA checkpoint (SSM on text of every year up to its snapshot). 0: no such model.
     pretrain_steps: int = 0
+    # Its objective: "salient_spans" (the paper's SSM, the news's masked entities and dates) or "random_spans" (T5's
+    # own span corruption of the same sentences, which teaches the language with fewer of the facts).
+    pretrain_objective: str = "salient_spans"
     # The input pipelines each training's global batch is drawn from (train/templm.DatasetConfig.shards): 0, one per process.
     # The batches depend on it, not on the number of processes: any process count that divides it trains alike.
     data_shards: int = 0
 
     def __post_init__(self):
         _check_numbers("Study", self)
+        if self.pretrain_objective not in PRETRAIN_TASKS:
+            raise ConfigError(f"templm.Study.pretrain_objective must be one of {', '.join(map(repr, PRETRAIN_TASKS))}, "
+                             f"got {self.pretrain_objective!r}")
         if isinstance(self.model, Mapping):  # gin writes the changes as a dict; kept as pairs (hashable)
             object.__setattr__(self, "model", tuple(self.model.items()))
         object.__setattr__(self, "model", tuple(tuple(pair) for pair in self.model))

@@ -6,6 +6,8 @@ Task names (every one has the splits train, validation and test):
     customnews_ssm_temporal        the same, inputs prefixed "year: YYYY " from the document date
     customnews_ssm_yearly_YYYY     one year's documents, no prefix (one model per year)
     customnews_ssm_temporal_YYYY   one year's documents with the prefix (the slices adaptation mixes)
+    customnews_random_spans        the training years' news sentences whole under T5's own objective: 15 % of the
+                                   tokens, in random spans of 3 on average, for sentinels (a study's starting model)
     templama_uniform, templama_temporal, templama_yearly_YYYY      TempLAMA cloze queries, same regimes
     cronquestions                  closed-book CronQuestions, where configured (`register_cronquestions`)
 
@@ -35,6 +37,7 @@ import seqio
 import tensorflow as tf
 
 from templm.data import regimes
+from templm.data.salient_spans import SENTINEL
 from templm.metrics import qa
 
 CUSTOMNEWS, TEMPLAMA = "customnews", "templama"
@@ -176,6 +179,80 @@ def _task(name: str, folder: str, pattern: str, regime: str, data_dir: str, ensu
     _registered.append(name)
 
 
+# T5's span corruption (Raffel et al. 2020, section 3.1.4): 15 % of a text's tokens, in spans of 3 on average, each
+# span replaced by one sentinel in the inputs, and the targets the spans, each after its sentinel.
+NOISE_DENSITY = 0.15
+MEAN_SPAN_LENGTH = 3.0
+
+
+def news_text(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """A CustomNews record's sentence whole, as "targets": its masked salient span (targets) back at the sentinel."""
+    def whole(ex):
+        parts = tf.strings.split(ex["inputs"], SENTINEL, maxsplit=1)
+        text = tf.cond(tf.size(parts) == 2, lambda: tf.strings.join([parts[0], ex["targets"], parts[-1]]),
+                       lambda: ex["inputs"])
+        return {"targets": text}
+
+    return dataset.map(whole, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _segment(items: tf.Tensor, segments: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    """`items` split at random into `segments` non-empty runs (their lengths, in order)."""
+    cuts = tf.argsort(tf.random.stateless_uniform([tf.maximum(items - 1, 0)], seed))[:segments - 1] + 1
+    bounds = tf.concat([[0], tf.sort(cuts), [items]], axis=0)
+    return bounds[1:] - bounds[:-1]
+
+
+def corrupt_spans(tokens: tf.Tensor, seed: tf.Tensor, vocab_size: int) -> Dict[str, tf.Tensor]:
+    """{"inputs", "targets"} of one tokenized text as T5 corrupts it: round(NOISE_DENSITY x its length) tokens (at
+    least one), in round(that / MEAN_SPAN_LENGTH) spans of random lengths between runs of kept tokens (the text
+    starts with kept ones), drawn from `seed`; the i-th span becomes sentinel i (id vocab_size - 1 - i, seqio's
+    <extra_id_i>) in the inputs, and the targets are each span after its sentinel."""
+    n = tf.size(tokens)
+    noisy = tf.clip_by_value(tf.cast(tf.round(tf.cast(n, tf.float32) * NOISE_DENSITY), tf.int32), 1,
+                             tf.maximum(n - 1, 1))
+    spans = tf.maximum(1, tf.minimum(tf.cast(tf.round(tf.cast(noisy, tf.float32) / MEAN_SPAN_LENGTH), tf.int32),
+                                     tf.minimum(noisy, n - noisy)))
+    seeds = tf.random.experimental.stateless_split(seed, 2)
+    runs = tf.reshape(tf.stack([_segment(n - noisy, spans, seeds[0]), _segment(noisy, spans, seeds[1])], axis=1),
+                      [-1])
+    noise = tf.repeat(tf.tile([False, True], [spans]), runs)[:n]
+    first = noise & ~tf.concat([[False], noise[:-1]], axis=0)
+    sentinel = vocab_size - tf.cumsum(tf.cast(first, tokens.dtype))
+    inputs = tf.boolean_mask(tf.where(first, sentinel, tokens), ~noise | first)
+    pairs = tf.reshape(tf.stack([tf.where(first, sentinel, -1), tf.where(noise, tokens, -1)], axis=1), [-1])
+    return {"inputs": inputs, "targets": tf.boolean_mask(pairs, pairs >= 0)}
+
+
+def random_spans(dataset: tf.data.Dataset, output_features) -> tf.data.Dataset:
+    """T5's span corruption of each tokenized text ("targets"), seeded by seqio's seeds for the dataset."""
+    vocab_size = output_features["targets"].vocabulary.vocab_size
+
+    def corrupt(ex, seed):
+        return corrupt_spans(ex["targets"], seed, vocab_size)
+
+    return seqio.map_over_dataset(corrupt, num_seeds=1)(dataset)
+
+
+def _random_spans_task(name: str, data_dir: str, ensure, vocabulary, num_examples: Optional[Dict[str, int]],
+                       train_years: Sequence[int]) -> None:
+    """The training years' CustomNews sentences under T5's span corruption (training only: no metrics)."""
+    patterns = {split: f"{data_dir}/{CUSTOMNEWS}/{split}-*.tfrecord" for split in SPLITS}
+    patterns["train"] = [f"{data_dir}/{CUSTOMNEWS}/train-{year}*.tfrecord" for year in sorted(train_years)]
+    source = PreparedSource(ensure, split_to_filepattern=patterns, feature_description=_FEATURES,
+                            num_input_examples=num_examples)
+    preprocessors = [news_text, seqio.preprocessors.tokenize]
+    if num_examples and 0 < num_examples.get("train", 0) <= MEMORY_CACHE_MAX_EXAMPLES:
+        preprocessors.append(cache_in_memory)
+    preprocessors += [seqio.CacheDatasetPlaceholder(), random_spans, seqio.preprocessors.append_eos_after_trim]
+    seqio.TaskRegistry.add(
+        name, source=source, preprocessors=preprocessors,
+        output_features={"inputs": seqio.Feature(vocabulary, add_eos=True),
+                         "targets": seqio.Feature(vocabulary, add_eos=True)},
+        shuffle_buffer_size=shuffle_buffer_size(num_examples))
+    _registered.append(name)
+
+
 # Examples buffered ahead of the mixture's sampling, on each task's side and after it (about 1 KB each).
 MIXTURE_PREFETCH = 2048
 
@@ -242,6 +319,10 @@ def register(data_dir: str, years: Sequence[int], seen_years: Sequence[int], fut
             if folder == CUSTOMNEWS:
                 _task(f"{stem}_temporal_{year}", folder, str(year), "temporal",
                       num_examples=_count(counts, folder, [year]), **common)
+    examples = _count(counts, CUSTOMNEWS, years)
+    if examples is not None:
+        examples["train"] = _count(counts, CUSTOMNEWS, train_years)["train"]
+    _random_spans_task("customnews_random_spans", data_dir, ensure, vocabulary, examples, train_years)
     for regime in REGIMES:
         _mixture(f"{regime}_mixture", [(f"customnews_ssm_{regime}", NEWS_TO_TEMPLAMA_RATE),
                                        (f"templama_{regime}", 1.0)])

@@ -265,19 +265,20 @@ def test_a_stage_repeats_exactly_with_the_same_seed(run_dir, results, tmp_path):
 
 def test_a_pretrained_model_is_where_every_model_starts(run_dir, tmp_path):
     """With Study.pretrain_steps, a starting model trains first on the seen years' news alone (no year prefix, no
-    TempLAMA) and the models of the study start from it: the Uniform model trained here on the study's data, seed
-    and steps differs from the study's own Uniform (trained from scratch) only by its start."""
+    TempLAMA; here under T5's random spans, Study.pretrain_objective) and the models of the study start from it: the
+    Uniform model trained here on the study's data, seed and steps differs from the study's own Uniform (trained from
+    scratch) only by its start."""
     from templm import tasks
     from templm.training.checkpoints import load_params
 
-    preset = dataclasses.replace(STUDY_PRESET, pretrain_steps=3)
+    preset = dataclasses.replace(STUDY_PRESET, pretrain_steps=3, pretrain_objective="random_spans")
     run = Reproduction(preset, str(tmp_path), seed=0, data=StudyData(task_data=str(run_dir / "data")))
     try:
         data = run.prepare_data()
         start = pretrain(run, data)["pretrained"]
         assert start.params is None  # the others read its checkpoint
         assert {k: start.record[k] for k in ("regime", "mixture", "steps", "init")} == {
-            "regime": "pretrain", "mixture": "customnews_ssm_uniform", "steps": 3, "init": "scratch"}
+            "regime": "pretrain", "mixture": "customnews_random_spans", "steps": 3, "init": "scratch"}
         run.configure(data.data_dir)
         uniform = run.train("uniform", "uniform", "uniform_mixture", PRESET.steps)
         assert uniform.record["init"] == "pretrained" and uniform.record["steps"] == PRESET.steps

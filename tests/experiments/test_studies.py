@@ -62,6 +62,11 @@ def test_a_study_file_with_an_unknown_or_missing_field_is_one_message(tmp_path):
         load_study(str(half))
     with pytest.raises(ConfigError, match="unknown study 'huge'"):
         load_study("huge")
+    objective = tmp_path / "objective.gin"
+    objective.write_text("include 'study/smoke.gin'\ntemplm.Study.pretrain_objective = 'random'\n")
+    with pytest.raises(ConfigError, match=r"templm.Study.pretrain_objective must be one of 'salient_spans', "
+                                          r"'random_spans', got 'random'"):
+        load_study(str(objective))
 
 
 def test_the_larger_model_changes_sizes_of_the_model_and_nothing_else(tmp_path):

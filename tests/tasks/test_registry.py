@@ -146,6 +146,46 @@ def test_tokens_round_trip_through_the_task_vocabulary(data_dir):
     assert vocab.encode("<extra_id_0>")[-1] == vocab.vocab_size - 1
 
 
+def test_random_spans_corrupt_the_news_sentences_as_t5_does(data_dir):
+    """customnews_random_spans (a study's starting model, Study.pretrain_objective): each training-year CustomNews
+    sentence whole (its salient span back in place) under T5's span corruption: sentinels <extra_id_0>, <extra_id_1>,
+    ... in the inputs, each followed in the targets by the tokens it replaced, about 15 % of the tokens; a seed
+    draws the same spans again."""
+    vocab = tasks.current()["vocabulary"]
+    lengths = {"inputs": 256, "targets": 128}  # nothing trimmed
+    ssm = _examples("customnews_ssm_uniform", split="train", lengths=lengths)
+
+    def corrupted(seed):
+        ds = seqio.get_mixture_or_task("customnews_random_spans").get_dataset(lengths, split="train", shuffle=False,
+                                                                               seed=seed)
+        return [(ex["inputs"].tolist(), ex["targets"].tolist()) for ex in ds.as_numpy_iterator()]
+
+    spans = corrupted(3)
+    assert len(spans) == len(ssm) > 100
+    first_sentinel = vocab.vocab_size - 1
+    noise = total = 0
+    for ex, (inputs, targets) in zip(ssm, spans):
+        whole = ex["inputs_pretokenized"].decode().replace("<extra_id_0>", ex["targets_pretokenized"].decode())
+        assert inputs[-1] == targets[-1] == 1  # EOS
+        inputs, targets = inputs[:-1], targets[:-1]
+        sentinels = [t for t in inputs if t > first_sentinel - 100]
+        assert sentinels == list(range(first_sentinel, first_sentinel - len(sentinels), -1)) and sentinels
+        assert [t for t in targets if t > first_sentinel - 100] == sentinels and targets[0] == first_sentinel
+        replaced, span = {}, None
+        for t in targets:
+            if t in sentinels:
+                span = replaced.setdefault(t, [])
+            else:
+                span.append(t)
+        assert all(replaced.values())  # every sentinel replaced at least one token
+        rebuilt = [u for t in inputs for u in (replaced[t] if t in replaced else [t])]
+        assert rebuilt == vocab.encode(whole)
+        noise += sum(map(len, replaced.values()))
+        total += len(rebuilt)
+    assert 0.14 < noise / total < 0.16
+    assert corrupted(3) == spans and corrupted(4) != spans
+
+
 def _task_shares(name, n, key):
     ds = seqio.get_mixture_or_task(name).get_dataset(LENGTHS, split="train", shuffle=True, seed=7, num_epochs=None,
                                                      passthrough_features=["id", "year"])
