@@ -564,11 +564,15 @@ def pretrain(run: Reproduction, data: TaskData) -> Dict[str, TrainedModel]:
     """The starting model every other model of the study starts from: the seen years' news alone (salient-span
     masking or T5's random spans, Study.pretrain_objective; no year prefix, no TempLAMA queries), as the paper's
     models all start from T5-CBQA, trained with SSM on text of every year before its snapshot. Its parameters are not
-    kept: the others read its checkpoint."""
-    run.configure(data.data_dir)
-    model = run.train(PRETRAINED, "pretrain", PRETRAIN_TASKS[run.preset.pretrain_objective],
-                      run.preset.pretrain_steps)
-    return {PRETRAINED: TrainedModel(None, model.record, model.seconds)}
+    kept: the others read its checkpoint. With Study.pretrain_snapshot it reads the last seen year's news alone."""
+    years = [max(data.seen)] if run.preset.pretrain_snapshot else sorted(data.seen)
+    run.configure(data.data_dir, train_years=years)
+    try:
+        model = run.train(PRETRAINED, "pretrain", PRETRAIN_TASKS[run.preset.pretrain_objective],
+                          run.preset.pretrain_steps)
+    finally:
+        run.configure(data.data_dir)
+    return {PRETRAINED: TrainedModel(None, {**model.record, "years": years}, model.seconds)}
 
 
 def train_main(run: Reproduction, data: TaskData) -> Dict[str, TrainedModel]:

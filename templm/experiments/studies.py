@@ -92,6 +92,9 @@ class Preset:
     # Its objective: "salient_spans" (the paper's SSM, the news's masked entities and dates) or "random_spans" (T5's
     # own span corruption of the same sentences, which teaches the language with fewer of the facts).
     pretrain_objective: str = "salient_spans"
+    # True: it reads only the last seen year's news, the world as it stands at the end of the seen years (as T5-CBQA
+    # knows the facts of its Wikipedia snapshot, not of each year before it); False: every seen year's.
+    pretrain_snapshot: bool = False
     # The input pipelines each training's global batch is drawn from (train/templm.DatasetConfig.shards): 0, one per process.
     # The batches depend on it, not on the number of processes: any process count that divides it trains alike.
     data_shards: int = 0
@@ -101,6 +104,8 @@ class Preset:
         if self.pretrain_objective not in PRETRAIN_TASKS:
             raise ConfigError(f"templm.Study.pretrain_objective must be one of {', '.join(map(repr, PRETRAIN_TASKS))}, "
                              f"got {self.pretrain_objective!r}")
+        if not isinstance(self.pretrain_snapshot, bool):
+            raise ConfigError(f"templm.Study.pretrain_snapshot must be True or False, got {self.pretrain_snapshot!r}")
         if isinstance(self.model, Mapping):  # gin writes the changes as a dict; kept as pairs (hashable)
             object.__setattr__(self, "model", tuple(self.model.items()))
         object.__setattr__(self, "model", tuple(tuple(pair) for pair in self.model))

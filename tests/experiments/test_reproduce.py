@@ -265,7 +265,8 @@ def test_a_stage_repeats_exactly_with_the_same_seed(run_dir, results, tmp_path):
 
 def test_a_pretrained_model_is_where_every_model_starts(run_dir, tmp_path):
     """With Study.pretrain_steps, a starting model trains first on the seen years' news alone (no year prefix, no
-    TempLAMA; here under T5's random spans, Study.pretrain_objective) and the models of the study start from it: the
+    TempLAMA; here under T5's random spans, Study.pretrain_objective; the last seen year's alone with
+    Study.pretrain_snapshot) and the models of the study start from it: the
     Uniform model trained here on the study's data, seed and steps differs from the study's own Uniform (trained from
     scratch) only by its start."""
     from templm import tasks
@@ -277,8 +278,15 @@ def test_a_pretrained_model_is_where_every_model_starts(run_dir, tmp_path):
         data = run.prepare_data()
         start = pretrain(run, data)["pretrained"]
         assert start.params is None  # the others read its checkpoint
-        assert {k: start.record[k] for k in ("regime", "mixture", "steps", "init")} == {
-            "regime": "pretrain", "mixture": "customnews_random_spans", "steps": 3, "init": "scratch"}
+        assert {k: start.record[k] for k in ("regime", "mixture", "steps", "init", "years")} == {
+            "regime": "pretrain", "mixture": "customnews_random_spans", "steps": 3, "init": "scratch",
+            "years": data.seen}
+        # Study.pretrain_snapshot: the last seen year's news alone (this study has one seen year: the same batches;
+        # test_registry's training-years test shows what the train split then holds), the study's years after it.
+        snapshot = Reproduction(dataclasses.replace(preset, pretrain_snapshot=True), str(tmp_path / "snapshot"),
+                                seed=0, data=StudyData(task_data=str(run_dir / "data")))
+        assert pretrain(snapshot, snapshot.prepare_data())["pretrained"].record["years"] == [max(data.seen)]
+        assert tasks.current()["train_years"] == data.seen
         run.configure(data.data_dir)
         uniform = run.train("uniform", "uniform", "uniform_mixture", PRESET.steps)
         assert uniform.record["init"] == "pretrained" and uniform.record["steps"] == PRESET.steps

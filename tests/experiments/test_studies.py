@@ -67,6 +67,9 @@ def test_a_study_file_with_an_unknown_or_missing_field_is_one_message(tmp_path):
     with pytest.raises(ConfigError, match=r"templm.Study.pretrain_objective must be one of 'salient_spans', "
                                           r"'random_spans', got 'random'"):
         load_study(str(objective))
+    objective.write_text("include 'study/smoke.gin'\ntemplm.Study.pretrain_snapshot = 'True'\n")
+    with pytest.raises(ConfigError, match=r"templm.Study.pretrain_snapshot must be True or False, got 'True'"):
+        load_study(str(objective))
 
 
 def test_the_larger_model_changes_sizes_of_the_model_and_nothing_else(tmp_path):
