@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from templm import CONFIG_DIR, config_search_paths
 from templm.data.world import WorldConfig
-from templm.errors import ConfigError, field_kinds, require_numbers
+from templm.errors import ConfigError, field_kinds, require_field_types, require_numbers
 
 GIN_DIR = CONFIG_DIR  # the package's gin configs (templm/gin_configs, shipped in the wheel)
 STUDY_DIR = os.path.join(GIN_DIR, "study")
@@ -100,12 +100,11 @@ class Preset:
     data_shards: int = 0
 
     def __post_init__(self):
+        require_field_types(self, "templm.Study")
         _check_numbers("Study", self)
         if self.pretrain_objective not in PRETRAIN_TASKS:
             raise ConfigError(f"templm.Study.pretrain_objective must be one of {', '.join(map(repr, PRETRAIN_TASKS))}, "
                              f"got {self.pretrain_objective!r}")
-        if not isinstance(self.pretrain_snapshot, bool):
-            raise ConfigError(f"templm.Study.pretrain_snapshot must be True or False, got {self.pretrain_snapshot!r}")
         if isinstance(self.model, Mapping):  # gin writes the changes as a dict; kept as pairs (hashable)
             object.__setattr__(self, "model", tuple(self.model.items()))
         object.__setattr__(self, "model", tuple(tuple(pair) for pair in self.model))

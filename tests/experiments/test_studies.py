@@ -68,7 +68,7 @@ def test_a_study_file_with_an_unknown_or_missing_field_is_one_message(tmp_path):
                                           r"'random_spans', got 'random'"):
         load_study(str(objective))
     objective.write_text("include 'study/smoke.gin'\ntemplm.Study.pretrain_snapshot = 'True'\n")
-    with pytest.raises(ConfigError, match=r"templm.Study.pretrain_snapshot must be True or False, got 'True'"):
+    with pytest.raises(ConfigError, match=r"templm.Study.pretrain_snapshot: expected True or False"):
         load_study(str(objective))
 
 
