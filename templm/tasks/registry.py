@@ -207,7 +207,9 @@ def corrupt_spans(tokens: tf.Tensor, seed: tf.Tensor, vocab_size: int) -> Dict[s
     """{"inputs", "targets"} of one tokenized text as T5 corrupts it: round(NOISE_DENSITY x its length) tokens (at
     least one), in round(that / MEAN_SPAN_LENGTH) spans of random lengths between runs of kept tokens (the text
     starts with kept ones), drawn from `seed`; the i-th span becomes sentinel i (id vocab_size - 1 - i, seqio's
-    <extra_id_i>) in the inputs, and the targets are each span after its sentinel."""
+    <extra_id_i>) in the inputs, and the targets are each span after its sentinel. A text longer than the feature
+    lengths is corrupted whole, then trimmed (the targets may then hold a span whose sentinel was cut from the
+    inputs; T5 sizes its texts beforehand instead)."""
     n = tf.size(tokens)
     noisy = tf.clip_by_value(tf.cast(tf.round(tf.cast(n, tf.float32) * NOISE_DENSITY), tf.int32), 1,
                              tf.maximum(n - 1, 1))
