@@ -148,35 +148,41 @@ def shuffle_buffer_size(num_examples: Optional[Dict[str, int]]) -> int:
     return SHUFFLE_BUFFER if not train else min(SHUFFLE_BUFFER, train)
 
 
-def _task(name: str, folder: str, pattern: str, regime: str, data_dir: str, ensure, vocabulary,
-          num_examples: Optional[Dict[str, int]], seen_years, future_years,
-          train_years: Optional[Sequence[int]] = None) -> None:
-    """One task over `folder`'s record files of the years `pattern` matches; with `train_years`, its train split
-    reads only those years' files."""
+def _add_task(name: str, folder: str, pattern: str, data_dir: str, ensure, vocabulary,
+              num_examples: Optional[Dict[str, int]], train_years: Optional[Sequence[int]], parse: Sequence[Callable],
+              after_cache: Sequence[Callable] = (), **task_kwargs) -> None:
+    """Registers one task over `folder`'s record files of the years `pattern` matches (with `train_years`, its train
+    split reads only those years' files): its records through `parse`, tokenized, cached, through `after_cache` (what
+    must vary from one epoch to the next) and EOS; `task_kwargs` go to seqio.TaskRegistry.add."""
     # A year's records are in {split}-YYYY.tfrecord or, split further, in {split}-YYYY-0000i-of-0000N.tfrecord.
     patterns = {split: f"{data_dir}/{folder}/{split}-{pattern}*.tfrecord" for split in SPLITS}
     if train_years is not None:
         patterns["train"] = [f"{data_dir}/{folder}/train-{year}*.tfrecord" for year in sorted(train_years)]
     source = PreparedSource(ensure, split_to_filepattern=patterns, feature_description=_FEATURES,
                             num_input_examples=num_examples)
-    preprocessors = [_parse]
-    if regimes.regime(regime).year_prefix:
-        preprocessors.append(add_year_prefix)
     # Tokenized before seqio's cache point (an offline `seqio` cache stores token ids, as T5's tasks do); EOS after.
-    preprocessors.append(seqio.preprocessors.tokenize)
+    preprocessors = [*parse, seqio.preprocessors.tokenize]
     if num_examples and 0 < num_examples.get("train", 0) <= MEMORY_CACHE_MAX_EXAMPLES:
         preprocessors.append(cache_in_memory)
-    preprocessors += [seqio.CacheDatasetPlaceholder(), seqio.preprocessors.append_eos_after_trim]
-    # EM/F1 of the predicted span (TempLAMA's answer; CustomNews's masked salient span, the paper's main CustomNews
-    # metric) and the masked-LM perplexity, overall, by year and by slice.
-    metric_fns = [qa.make_qa_metric_fn(seen_years, future_years), qa.make_perplexity_metric_fn()]
+    preprocessors += [seqio.CacheDatasetPlaceholder(), *after_cache, seqio.preprocessors.append_eos_after_trim]
     seqio.TaskRegistry.add(
         name, source=source, preprocessors=preprocessors,
         output_features={"inputs": seqio.Feature(vocabulary, add_eos=True),
                          "targets": seqio.Feature(vocabulary, add_eos=True)},
-        postprocess_fn=qa_ppl_postprocessor, metric_fns=metric_fns,
-        shuffle_buffer_size=shuffle_buffer_size(num_examples))
+        shuffle_buffer_size=shuffle_buffer_size(num_examples), **task_kwargs)
     _registered.append(name)
+
+
+def _task(name: str, folder: str, pattern: str, regime: str, data_dir: str, ensure, vocabulary,
+          num_examples: Optional[Dict[str, int]], seen_years, future_years,
+          train_years: Optional[Sequence[int]] = None) -> None:
+    """One task of the regime `regime` (_add_task says which files it reads)."""
+    parse = [_parse, add_year_prefix] if regimes.regime(regime).year_prefix else [_parse]
+    # EM/F1 of the predicted span (TempLAMA's answer; CustomNews's masked salient span, the paper's main CustomNews
+    # metric) and the masked-LM perplexity, overall, by year and by slice.
+    metric_fns = [qa.make_qa_metric_fn(seen_years, future_years), qa.make_perplexity_metric_fn()]
+    _add_task(name, folder, pattern, data_dir, ensure, vocabulary, num_examples, train_years, parse,
+              postprocess_fn=qa_ppl_postprocessor, metric_fns=metric_fns)
 
 
 # T5's span corruption (Raffel et al. 2020, section 3.1.4): 15 % of a text's tokens, in spans of 3 on average, each
@@ -236,25 +242,6 @@ def random_spans(dataset: tf.data.Dataset, output_features) -> tf.data.Dataset:
     return seqio.map_over_dataset(corrupt, num_seeds=1)(dataset)
 
 
-def _random_spans_task(name: str, data_dir: str, ensure, vocabulary, num_examples: Optional[Dict[str, int]],
-                       train_years: Sequence[int]) -> None:
-    """The training years' CustomNews sentences under T5's span corruption (training only: no metrics)."""
-    patterns = {split: f"{data_dir}/{CUSTOMNEWS}/{split}-*.tfrecord" for split in SPLITS}
-    patterns["train"] = [f"{data_dir}/{CUSTOMNEWS}/train-{year}*.tfrecord" for year in sorted(train_years)]
-    source = PreparedSource(ensure, split_to_filepattern=patterns, feature_description=_FEATURES,
-                            num_input_examples=num_examples)
-    preprocessors = [news_text, seqio.preprocessors.tokenize]
-    if num_examples and 0 < num_examples.get("train", 0) <= MEMORY_CACHE_MAX_EXAMPLES:
-        preprocessors.append(cache_in_memory)
-    preprocessors += [seqio.CacheDatasetPlaceholder(), random_spans, seqio.preprocessors.append_eos_after_trim]
-    seqio.TaskRegistry.add(
-        name, source=source, preprocessors=preprocessors,
-        output_features={"inputs": seqio.Feature(vocabulary, add_eos=True),
-                         "targets": seqio.Feature(vocabulary, add_eos=True)},
-        shuffle_buffer_size=shuffle_buffer_size(num_examples))
-    _registered.append(name)
-
-
 # Examples buffered ahead of the mixture's sampling, on each task's side and after it (about 1 KB each).
 MIXTURE_PREFETCH = 2048
 
@@ -309,22 +296,20 @@ def register(data_dir: str, years: Sequence[int], seen_years: Sequence[int], fut
     common = dict(data_dir=data_dir, ensure=ensure, vocabulary=vocabulary, seen_years=seen_years,
                   future_years=future_years)
     for folder, stem in ((CUSTOMNEWS, "customnews_ssm"), (TEMPLAMA, "templama")):
+        examples = _count(counts, folder, years)
+        if examples is not None:  # the train split holds the training years only
+            examples["train"] = _count(counts, folder, train_years)["train"]
+        if folder == CUSTOMNEWS:  # the training years' sentences under T5's span corruption (no metrics: training)
+            _add_task("customnews_random_spans", folder, "*", data_dir, ensure, vocabulary, examples, train_years,
+                      [news_text], [random_spans])
         for regime in REGIMES:
-            examples = _count(counts, folder, years)
-            if examples is not None:
-                examples["train"] = _count(counts, folder, train_years)["train"]
-            _task(f"{stem}_{regime}", folder, "*", regime, num_examples=examples, train_years=train_years,
-                  **common)
+            _task(f"{stem}_{regime}", folder, "*", regime, num_examples=examples, train_years=train_years, **common)
         for year in years:
             _task(f"{stem}_yearly_{year}", folder, str(year), "uniform",
                   num_examples=_count(counts, folder, [year]), **common)
             if folder == CUSTOMNEWS:
                 _task(f"{stem}_temporal_{year}", folder, str(year), "temporal",
                       num_examples=_count(counts, folder, [year]), **common)
-    examples = _count(counts, CUSTOMNEWS, years)
-    if examples is not None:
-        examples["train"] = _count(counts, CUSTOMNEWS, train_years)["train"]
-    _random_spans_task("customnews_random_spans", data_dir, ensure, vocabulary, examples, train_years)
     for regime in REGIMES:
         _mixture(f"{regime}_mixture", [(f"customnews_ssm_{regime}", NEWS_TO_TEMPLAMA_RATE),
                                        (f"templama_{regime}", 1.0)])
