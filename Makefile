@@ -50,6 +50,7 @@ bench: $(STAMP)
 	bash -o pipefail -c '$(BIN)/python tools/bench_data.py | tee -a $(BENCH_OUT)'
 	bash -o pipefail -c '$(BIN)/python tools/bench_checkpoint.py | tee -a $(BENCH_OUT)'
 	bash -o pipefail -c '$(BIN)/python tools/bench_beam.py | tee -a $(BENCH_OUT)'
+	bash -o pipefail -c '$(BIN)/python tools/bench_step_packing.py | tee -a $(BENCH_OUT)'
 
 # On a machine with a GPU or TPU (and a jax that sees it): the accelerator figures, within 10 minutes.
 bench-device:
