@@ -9,7 +9,11 @@ Measured, each a mean over the seeds with the range:
   the training period, and the share of those types used again in at least four later months (Lazaridou et al.,
   section 3.4: 0.1-0.3 % of WMT's and CustomNews's tokens; up to 27 % of CustomNews's types; 14-35 % reappear);
 - change rates: the share of TempLAMA's (subject, relation) pairs whose answers differ from the year before, and the
-  share of queries with several answers (neither paper gives a figure for its data).
+  share of queries with several answers (neither paper gives a figure for its data);
+- coverage: the share of TempLAMA queries whose answer (any of them) no news sentence of the query's year states.
+  A Yearly expert reads its year's news alone, so it cannot know those; a model of every year can carry them over
+  from the years around (Dhingra et al.: "the Temporal model is better on TempLAMA, where the facts typically span
+  multiple years"; no figure for their data).
 
 Words are runs of letters (`[A-Za-z]+`); sentences are the spans the world's mentions.jsonl records.
 """
@@ -53,6 +57,8 @@ ROWS = (
     ("answer_changes", "TempLAMA (subject, relation) pairs whose answers differ from the year before",
      "no figure in either paper"),
     ("multi_answer", "TempLAMA queries with several answers", "no figure in either paper"),
+    ("unstated_answers", "TempLAMA queries whose answer no news sentence of their year states",
+     "no figure in either paper"),
 )
 
 
@@ -125,6 +131,31 @@ def answer_changes(queries: Iterable[Mapping]) -> Dict[str, float]:
     return {"answer_changes": changes / max(1, pairs), "multi_answer": multi / max(1, rows)}
 
 
+def stated_facts(world_dir: str) -> set:
+    """{(subject id, relation, object id, year)} of every fact a news sentence of a world states (mentions.jsonl's
+    fact indices into world.json's facts; the year is the document's, from news.jsonl)."""
+    with open(os.path.join(world_dir, "world.json"), encoding="utf-8") as f:
+        facts = json.load(f)["facts"]
+    with open(os.path.join(world_dir, "mentions.jsonl"), encoding="utf-8") as f:
+        stated = [json.loads(line)["facts"] for line in f]
+    out = set()
+    for doc, indices in zip(JsonlReader(os.path.join(world_dir, "news.jsonl")), stated):
+        for i in indices:
+            out.add((facts[i]["subject"], facts[i]["relation"], facts[i]["object"], doc.date.year))
+    return out
+
+
+def unstated_answers(queries: Iterable[Mapping], stated: set) -> Dict[str, float]:
+    """The share of TempLAMA rows ({"id": SUBJECT_RELATION_YEAR, "answer": [{"wikidata_id"}...]}) none of whose
+    answers is in `stated` (stated_facts) for the row's subject, relation and year."""
+    rows = unstated = 0
+    for row in queries:
+        subject, relation, year = row["id"].rsplit("_", 2)
+        rows += 1
+        unstated += not any((subject, relation, a["wikidata_id"], int(year)) in stated for a in row["answer"])
+    return {"unstated_answers": unstated / max(1, rows)}
+
+
 def measure(preset: str, seed: int, scratch: str) -> Dict[str, float]:
     """Every statistic of ROWS for one preset and seed, on the worlds `templm reproduce` would draw."""
     from templm.experiments.studies import load_study, world_config
@@ -151,6 +182,7 @@ def measure(preset: str, seed: int, scratch: str) -> Dict[str, float]:
         with open(os.path.join(t5_dir, "templama", f"{split}.jsonl"), encoding="utf-8") as f:
             rows.extend(json.loads(line) for line in f)
     out.update(answer_changes(rows))
+    out.update(unstated_answers(rows, stated_facts(t5_dir)))
     return out
 
 

@@ -51,3 +51,13 @@ def test_readme_holds_the_tools_table_between_its_markers():
     for _, what, paper in world_stats.ROWS:
         assert f"| {what} |" in block and f"| {paper} |" in block
     assert "`python tools/world_stats.py --presets" in block
+
+
+def test_unstated_answers_are_the_queries_no_sentence_of_their_year_states():
+    stated = {("Q1", "P54", "A", 2014), ("Q1", "P54", "B", 2016), ("Q2", "P54", "B", 2015)}
+    rows = [{"id": "Q1_P54_2014", "answer": [{"wikidata_id": "A"}]},  # stated
+            {"id": "Q1_P54_2015", "answer": [{"wikidata_id": "A"}]},  # stated in 2014 only: a year away
+            {"id": "Q1_P54_2016", "answer": [{"wikidata_id": "B"}]},  # stated
+            {"id": "Q2_P54_2015", "answer": [{"wikidata_id": "A"}, {"wikidata_id": "B"}]},  # one answer stated
+            {"id": "Q2_P108_2015", "answer": [{"wikidata_id": "B"}]}]  # another relation
+    assert world_stats.unstated_answers(rows, stated) == {"unstated_answers": pytest.approx(2 / 5)}
