@@ -50,7 +50,6 @@ class Packed:
     def __init__(self, batch: int, k: int, seed: int = 0):
         import jax
         import jax.numpy as jnp
-        import numpy as np
         import optax
 
         from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel
@@ -63,9 +62,8 @@ class Packed:
         self._scope = lambda: state.mesh_rules(self.mesh, self.rules)
         with self._scope():
             lengths = {"inputs": 64, "targets": 16}
-            self.states = [trainer.init_state(model, tx, lengths, seed + i, self.mesh, self.rules)[0]
-                           for i in range(k)]
-            shardings = trainer.init_state(model, tx, lengths, seed, self.mesh, self.rules)[1]
+            made = [trainer.init_state(model, tx, lengths, seed + i, self.mesh, self.rules) for i in range(k)]
+            self.states, shardings = [state_ for state_, _ in made], made[0][1]
             data = partitioning.data_sharding(self.mesh)
             batches = [make_batch(VOCAB, batch, 64, 16, seed=seed + i) for i in range(k)]
             self.batches = [{name: jax.device_put(v, data) for name, v in b.items()} for b in batches]
@@ -81,7 +79,6 @@ class Packed:
             self.scan = jax.jit(scanned, donate_argnums=0)
             self.models = jax.jit(lambda ss, bs, rng: tuple(step(s, b, rng) for s, b in zip(ss, bs)),
                                   donate_argnums=0)
-        self.np = np
 
     def copy_state(self, i: int = 0):
         return self.jax.tree.map(lambda x: x.copy(), self.states[i])
