@@ -95,19 +95,21 @@ class Packed:
                              packed["params"])
         return max(jax.tree.leaves(diffs))
 
+    def _one_steps(self, s, steps: int, batch_at):
+        """`steps` calls of one_step from state `s` on batch_at(i), metrics fetched every 10 steps as the loop logs
+        them; returns the state once ready."""
+        for i in range(steps):
+            s, m = self.one(s, batch_at(i), self.rng)
+            if i % 10 == 9:
+                self.jax.device_get(m)
+        return self.jax.block_until_ready(s)
+
     def time_one(self, steps: int) -> float:
-        """Seconds per model step, one step per call (metrics fetched every 10 steps)."""
-        jax = self.jax
+        """Seconds per model step, one step per call."""
         with self._scope():
-            s = self.copy_state()
-            s, m = self.one(s, self.batches[0], self.rng)
-            jax.block_until_ready(s)
+            s = self._one_steps(self.copy_state(), 1, lambda i: self.batches[0])
             t = time.perf_counter()
-            for i in range(steps):
-                s, m = self.one(s, self.batches[i % self.k], self.rng)
-                if i % 10 == 9:
-                    jax.device_get(m)
-            jax.block_until_ready(s)
+            self._one_steps(s, steps, lambda i: self.batches[i % self.k])
             return (time.perf_counter() - t) / steps
 
     def time_scan(self, calls: int) -> float:
@@ -124,16 +126,9 @@ class Packed:
 
     def time_threads(self, count: int, steps: int) -> float:
         """Seconds per model step with `count` threads each running one_step on its own state (count <= k)."""
-        jax = self.jax
-
         def run(i):
             with self._scope():
-                s = self.copy_state(i)
-                for j in range(steps):
-                    s, m = self.one(s, self.batches[i], self.rng)
-                    if j % 10 == 9:
-                        jax.device_get(m)
-                jax.block_until_ready(s)
+                self._one_steps(self.copy_state(i), steps, lambda _: self.batches[i])
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
         t = time.perf_counter()

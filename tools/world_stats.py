@@ -34,7 +34,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from templm.data import JsonlReader  # noqa: E402
-from templm.data.world import generate_world  # noqa: E402
+from templm.data.world import generate_world, load_world  # noqa: E402
 
 VALIDATION_MONTHS = 3  # between the cut-off and the test months, as the streaming half splits them
 YEAR = re.compile(r"\b(?:19|20)\d\d\b")
@@ -133,15 +133,13 @@ def answer_changes(queries: Iterable[Mapping]) -> Dict[str, float]:
 
 def stated_facts(world_dir: str) -> set:
     """{(subject id, relation, object id, year)} of every fact a news sentence of a world states (mentions.jsonl's
-    fact indices into world.json's facts; the year is the document's, from news.jsonl)."""
-    with open(os.path.join(world_dir, "world.json"), encoding="utf-8") as f:
-        facts = json.load(f)["facts"]
+    fact indices into load_world's facts; the year is the document's, from news.jsonl)."""
+    facts = load_world(world_dir)["facts"]
     with open(os.path.join(world_dir, "mentions.jsonl"), encoding="utf-8") as f:
         stated = [json.loads(line)["facts"] for line in f]
     out = set()
     for doc, indices in zip(JsonlReader(os.path.join(world_dir, "news.jsonl")), stated):
-        for i in indices:
-            out.add((facts[i]["subject"], facts[i]["relation"], facts[i]["object"], doc.date.year))
+        out.update((facts[i].subject, facts[i].relation, facts[i].object, doc.date.year) for i in indices)
     return out
 
 
