@@ -4,6 +4,7 @@ results.json, so that no number in them is typed by hand and none can drift from
     python tools/readme_tables.py runs/smoke_seeds/results.json [runs/small_seeds/results.json ...]
     python tools/readme_tables.py --check ...   # exit 1 where the page's table is not the one these results give
     python tools/readme_tables.py --block NAME ...   # the page's table between the marker lines named NAME
+    python tools/readme_tables.py --signs ...   # each cell over seeds also: on how many the effect has the claim's sign
     python tools/readme_tables.py --readme PAGE.md ...   # another Markdown page than docs/results.md
 
 Each file is the results.json of `templm reproduce --preset P --seeds S,S,... --out DIR` (a run over several
@@ -52,9 +53,11 @@ def _p(p: Any) -> str:
     return "n/a" if p is None else f"{p:.2g}"
 
 
-def cell(finding: Mapping[str, Any]) -> str:
+def cell(finding: Mapping[str, Any], direction: int = 0) -> str:
     """`**appears**: -5.03 [-5.16, -4.91], p=3e-05; all seeds appear` for a finding combined over seeds (or one
-    seed's finding, which has no per-seed list of more than one)."""
+    seed's finding, which has no per-seed list of more than one). With the claim's `direction` (+1 or -1; 0: not
+    said) a cell over seeds ends with how many seeds' effects have the claim's sign, verdict aside: `; the paper's
+    sign on 9 of 10`."""
     verdict = finding.get("verdict") or "not tested"
     shown = f"**{verdict}**" if verdict == "appears" else verdict
     if finding.get("effect") is None:
@@ -66,6 +69,9 @@ def cell(finding: Mapping[str, Any]) -> str:
     if len(seeds) > 1:
         every = {"appears": "appear"}.get(seeds[0], seeds[0])  # "all seeds appear", "all seeds inconclusive"
         text += f"; all seeds {every}" if len(set(seeds)) == 1 else f"; seeds {', '.join(map(str, seeds))}"
+        effects = [s.get("effect") for s in finding.get("per_seed") or [] if s.get("effect") is not None]
+        if direction and effects:
+            text += f"; the paper's sign on {sum(e * direction > 0 for e in effects)} of {len(effects)}"
     return text
 
 
@@ -188,15 +194,16 @@ def _percent(values: Sequence[float], digits: int = 1, mean: Any = None) -> str:
     return f"{100 * mean:+.{digits}f} %" + (f" (seeds {each})" if len(values) > 1 else "")
 
 
-def table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
+def table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str], signs: bool = False) -> str:
     """The Markdown between the page's markers: the table, then the streaming numbers beside the paper's, then how
-    each column was made."""
+    each column was made. `signs`: each finding's cell says on how many seeds its effect has the claim's sign."""
     names = [f.name for f in STUDY if all(f.name in (r.get("findings") or {}) for r in runs)]
     lines = ["| finding | " + " | ".join(_column(r) for r in runs) + " |",
              "|---|" + "---|" * len(runs)]
     for name in names:
         lines.append(f"| `{name}`: {BY_NAME[name].claim} | "
-                     + " | ".join(cell(r["findings"][name]) for r in runs) + " |")
+                     + " | ".join(cell(r["findings"][name], BY_NAME[name].direction if signs else 0)
+                                  for r in runs) + " |")
     lines.append("| wall time | " + " | ".join(_wall(r) for r in runs) + " |")
     lines.append("")
     numbers = [streaming_numbers(r, source) for r, source in zip(runs, sources)]
@@ -336,6 +343,8 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--check", action="store_true", help="change nothing: exit 1 where the page differs")
     parser.add_argument("--block", default="", help="which of the page's tables: '' the first, or the name in its "
                                                    "marker lines")
+    parser.add_argument("--signs", action="store_true", help="a findings table over seeds also says on how many "
+                                                                 "seeds each effect has the claim's sign")
     args = parser.parse_args(argv)
     runs = []
     for path in args.results:
@@ -350,7 +359,8 @@ def main(argv: List[str]) -> int:
               "appendices results.json", file=sys.stderr)
         return 2
     make = {"kglm": is_table, "appendices": appendix_table, "reproduce": table}[kinds.pop()]
-    new = replace(readme, make(runs, args.results), args.block)
+    body = table(runs, args.results, args.signs) if make is table else make(runs, args.results)
+    new = replace(readme, body, args.block)
     return settle(args.readme, readme, new, args.check, f"the table differs from what {', '.join(args.results)} give",
                   f"table from {', '.join(args.results)}")
 

@@ -26,6 +26,19 @@ def test_a_cell_holds_the_verdict_the_effect_its_interval_p_and_each_seeds_verdi
         == "not tested: the adapt stage was skipped"
 
 
+def test_a_cell_over_seeds_counts_the_seeds_whose_effect_has_the_claims_sign_when_asked():
+    seeds = [{"verdict": "appears", "effect": 8.8}, {"verdict": "inconclusive", "effect": -2.7},
+             {"verdict": "inconclusive", "effect": 0.0}, {"verdict": "not tested", "effect": None}]
+    finding = {"verdict": "inconclusive", "effect": 2.0, "interval": [-5.0, 9.0], "p_value": 0.4, "per_seed": seeds}
+    plain = readme_tables.cell(finding)
+    assert plain == "inconclusive: +2.00 [-5.00, +9.00], p=0.4; seeds appears, inconclusive, inconclusive, not tested"
+    # a zero effect has neither sign; an untested seed is not counted
+    assert readme_tables.cell(finding, +1) == plain + "; the paper's sign on 1 of 3"
+    assert readme_tables.cell(finding, -1) == plain + "; the paper's sign on 1 of 3"
+    seeds[2]["effect"] = -0.5
+    assert readme_tables.cell(finding, -1) == plain + "; the paper's sign on 2 of 3"
+
+
 def test_the_table_of_a_run_over_seeds_replaces_what_is_between_the_markers(tmp_path):
     """Two seeds made from the stored results of one run (the second with a larger streaming gap): the table has a
     row per finding of the registry with the combined numbers, the wall time, and the command that made it."""
@@ -54,6 +67,13 @@ def test_the_table_of_a_run_over_seeds_replaces_what_is_between_the_markers(tmp_
     names = [line.split("`")[1] for line in text.splitlines() if line.startswith("| `")]
     assert names == list(results["findings"])  # every finding, in the registry's order
     assert readme_tables.main([str(source), "--readme", str(readme), "--check"]) == 0
+    # --signs: the stored run's gap is negative and the second seed's positive, the paper's sign (TIME-STRATIFIED above
+    # CONTROL) on one of the two
+    assert readme_tables.main([str(source), "--readme", str(readme), "--check", "--signs"]) == 1
+    assert readme_tables.main([str(source), "--readme", str(readme), "--signs"]) == 0
+    row = next(line for line in readme.read_text().splitlines() if line.startswith("| `streaming_gap`"))
+    assert first["findings"]["streaming_gap"]["effect"] < 0 < second["findings"]["streaming_gap"]["effect"]
+    assert row.endswith(f"{readme_tables.cell(gap)}; the paper's sign on 1 of 2 |")
 
 
 def test_a_named_block_is_written_between_its_own_markers_and_leaves_the_first_table():
