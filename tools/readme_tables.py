@@ -21,6 +21,7 @@ beside "Mind the Gap"'s values.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -65,11 +66,12 @@ def cell(finding: Mapping[str, Any], direction: int = 0) -> str:
         return f"{shown}{(': ' + reason) if reason else ''}"
     low, high = (list(finding.get("interval") or []) + [None, None])[:2]
     text = f"{shown}: {_number(finding['effect'])} [{_number(low)}, {_number(high)}], p={_p(finding.get('p_value'))}"
-    seeds = [s.get("verdict") for s in finding.get("per_seed") or []]
+    per_seed = finding.get("per_seed") or []
+    seeds = [s.get("verdict") for s in per_seed]
     if len(seeds) > 1:
         every = {"appears": "appear"}.get(seeds[0], seeds[0])  # "all seeds appear", "all seeds inconclusive"
         text += f"; all seeds {every}" if len(set(seeds)) == 1 else f"; seeds {', '.join(map(str, seeds))}"
-        effects = [s.get("effect") for s in finding.get("per_seed") or [] if s.get("effect") is not None]
+        effects = [s["effect"] for s in per_seed if s.get("effect") is not None]
         if direction and effects:
             text += f"; the paper's sign on {sum(e * direction > 0 for e in effects)} of {len(effects)}"
     return text
@@ -358,9 +360,9 @@ def main(argv: List[str]) -> int:
         print("the results are not all of one kind: reproduce results.json, is-eval --model=kglm is_eval.json or "
               "appendices results.json", file=sys.stderr)
         return 2
-    make = {"kglm": is_table, "appendices": appendix_table, "reproduce": table}[kinds.pop()]
-    body = table(runs, args.results, args.signs) if make is table else make(runs, args.results)
-    new = replace(readme, body, args.block)
+    make = {"kglm": is_table, "appendices": appendix_table,
+            "reproduce": functools.partial(table, signs=args.signs)}[kinds.pop()]
+    new = replace(readme, make(runs, args.results), args.block)
     return settle(args.readme, readme, new, args.check, f"the table differs from what {', '.join(args.results)} give",
                   f"table from {', '.join(args.results)}")
 
