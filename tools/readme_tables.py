@@ -13,9 +13,9 @@ DIR` (one column per seed: Logan et al.'s effects on the knowledge-graph LM, the
 the results.json of `templm appendices --seed S --out DIR` (one column per seed: Mind the Gap's appendices). The
 table goes between the page's two marker lines, one column per file: for each finding of the registry
 (templm.metrics.findings) the verdict over the seeds, the mean effect with its 95 % interval and p, and each seed's
-verdict; then the wall time and, under the table, the command and machine of each column. Below it, the streaming
-half's relative increase, its monthly slope and the gain from dynamic evaluation, each seed's and their mean,
-beside "Mind the Gap"'s values.
+verdict; then the wall time and, under the table, the command, machine and package versions of each column. Below
+it, the streaming half's relative increase, its monthly slope and the gain from dynamic evaluation, each seed's and
+their mean, beside "Mind the Gap"'s values.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any, List, Mapping, Sequence
 from templm.io import atomic_write, format_duration
 from templm.metrics import statistics
 from templm.metrics.findings import APPENDICES, BY_NAME, IMPORTANCE_SAMPLING, STUDY, of_half
+from templm.reports.reproduction import software_text
 
 BEGIN = "<!-- readme_tables: begin (written by tools/readme_tables.py from the runs' results.json) -->"
 END = "<!-- readme_tables: end -->"
@@ -220,7 +221,8 @@ def table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str], signs: bool
     for r, source in zip(runs, sources):
         seeds = r.get("seeds") or [r.get("seed")]
         flag = f"--seeds {','.join(str(s) for s in seeds)}" if len(seeds) > 1 else f"--seed {seeds[0]}"
-        machine = (r.get("timing") or {}).get("machine") or "machine not recorded"
+        timing = r.get("timing") or {}
+        machine = (timing.get("machine") or "machine not recorded") + software_text(timing.get("software"), ", with ")
         lines.append(f"- {_column(r)}: `templm reproduce --preset {r.get('preset')} {flag} --out "
                      f"{os.path.dirname(source) or '.'}` on {machine}.")
     return "\n".join(lines)

@@ -57,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import importlib.metadata
 import json
 import os
 import platform
@@ -1123,7 +1124,7 @@ def _reproduce(preset: Preset, out_dir: str, seed: int, extra: List[ExtraStage],
         _restore_tasks(previous_data_dir, settings)
     results["timing"] = {"stages": [[n, t] for n, t in progress.times.items()],
                          "models": [[n, t] for n, t in model_times.items()], "extra": extra_times,
-                         "total_s": time.time() - t0, "machine": _machine()}
+                         "total_s": time.time() - t0, "machine": _machine(), "software": _software()}
     if skipped:
         results["skipped"] = dict(skipped)
     results = jsonable(results)
@@ -1171,7 +1172,7 @@ def reproduce_seeds(preset: Union[str, Preset], out_dir: str, seeds: Sequence[in
             per_seed[str(seed)] = reproduce(preset, seed_dir(out_dir, seed), seed, extra_stages, overwrite, data,
                                             stream_preset, settings, only, skip, write_results)
         results = combine_seeds(per_seed)
-        results["timing"] = {"total_s": time.time() - t0, "machine": _machine(),
+        results["timing"] = {"total_s": time.time() - t0, "machine": _machine(), "software": _software(),
                              "per_seed_s": {s: r["timing"]["total_s"] for s, r in per_seed.items()}}
         if partitioning.is_lead() and write_results:
             write_json(paths.join(out_dir, "results.json"), results, sort_keys=True)
@@ -1224,6 +1225,23 @@ def _restore_tasks(data_dir: Optional[str], settings: Settings) -> None:
 def _machine() -> str:
     devices = jax.devices()
     return f"{platform.machine()} {os.cpu_count()} CPU cores, {len(devices)} {devices[0].platform} device(s)"
+
+
+# The installed packages whose versions shape a run's numbers, recorded beside the machine: the same commit and seed
+# give other numbers under another version (sentencepiece 0.2.3 and 0.2.2 train other vocabularies from the same
+# text: docs/results.md).
+SOFTWARE = ("jax", "jaxlib", "flax", "optax", "numpy", "sentencepiece", "tensorflow", "tensorflow-text", "seqio")
+
+
+def _software() -> Dict[str, Optional[str]]:
+    """{package: its installed version, None where it is not installed}."""
+    versions: Dict[str, Optional[str]] = {}
+    for name in SOFTWARE:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
 
 
 def _enable_compilation_cache(cache_dir: str) -> None:

@@ -384,7 +384,14 @@ def _section_timing(results) -> str:
                       "between runs with the same seed; the report itself is written after them).", "",
                       markdown_table(["stage", "seconds"], rows), "",
                       f"Total: {_num(total, 1)} s ({_num(None if total is None else total / 60, 1)} min) on "
-                      f"{t.get('machine', 'this machine')}."])
+                      f"{t.get('machine', 'this machine')}{software_text(t.get('software'), ', with ')}."])
+
+
+def software_text(versions: Optional[Mapping[str, Optional[str]]], lead: str = "") -> str:
+    """`lead` and "jax 0.10.2, sentencepiece 0.2.2, ..." for a run's recorded package versions (results' timing
+    "software"); "" where none were recorded (a run made before they were)."""
+    named = [f"{name} {version}" for name, version in (versions or {}).items() if version]
+    return lead + ", ".join(named) if named else ""
 
 
 def markdown(results: Mapping[str, Any], fig_dir: Optional[str] = None) -> str:
@@ -697,7 +704,8 @@ def seeds_view(results: Mapping[str, Any]) -> Dict[str, Any]:
     view["findings"] = results["findings"]
     timing = results.get("timing") or {}
     view["timing"] = {"stages": [[f"seed {s}", t] for s, t in (timing.get("per_seed_s") or {}).items()],
-                      "total_s": timing.get("total_s"), "machine": timing.get("machine")}
+                      "total_s": timing.get("total_s"), "machine": timing.get("machine"),
+                      "software": timing.get("software")}
     view["seed"] = ", ".join(seeds)
     return view
 

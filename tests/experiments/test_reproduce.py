@@ -5,6 +5,7 @@ and results.json are there with their keys, and a stage re-run with the same see
 example for example, the trained parameters bit for bit, the evaluation's numbers)."""
 
 import dataclasses
+import importlib.metadata
 import json
 import os
 
@@ -12,7 +13,8 @@ import jax
 import numpy as np
 import pytest
 
-from templm.experiments.reproduce import PRESETS, ExtraStage, Reproduction, StudyData, pretrain, run_extra_stage
+from templm.experiments.reproduce import (PRESETS, SOFTWARE, ExtraStage, Reproduction, StudyData, pretrain,
+                                         run_extra_stage)
 from templm.metrics.findings import STREAMING, STUDY
 from templm.metrics.statistics import VERDICTS, verdict
 from templm.reports import reproduction as report
@@ -65,6 +67,12 @@ def test_report_and_figures(run_dir):
                     "## Adaptation to a new year (2017)", "## Timing"):
         assert heading in text
     assert "preset `tiny_test`, seed 0" in text and "seen (training) 2016, future 2017" in text
+    # the installed versions that shape the numbers, in results.json and the report's last line
+    with open(run_dir / "results.json", encoding="utf-8") as f:
+        software = json.load(f)["timing"]["software"]
+    assert software["sentencepiece"] == importlib.metadata.version("sentencepiece")
+    assert software["jaxlib"] == importlib.metadata.version("jaxlib") and set(software) == set(SOFTWARE)
+    assert f" cpu device(s), with jax {jax.__version__}, jaxlib " in text.splitlines()[-1]
     for name in report.FIGURES:
         data = (run_dir / "figures" / f"{name}.png").read_bytes()
         assert data[:4] == b"\x89PNG", name

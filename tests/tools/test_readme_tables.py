@@ -48,7 +48,8 @@ def test_the_table_of_a_run_over_seeds_replaces_what_is_between_the_markers(tmp_
     second["seed"] = 1
     second["findings"]["streaming_gap"]["effect"] += 0.2
     results = combine_seeds({"0": first, "1": second})
-    results["timing"] = {"total_s": 125.0, "per_seed_s": {"0": 61.0, "1": 64.0}, "machine": "x86_64 2 CPU cores"}
+    results["timing"] = {"total_s": 125.0, "per_seed_s": {"0": 61.0, "1": 64.0}, "machine": "x86_64 2 CPU cores",
+                         "software": {"jax": "0.10.2", "seqio": None, "sentencepiece": "0.2.2"}}
     source = tmp_path / "runs" / "smoke2" / "results.json"
     source.parent.mkdir(parents=True)
     source.write_text(json.dumps(results))
@@ -63,7 +64,8 @@ def test_the_table_of_a_run_over_seeds_replaces_what_is_between_the_markers(tmp_
     row = next(line for line in text.splitlines() if line.startswith("| `streaming_gap`"))
     assert row == f"| `streaming_gap`: {gap['claim']} | {readme_tables.cell(gap)} |"
     assert "| finding | smoke, seeds 0,1 |" in text and "| wall time | 2m05s (1m01s, 1m04s per seed) |" in text
-    assert f"`templm reproduce --preset smoke --seeds 0,1 --out {source.parent}` on x86_64 2 CPU cores" in text
+    assert (f"`templm reproduce --preset smoke --seeds 0,1 --out {source.parent}` on x86_64 2 CPU cores, with jax "
+            "0.10.2, sentencepiece 0.2.2.\n") in text  # the versions that shape the numbers; one not installed left out
     names = [line.split("`")[1] for line in text.splitlines() if line.startswith("| `")]
     assert names == list(results["findings"])  # every finding, in the registry's order
     assert readme_tables.main([str(source), "--readme", str(readme), "--check"]) == 0
