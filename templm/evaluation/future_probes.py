@@ -144,6 +144,21 @@ def future_degradation(scorer: TextScorer, params, regime: str, queries: Sequenc
     return result
 
 
+def future_as_of(scorer: TextScorer, params, queries: Sequence[Any], as_of: int) -> Dict[str, Any]:
+    """The Temporal model on the test queries of the years after `as_of` (its last seen year), asked once with each
+    query's own year in the prefix (the paper's protocol) and once as of `as_of`: how much of its future-year F1 is
+    lost to a year prefix it never trained on, against what it knew at its last seen year (Dhingra et al., section
+    4: the Temporal model "persists the unchanged facts"). Per query: id, year, both F1s (x100, the best over the
+    gold names) and the prediction as of `as_of`."""
+    future = [q for q in queries if int(q.year) > int(as_of)]
+    own = scorer.predict(params, [year_input("temporal", int(q.year), q.query) for q in future])
+    then = scorer.predict(params, [year_input("temporal", int(as_of), q.query) for q in future])
+    return {"as_of": int(as_of), "id": [q.id for q in future], "year": [int(q.year) for q in future],
+            "f1_own_year": [100.0 * qa.token_f1(p, q.gold_names) for p, q in zip(own, future)],
+            "f1_as_of": [100.0 * qa.token_f1(p, q.gold_names) for p, q in zip(then, future)],
+            "prediction_as_of": list(then)}
+
+
 def read_calibration(path: str) -> List[Dict[str, Any]]:
     """Calibration queries of `calibration.jsonl`, one per subject and relation: query, change_class, candidates."""
     seen, out = set(), []

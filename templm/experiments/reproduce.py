@@ -3,8 +3,8 @@
     world -> yearly splits -> vocabulary and task records -> [a starting model, Study.pretrain_steps] -> Uniform,
     Temporal and Yearly T5 models (trained on the seen years) -> evaluation (TempLAMA F1 by year and slice,
     CustomNews perplexity, yearly router, F1 by year gap and by answer duration) -> future probes (log-likelihood
-    degradation, calibration entropy) -> adaptation (alpha mixtures of a new year against retraining from scratch)
-    -> streaming (Transformer-XL) -> report
+    degradation, calibration entropy, the Temporal model as of its last seen year) -> adaptation (alpha mixtures of
+    a new year against retraining from scratch) -> streaming (Transformer-XL) -> report
 
 `reproduce(preset, out_dir, seed)` writes under `out_dir`
 
@@ -76,7 +76,8 @@ from templm.data.world import WORLD_VERSION, load_world
 from templm.errors import (ConfigError, DataError, Preempted, StageSkipped, read_json, sigterm_received,
                            watch_sigterm)
 from templm.evaluation.checkpoint_eval import evaluate_params
-from templm.evaluation.future_probes import TextScorer, future_calibration, future_degradation, read_calibration
+from templm.evaluation.future_probes import (TextScorer, future_as_of, future_calibration, future_degradation,
+                                             read_calibration)
 from templm.evaluation.inference import ModelFns
 from templm.evaluation.routing import YearRouter, evaluate_router
 from templm.evaluation.task_eval import evaluate_model, with_params
@@ -702,8 +703,8 @@ def per_query_f1(evaluations: Mapping[str, Any]) -> Dict[str, Any]:
 def future_probes(run: Reproduction, data: TaskData, params: Mapping[str, Any],
                   test_queries: Sequence[Any]) -> StageOutput:
     """The Uniform and Temporal models asked about the years after the last seen one: the log-likelihood of the
-    test queries' answers by year gap, and the entropy over the calibration relations' candidates (skipped, with
-    the reason, without calibration relations)."""
+    test queries' answers by year gap, the entropy over the calibration relations' candidates (skipped, with the
+    reason, without calibration relations), and the Temporal model's future-year F1 as of its last seen year."""
     if not data.future:
         raise StageSkipped(f"no future year: the data's years {_years(data.manifest['years'])} are all seen years")
     vocabulary = seqio.get_mixture_or_task("templama_temporal").output_features["targets"].vocabulary
@@ -726,6 +727,8 @@ def future_probes(run: Reproduction, data: TaskData, params: Mapping[str, Any],
                                                             run.preset.max_gap)
         if calibration is not None:
             results["calibration"][regime] = future_calibration(scorer, params[regime], regime, calibration, years)
+    _stop_if_asked("the temporal model as of its last seen year")
+    results["future_as_of"] = future_as_of(scorer, params["temporal"], test_queries, last_seen)
     return StageOutput(results, skipped=skipped)
 
 

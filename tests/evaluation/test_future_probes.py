@@ -11,8 +11,9 @@ import pytest
 
 from templm.data.records import Answer, Query
 from templm.errors import DataError
-from templm.evaluation.future_probes import (TextScorer, future_calibration, future_degradation, read_calibration,
-                                             year_input)
+from templm.evaluation.future_probes import (TextScorer, future_as_of, future_calibration, future_degradation,
+                                             read_calibration, year_input)
+from templm.metrics import qa
 from templm.models import t5
 
 CFG = t5.T5Config(vocab_size=400, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64, num_encoder_layers=1,
@@ -98,6 +99,19 @@ def test_degradation_glue_against_hand_computed_changes(params, scorer, referenc
     for gap in (1, 2):
         assert groups["single"]["mean"][gap] == pytest.approx(delta("Ana", predicted[0], gap), abs=2e-4)
         assert groups["multiple"]["mean"][gap] == pytest.approx(delta("Bo", predicted[1], gap), abs=2e-4)
+
+
+def test_as_of_asks_the_future_queries_with_the_last_seen_year(params, scorer):
+    text = "<subject> plays for _X_."
+    then = scorer.predict(params, [year_input("temporal", 2016, text.replace("<subject>", s)) for s in ("Ana", "Bo")])
+    own = scorer.predict(params, [year_input("temporal", 2018, text.replace("<subject>", "Bo"))])
+    # Ana's 2017 answer is what the model says as of 2016: F1 100 as of 2016; Bo's 2018 answer is another club.
+    queries = [q("Ana", 2016, "Kept"), q("Ana", 2017, then[0]), q("Bo", 2018, "A Later Club")]
+    out = future_as_of(scorer, params, queries, 2016)
+    assert out["as_of"] == 2016 and out["id"] == ["Ana_P54_2017", "Bo_P54_2018"] and out["year"] == [2017, 2018]
+    assert out["prediction_as_of"] == then and out["f1_as_of"][0] == 100.0
+    assert out["f1_as_of"][1] == 100.0 * qa.token_f1(then[1], ["A Later Club"])
+    assert out["f1_own_year"][1] == 100.0 * qa.token_f1(own[0], ["A Later Club"])
 
 
 def test_calibration_glue_against_hand_computed_entropy(params, scorer, reference, tmp_path):

@@ -15,6 +15,8 @@ import pytest
 
 from templm.experiments.reproduce import (PRESETS, SOFTWARE, ExtraStage, Reproduction, StudyData, pretrain,
                                          run_extra_stage)
+from templm.data.readers import TemplamaReader
+from templm.metrics import qa
 from templm.metrics.findings import STREAMING, STUDY
 from templm.metrics.statistics import VERDICTS, verdict
 from templm.reports import reproduction as report
@@ -73,6 +75,18 @@ def test_report_and_figures(run_dir):
     assert software["sentencepiece"] == importlib.metadata.version("sentencepiece")
     assert software["jaxlib"] == importlib.metadata.version("jaxlib") and set(software) == set(SOFTWARE)
     assert f" cpu device(s), with jax {jax.__version__}, jaxlib " in text.splitlines()[-1]
+    # The Temporal model asked as of its last seen year: each F1 from its prediction and the query's gold names, and
+    # the report's line with both means.
+    with open(run_dir / "results.json", encoding="utf-8") as f:
+        as_of = json.load(f)["future_as_of"]
+    gold = {q.id: q.gold_names for q in TemplamaReader(str(run_dir / "data" / "world" / "templama" / "test.jsonl"))}
+    assert as_of["f1_as_of"] == [100.0 * qa.token_f1(p, gold[i]) for p, i in zip(as_of["prediction_as_of"],
+                                                                                  as_of["id"])]
+    own, then = (sum(as_of[k]) / len(as_of[k]) for k in ("f1_own_year", "f1_as_of"))
+    assert (f"Asked as of 2016 (templm's diagnostic, not a test of either paper): on the {len(as_of['id'])} "
+            f"future-year TempLAMA test queries the Temporal model scores F1 {own:.2f} with each query's own year "
+            f"in its prefix") in " ".join(text.split())
+    assert f"and {then:.2f} with `year: 2016`" in text
     for name in report.FIGURES:
         data = (run_dir / "figures" / f"{name}.png").read_bytes()
         assert data[:4] == b"\x89PNG", name
@@ -142,8 +156,8 @@ def test_the_streaming_paths_are_relative_so_a_moved_run_reports_whole(run_dir, 
 
 def test_results_json_holds_every_stage(results):
     assert set(results) == {"adaptation", "calibration", "config", "degradation", "duration", "extra", "findings",
-                            "model_config", "models", "per_query", "preset", "regimes", "seed", "summary", "timing",
-                            "world", "yearly"}
+                            "future_as_of", "model_config", "models", "per_query", "preset", "regimes", "seed",
+                            "summary", "timing", "world", "yearly"}
     assert results["preset"] == "tiny_test" and results["seed"] == 0
     assert results["world"]["seen_years"] == [2016] and results["world"]["future_years"] == [2017]
     for regime in ("uniform", "yearly", "temporal"):
@@ -199,6 +213,15 @@ def test_results_json_holds_every_stage(results):
     for regime in ("temporal", "yearly"):
         spans = [f for f, y in zip(news["f1"][regime], news["year"]) if y == 2016]
         assert sum(spans) / len(spans) == pytest.approx(results["regimes"][regime]["customnews"]["f1_2016"])
+
+    # The Temporal model on the future years with its own year (the raw-text scorer: each query's F1 as the seqio
+    # evaluation's) and as of the last seen year.
+    as_of = results["future_as_of"]
+    future = {i: f for i, f, y in zip(ids, results["per_query"]["f1"]["temporal"], results["per_query"]["year"])
+              if y == 2017}
+    assert as_of["as_of"] == 2016 and sorted(as_of["id"]) == sorted(future) and set(as_of["year"]) == {2017}
+    assert dict(zip(as_of["id"], as_of["f1_own_year"])) == pytest.approx(future)
+    assert len(as_of["f1_as_of"]) == len(as_of["prediction_as_of"]) == len(future)
 
     def keys(tree, path=()):  # wall-clock numbers live under "timing" only
         if isinstance(tree, dict):
