@@ -16,8 +16,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
-from typing import Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 from templm.io import format_duration
 
@@ -63,17 +64,27 @@ def warn(message: str) -> None:
 def silenced_stderr() -> Iterator[None]:
     """Standard error, the file descriptor, on /dev/null for the block: what native libraries and their threads
     write there (TensorFlow's start-up lines, orbax's and tensorstore's tracebacks) is not shown. Python's own
-    sys.stderr is flushed first, so nothing of ours written before is lost."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
+    sys.stderr is flushed first, so nothing of ours written before is lost. Blocks of several threads overlap: the
+    first to enter silences it, the last to leave gives it back."""
+    with _SILENCED["lock"]:
+        if _SILENCED["depth"] == 0:
+            sys.stderr.flush()
+            _SILENCED["saved"] = os.dup(2)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 2)
+            os.close(devnull)
+        _SILENCED["depth"] += 1
     try:
-        os.dup2(devnull, 2)
         yield
     finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
+        with _SILENCED["lock"]:
+            _SILENCED["depth"] -= 1
+            if _SILENCED["depth"] == 0:
+                os.dup2(_SILENCED["saved"], 2)
+                os.close(_SILENCED["saved"])
+
+
+_SILENCED: Dict[str, Any] = {"lock": threading.Lock(), "depth": 0, "saved": None}
 
 
 class Rate:

@@ -54,6 +54,7 @@ evaluation) is the extra stage "streaming", registered in `EXTRA_STAGES` below; 
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
@@ -61,6 +62,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -373,9 +375,9 @@ class Reproduction:
             return paths.join(self.models_dir, PRETRAINED, "checkpoints"), PRETRAINED
         return p.initial_checkpoint, p.initial_checkpoint or "scratch"
 
-    def train_kwargs(self, name: Optional[str] = None) -> Dict[str, Any]:
+    def train_kwargs(self, name: Optional[str] = None, stop: Optional[Callable[[], bool]] = None) -> Dict[str, Any]:
         """The trainer's arguments every model of the study shares; the model `name`, trained from the start (not
-        fine-tuned), starts where `start_of` says."""
+        fine-tuned), starts where `start_of` says; `stop`: RunOptions.stop."""
         p = self.preset
         save = SaveCheckpointConfig(period=0, keep=1,
                                     input_state_at_end=False)  # models of fixed length (a SIGTERM's save keeps it)
@@ -385,12 +387,13 @@ class Reproduction:
                     options=RunOptions(mesh=self.mesh, evaluator=evaluate_params,
                                        progress=console.LONG_WORK_SECONDS,  # a line for minutes of work
                                        # MODEL_DIR/config.gin: the study's bindings, as T5X's
-                                       config_gin=gin.config_str() or None))
+                                       config_gin=gin.config_str() or None, stop=stop))
 
-    def train(self, name: str, regime: str, mixture: str, steps: int, init: str = "scratch") -> "TrainedModel":
+    def train(self, name: str, regime: str, mixture: str, steps: int, init: str = "scratch",
+              stop: Optional[Callable[[], bool]] = None) -> "TrainedModel":
         start = time.time()
         result = trainer.train(model_dir=paths.join(self.models_dir, name), train_dataset_cfg=self.train_data(mixture),
-                               total_steps=steps, eval_period=0, **self.train_kwargs(name))
+                               total_steps=steps, eval_period=0, **self.train_kwargs(name, stop))
         params = partitioning.host_local(result.params)  # each process evaluates on its own device
         return self.trained(name, regime, mixture, int(result.step), (result.train or {}).get("loss"), init,
                             time.time() - start, params)
@@ -577,17 +580,52 @@ def pretrain(run: Reproduction, data: TaskData) -> Dict[str, TrainedModel]:
     return {PRETRAINED: TrainedModel(None, {**model.record, "years": years}, model.seconds)}
 
 
+def train_models(run: Reproduction, jobs: Sequence[Tuple[str, str, str, int]]) -> Dict[str, TrainedModel]:
+    """run.train(name, regime, mixture, steps) of each job, by name in the jobs' order: `Study.trainings_at_once` of
+    them at a time, each in a thread of this process (one at a time in a run of several processes, whose steps and
+    saves must come in one order). A model's parameters do not depend on what trains beside it. When one training
+    fails, or Ctrl-C or SIGTERM arrives, the others stop after their step with a checkpoint (as SIGTERM stops a
+    training), the ones not started do not start, and the first failure is raised: a rerun resumes each model."""
+    at_once = min(run.preset.trainings_at_once, len(jobs))
+    if at_once <= 1 or jax.process_count() > 1:
+        return {job[0]: run.train(*job) for job in jobs}
+    stopping = threading.Event()
+
+    def one(job):
+        if stopping.is_set():  # a training before it failed, or the command is stopping: never started
+            return None
+        try:
+            return run.train(*job, stop=stopping.is_set)
+        except BaseException:
+            stopping.set()
+            raise
+
+    with concurrent.futures.ThreadPoolExecutor(at_once, thread_name_prefix="templm-train") as pool:
+        futures = [pool.submit(one, job) for job in jobs]
+        try:
+            concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+            failed = next((f for f in futures if f.done() and not f.cancelled() and f.exception()), None)
+            if failed is not None:
+                raise failed.exception()
+            return {job[0]: future.result() for job, future in zip(jobs, futures)}
+        except BaseException:
+            stopping.set()
+            for future in futures:
+                future.cancel()
+            raise
+
+
 def train_main(run: Reproduction, data: TaskData) -> Dict[str, TrainedModel]:
     """The Uniform and Temporal models, on the seen years (the mixtures' training splits hold only those)."""
     run.configure(data.data_dir)
-    return {regime: run.train(regime, regime, f"{regime}_mixture", run.preset.steps) for regime in SHARED_MODEL}
+    return train_models(run, [(regime, regime, f"{regime}_mixture", run.preset.steps) for regime in SHARED_MODEL])
 
 
 def train_yearly(run: Reproduction, data: TaskData) -> Dict[str, TrainedModel]:
     """One expert per seen year, on that year's data."""
     run.configure(data.data_dir)
-    return {f"yearly_{year}": run.train(f"yearly_{year}", "yearly", f"yearly_{year}_mixture", run.preset.yearly_steps)
-            for year in data.seen}
+    return train_models(run, [(f"yearly_{year}", "yearly", f"yearly_{year}_mixture", run.preset.yearly_steps)
+                              for year in data.seen])
 
 
 def _qa_summary(data: TaskData, templama, customnews, params: int, steps: int) -> Tuple[Dict, Dict]:
@@ -884,8 +922,10 @@ def stage_selection(only: Optional[Sequence[str]] = None, skip: Sequence[str] = 
     return out
 
 
-# Preset fields no model depends on (the first ETA, how the probes and evaluation run): changing them keeps the models.
-EVALUATION_ONLY = frozenset({"estimated_steps_per_s", "eval_batch_size", "max_gap", "calibration_years"})
+# Preset fields no model depends on (the first ETA, how the probes and evaluation run, how many models train at once):
+# changing them keeps the models.
+EVALUATION_ONLY = frozenset({"estimated_steps_per_s", "eval_batch_size", "max_gap", "calibration_years",
+                             "trainings_at_once"})
 
 
 def _half_records(preset: Preset, seed: int, extra: Sequence[ExtraStage], data: StudyData,

@@ -34,7 +34,7 @@ _AT_LEAST_ONE = frozenset({"vocab_size", "steps", "yearly_steps", "adapt_steps",
                            "retrain_eval_points", "inputs_length", "targets_length", "batch_size", "eval_batch_size",
                            "max_gap", "calibration_years", "docs_per_month", "subjects_per_relation",
                            "test_docs_per_month", "train_steps", "test_months", "min_test_count", "n_topics",
-                           "train_count_documents", "ms_segments", "pad_vocab_to"})
+                           "train_count_documents", "ms_segments", "pad_vocab_to", "trainings_at_once"})
 
 
 def _check_numbers(kind: str, study: Any) -> None:
@@ -98,6 +98,11 @@ class Preset:
     # The input pipelines each training's global batch is drawn from (train/templm.DatasetConfig.shards): 0, one per process.
     # The batches depend on it, not on the number of processes: any process count that divides it trains alike.
     data_shards: int = 0
+    # Models of one stage trained at the same time, each in a thread of this process (the Uniform and Temporal models,
+    # the Yearly experts): the tiny steps of the CPU presets leave the cores idle between kernels, and two trainings
+    # fill them (BENCHMARKS.md, "More work per compiled call"). Each model's parameters are those of its training
+    # alone; a run of several processes trains one at a time.
+    trainings_at_once: int = 1
 
     def __post_init__(self):
         require_field_types(self, "templm.Study")

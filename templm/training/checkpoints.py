@@ -162,6 +162,12 @@ def _restore_intact(directory: epath.Path, steps: List[int], step: Optional[int]
     raise DataError("no intact checkpoint to restore: " + "; ".join(problems), str(directory))
 
 
+# Two of orbax's saves at once in one process fail (one's files vanish or its folder is found not empty), so the
+# checkpointers of trainings in threads (templm.experiments.reproduce.train_models) take turns: a manager is made and
+# closed holding this, and a save holds it from its start until it is on disk.
+_ORBAX_WRITES = threading.Lock()
+
+
 class Checkpointer:
     """Saves every `save_period` steps (and on demand), keeps the last `keep`, restores the latest intact one."""
 
@@ -171,8 +177,10 @@ class Checkpointer:
         self.save_period = save_period
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True,
                                                cleanup_tmp_directories=True)
-        self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                             item_names=("state", "meta", INPUT))
+        with _ORBAX_WRITES:
+            self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                                 item_names=("state", "meta", INPUT))
+        self._writing = False  # this checkpointer's save holds _ORBAX_WRITES
         self.failed = False
         self._quiet = None
         self._unrecorded: Optional[int] = None  # a step whose write may still run; its digests are not yet written
@@ -246,7 +254,13 @@ class Checkpointer:
             items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
             if inputs is not None:
                 items[INPUT] = InputStateSave(dict(inputs))
-            self._orbax(lambda: self.manager.save(step, args=ocp.args.Composite(**items), force=True), step)
+            _ORBAX_WRITES.acquire()
+            self._writing = True
+            try:
+                self._orbax(lambda: self.manager.save(step, args=ocp.args.Composite(**items), force=True), step)
+            except BaseException:
+                self._end_writing()
+                raise
             self._unrecorded = step
             logging.info("saving checkpoint %d in %s", step, self.directory)
         if wait:
@@ -256,10 +270,18 @@ class Checkpointer:
         """Blocks until the last save is on disk and starts writing its digests; with `digests`, until they are
         written too."""
         if self._unrecorded is not None:
-            self._orbax(self.manager.wait_until_finished, self._unrecorded)
+            try:
+                self._orbax(self.manager.wait_until_finished, self._unrecorded)
+            finally:
+                self._end_writing()
             self._record()
         if digests:
             self._join()
+
+    def _end_writing(self) -> None:
+        if self._writing:
+            self._writing = False
+            _ORBAX_WRITES.release()
 
     def restore(self, abstract_state: Any, step: Optional[int] = None) -> Tuple[Any, dict]:
         """The state laid out as `abstract_state` (ShapeDtypeStructs with shardings) and the JSON record of `step`,
@@ -332,7 +354,9 @@ class Checkpointer:
             if not self.failed:
                 self.wait(digests=True)
         finally:
-            self.manager.close()
+            self._end_writing()
+            with _ORBAX_WRITES:
+                self.manager.close()
             if self.failed:  # the half-written step of the failed save, now that no thread writes to it
                 for partial in self.path.glob("*.orbax-checkpoint-tmp*"):
                     shutil.rmtree(partial, ignore_errors=True) if partial.is_dir() else partial.unlink(missing_ok=True)

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import json
 import re
+import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -282,7 +283,8 @@ class Hooks:
     extended can leave it out: it is as large as the pipelines' shuffle buffers). `progress`: True a line at every
     log step, a number of seconds at most once in that many (console.Ticker; the command line's --progress=bar draws
     a bar, none prints nothing), False never; the lines are named `name` and show the metrics and extra scalars
-    `shown`."""
+    `shown`. stop() -> True stops the run after its step as SIGTERM does (a checkpoint, then Preempted): a training
+    in a thread, whose process is stopping for another reason (templm.experiments.reproduce)."""
 
     evaluate: Optional[Callable[[int, Any], None]] = None
     eval_period: int = 0
@@ -292,6 +294,7 @@ class Hooks:
     progress: Union[bool, float] = True
     name: str = "train"
     shown: Tuple[str, ...] = ("loss",)
+    stop: Optional[Callable[[], bool]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,12 +320,13 @@ class RunOptions:
     `partitioning.make_mesh()`, bindable in gin), progress lines (True, a number of seconds between lines, or False:
     see Hooks), the gin config that made the run (`gin.config_str()`, written to MODEL_DIR/config.gin as T5X does),
     and the T5 trainer's evaluator (evaluation sits above training: `templm train` passes
-    templm.evaluation.checkpoint_eval.evaluate_params)."""
+    templm.evaluation.checkpoint_eval.evaluate_params); `stop`: Hooks.stop."""
 
     mesh: Any = None
     progress: Union[bool, float] = True
     config_gin: Optional[str] = None
     evaluator: Optional[Callable[..., Dict[str, Dict[str, float]]]] = None
+    stop: Optional[Callable[[], bool]] = None
 
 
 @dataclasses.dataclass
@@ -355,19 +359,21 @@ class StepCache:
     def __init__(self, size: int = 4):
         self.size = size
         self._entries: "collections.OrderedDict[Any, Tuple[Any, Callable]]" = collections.OrderedDict()
+        self._lock = threading.Lock()  # trainings in threads (Hooks.stop) share one step
 
     def get(self, key: Any, build: Callable[[], Callable], held: Any = None) -> Callable:
         """The step cached under `key`, or build() cached there (None: never cached)."""
         if key is None:
             return build()
-        if key in self._entries:
-            self._entries.move_to_end(key)
-            return self._entries[key][1]
-        step = build()
-        self._entries[key] = (held, step)
-        while len(self._entries) > self.size:
-            self._entries.popitem(last=False)
-        return step
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return self._entries[key][1]
+            step = build()
+            self._entries[key] = (held, step)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+            return step
 
 
 STEPS = StepCache()
@@ -413,7 +419,8 @@ def run(step_fn: Callable, state: Any, batch_at: Callable[[int], Mapping[str, ja
                 state, metrics = step_fn(state, batch_at(step), c.rng)
                 step += 1
                 last = step == c.train_steps
-                stopping = sigterm_received()  # read once: a signal arriving later is seen after the next step
+                # read once: a signal arriving later is seen after the next step
+                stopping = sigterm_received() or (hooks.stop is not None and hooks.stop())
                 save = c.checkpointer.should_save(step) or last or stopping
                 if step % c.log_period == 0 or save:
                     metrics = jax.device_get(metrics)

@@ -312,7 +312,7 @@ def train(model_dir: str = gin.REQUIRED, model: Any = gin.REQUIRED, train_datase
             hooks = loop.Hooks(
                 evaluate=evaluate, eval_period=eval_period, input_state=inputs.state,
                 final_input_state=save.input_state_at_end, progress=options.progress,
-                name=os.path.basename(os.path.normpath(model_dir)),
+                name=os.path.basename(os.path.normpath(model_dir)), stop=options.stop,
                 # the rate of the update that made `step` (optax counts updates from 0)
                 extra_scalars=None if learning_rate is None else (
                     lambda step: {"learning_rate": learning_rate(step - 1)}))

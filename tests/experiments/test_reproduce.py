@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 from templm.experiments.reproduce import (PRESETS, SOFTWARE, ExtraStage, Reproduction, StudyData, pretrain,
-                                         run_extra_stage)
+                                         run_extra_stage, train_models)
 from templm.data.readers import TemplamaReader
 from templm.metrics import qa
 from templm.metrics.findings import STREAMING, STUDY
 from templm.metrics.statistics import VERDICTS, verdict
 from templm.reports import reproduction as report
-from templm_testing import TINY_STUDY
+from templm_testing import TINY_STUDY, run_templm_stopped
 from templm_testing import run_templm as templm
 
 pytestmark = pytest.mark.e2e
@@ -366,3 +366,42 @@ def test_seeds_named_twice_are_refused(tmp_path):
     """(A run of several seeds, stopped and resumed, is tests/cloud/test_study.py's, into a bucket.)"""
     bad = templm("reproduce", "--preset=tiny_test", f"--out={tmp_path / 'x'}", "--seeds=1,1")
     assert bad.returncode == 1 and "distinct" in bad.stderr
+
+
+def _steps_saved(model_dir):
+    checkpoints = model_dir / "checkpoints"
+    return sorted(int(s) for s in os.listdir(checkpoints) if s.isdigit()) if checkpoints.exists() else []
+
+
+def test_when_one_training_of_a_stage_fails_the_one_beside_it_stops_with_its_checkpoint(tmp_path):
+    """Study.trainings_at_once (2 in the preset): a training that fails at its start stops the one beside it after
+    that one's step, with a checkpoint a rerun resumes from; a training not yet started never starts; the failure is
+    what the stage raises."""
+    assert STUDY_PRESET.trainings_at_once == 2
+    run = Reproduction(STUDY_PRESET, str(tmp_path), seed=0)
+    data = run.prepare_data()
+    run.configure(data.data_dir)
+    jobs = [("uniform", "uniform", "uniform_mixture", 10 ** 6), ("broken", "uniform", "no_such_mixture", 6),
+            ("later", "uniform", "uniform_mixture", 6)]
+    with pytest.raises(ValueError, match="no_such_mixture"):
+        train_models(run, jobs)
+    steps = _steps_saved(tmp_path / "models" / "uniform")
+    assert steps and steps[-1] < 10 ** 6
+    assert not (tmp_path / "models" / "later").exists()
+
+
+def test_ctrl_c_while_two_models_train_stops_both_with_their_checkpoints(tmp_path):
+    """Ctrl-C while Uniform and Temporal train at once: both stop after their step with a checkpoint, the command
+    exits 130 with one line, and nothing of the run's results is written."""
+    import signal
+
+    out = tmp_path / "run"
+    models = out / "models"
+    started = lambda: all((models / m / "train").exists() for m in ("uniform", "temporal"))  # noqa: E731
+    result = run_templm_stopped(started, *TINY_STUDY, "--gin.Study.steps=1000000", f"--out={out}", sig=signal.SIGINT)
+    assert result.returncode == 130, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    for name in ("uniform", "temporal"):
+        steps = _steps_saved(models / name)
+        assert steps and steps[-1] < 10 ** 6, name
+    assert not (out / "results.json").exists() and not (out / "report.md").exists()
