@@ -240,9 +240,9 @@ def _as_of_text(results) -> List[str]:
     return ["", f"Asked as of {a['as_of']} (templm's diagnostic, not a test of either paper): on the {len(a['id'])} "
             f"future-year TempLAMA test queries the Temporal model scores F1 {_num(own)} with each query's own year "
             f"in its prefix (the paper's protocol, Table 2's future column) and {_num(then)} with `year: "
-            f"{a['as_of']}`, the last year it trained on (Uniform, given no year: {_num(uniform)}). A model that "
-            "never saw a later year in its prefix pays the difference for the prefix alone; the paper's Temporal "
-            "model, from a pretrained T5, \"persists the unchanged facts\" into the future years."]
+            f"{a['as_of']}`, the last year it trained on (Uniform, given no year: {_num(uniform)}). The two differ by "
+            "what a prefix naming a year the model never trained on does to its answers; the paper's Temporal model, "
+            "from a pretrained T5, \"persists the unchanged facts\" into the future years."]
 
 
 def _section_calibration(results) -> str:
