@@ -580,39 +580,48 @@ def pretrain(run: Reproduction, data: TaskData) -> Dict[str, TrainedModel]:
     return {PRETRAINED: TrainedModel(None, {**model.record, "years": years}, model.seconds)}
 
 
-def train_models(run: Reproduction, jobs: Sequence[Tuple[str, str, str, int]]) -> Dict[str, TrainedModel]:
-    """run.train(name, regime, mixture, steps) of each job, by name in the jobs' order: `Study.trainings_at_once` of
-    them at a time, each in a thread of this process (one at a time in a run of several processes, whose steps and
-    saves must come in one order). A model's parameters do not depend on what trains beside it. When one training
-    fails, or Ctrl-C or SIGTERM arrives, the others stop after their step with a checkpoint (as SIGTERM stops a
-    training), the ones not started do not start, and the first failure is raised: a rerun resumes each model."""
+def at_once(run: Reproduction, jobs: Sequence[Tuple[str, Callable[[Callable[[], bool]], Any]]]) -> Dict[str, Any]:
+    """{name: job(stop)} of each (name, job), in the jobs' order: `Study.trainings_at_once` of them at a time, each in
+    a thread of this process (one at a time in a run of several processes, whose steps and saves must come in one
+    order). A job trains (RunOptions.stop=stop) and may evaluate what it trained; a model's parameters do not depend
+    on what trains beside it. When one job fails, or Ctrl-C or SIGTERM arrives, the others stop after their step with
+    a checkpoint (as SIGTERM stops a training), the ones not started do not start, and the first failure is raised: a
+    rerun resumes each model."""
     at_once = min(run.preset.trainings_at_once, len(jobs))
     if at_once <= 1 or jax.process_count() > 1:
-        return {job[0]: run.train(*job) for job in jobs}
+        return {name: job(None) for name, job in jobs}
     stopping = threading.Event()
 
     def one(job):
-        if stopping.is_set():  # a training before it failed, or the command is stopping: never started
+        if stopping.is_set():  # a job before it failed, or the command is stopping: never started
             return None
         try:
-            return run.train(*job, stop=stopping.is_set)
+            return job(stopping.is_set)
         except BaseException:
             stopping.set()
             raise
 
     with concurrent.futures.ThreadPoolExecutor(at_once, thread_name_prefix="templm-train") as pool:
-        futures = [pool.submit(one, job) for job in jobs]
+        futures = [pool.submit(one, job) for _, job in jobs]
         try:
             concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
             failed = next((f for f in futures if f.done() and not f.cancelled() and f.exception()), None)
             if failed is not None:
                 raise failed.exception()
-            return {job[0]: future.result() for job, future in zip(jobs, futures)}
+            return {name: future.result() for (name, _), future in zip(jobs, futures)}
         except BaseException:
             stopping.set()
             for future in futures:
                 future.cancel()
             raise
+
+
+def train_models(run: Reproduction, jobs: Sequence[Tuple[str, str, str, int]]) -> Dict[str, TrainedModel]:
+    """run.train(name, regime, mixture, steps) of each job, by name in the jobs' order, `at_once`."""
+    def training(job):
+        return lambda stop: run.train(*job, stop=stop)
+
+    return at_once(run, [(job[0], training(job)) for job in jobs])
 
 
 def train_main(run: Reproduction, data: TaskData) -> Dict[str, TrainedModel]:
@@ -787,78 +796,113 @@ def adapt(run: Reproduction, data: TaskData, base: Evaluation) -> StageOutput:
                            "seen years")
     run.configure(data.data_dir)
     fns = run.shared["fns"]
-    kwargs = run.train_kwargs()
-    models: Dict[str, TrainedModel] = {}
     evaluated: Dict[Tuple[int, str], Any] = {}  # (id(params), task) -> its evaluation, reused for the per-query scores
+    evaluating = threading.RLock()  # one evaluation at a time, beside the trainings
 
     def evaluate_on(task):
         def evaluate(params):  # the final scores, with the functions the evaluation stage compiled
             key = (id(params), task)
-            if key not in evaluated:
-                local = partitioning.host_local(params)  # each process evaluates on its own device
-                evaluated[key] = evaluate_model(with_params(fns, local), task, run.lengths)
-            return evaluated[key].metrics
+            with evaluating:
+                if key not in evaluated:
+                    local = partitioning.host_local(params)  # each process evaluates on its own device
+                    evaluated[key] = evaluate_model(with_params(fns, local), task, run.lengths)
+                return evaluated[key].metrics
         return evaluate
 
     def evaluations_of(params, regime):
         tasks_of = {"templama": f"templama_{regime}", "customnews": f"customnews_ssm_{regime}"}
-        for task in tasks_of.values():
-            evaluate_on(task)(params)
-        return {folder: evaluated.pop((id(params), task)) for folder, task in tasks_of.items()}
+        with evaluating:
+            for task in tasks_of.values():
+                evaluate_on(task)(params)
+            return {folder: evaluated.pop((id(params), task)) for folder, task in tasks_of.items()}
 
     def period(steps, points):  # evaluations during training only where a curve is asked for
         return max(1, steps // points) if points > 1 else None
 
-    # The references: each regime retrained from scratch on the seen years and the new one. The fine-tunes too take
-    # TempLAMA's training queries of those years (their mixtures are shaped like the training mixtures).
-    run.configure(data.data_dir, train_years=seen + [new_year])
-    try:
-        retrained, retrained_evaluations = {}, {}
-        for regime in ("temporal", "uniform"):
-            _stop_if_asked(f"the {regime} model retrained from scratch")
-            name = RETRAINED_MODEL[regime]
-            r = adaptation.train_with_curve(paths.join(run.models_dir, name), run.train_data(f"{regime}_mixture"),
-                                            p.retrain_steps, run.eval_data(f"templama_{regime}"), new_year, seen,
-                                            period(p.retrain_steps, p.retrain_eval_points),
-                                            evaluate=evaluate_on(f"templama_{regime}"), **kwargs)
-            seconds = r.pop("wall_s")
-            retrained_evaluations[regime] = evaluations_of(r.pop("params"), regime)
-            r["customnews"] = adaptation.new_and_old_f1(retrained_evaluations[regime]["customnews"].metrics, new_year,
-                                                        seen)
-            retrained[regime] = r
-            models[name] = run.trained(name, regime, f"{regime}_mixture ({_years(seen + [new_year])})", r["steps"],
-                                       r["train_loss"], "scratch", seconds)
+    def train_kwargs(stop):  # the trainer's evaluations (a curve's points) take their turn with the others
+        kwargs = run.train_kwargs(stop=stop)
+        evaluator = kwargs["options"].evaluator
 
-        regimes = {}
-        for regime in ("temporal", "uniform"):
-            base_evaluations = base.base[regime]
-            base_f1 = adaptation.new_and_old_f1(base_evaluations["templama"].metrics, new_year, seen)
+        def in_turn(*args, **evaluator_kwargs):
+            with evaluating:
+                return evaluator(*args, **evaluator_kwargs)
+        kwargs["options"] = dataclasses.replace(kwargs["options"], evaluator=in_turn)
+        return kwargs
+
+    # The references: each regime retrained from scratch on the seen years and the new one; the fine-tunes of each
+    # regime, one alpha after the other. Each job trains, then scores what it trained (the parameters let go); the
+    # jobs run `Study.trainings_at_once` at a time. The fine-tunes too take TempLAMA's training queries of those
+    # years (their mixtures are shaped like the training mixtures).
+    def retrain(regime):
+        def job(stop):
+            _stop_if_asked(f"the {regime} model retrained from scratch")
+            r = adaptation.train_with_curve(paths.join(run.models_dir, RETRAINED_MODEL[regime]),
+                                            run.train_data(f"{regime}_mixture"), p.retrain_steps,
+                                            run.eval_data(f"templama_{regime}"), new_year, seen,
+                                            period(p.retrain_steps, p.retrain_eval_points),
+                                            evaluate=evaluate_on(f"templama_{regime}"), **train_kwargs(stop))
+            seconds, evaluations = r.pop("wall_s"), evaluations_of(r.pop("params"), regime)
+            name = RETRAINED_MODEL[regime]
+            return r, evaluations, run.trained(name, regime, f"{regime}_mixture ({_years(seen + [new_year])})",
+                                               r["steps"], r["train_loss"], "scratch", seconds)
+        return job
+
+    def fine_tune(regime):
+        def job(stop):
             runs = adaptation.fine_tune_alphas(paths.join(run.models_dir, regime, "checkpoints"), new_year, seen,
                                                p.alphas, p.adapt_steps, paths.join(run.models_dir, "adapt"),
                                                run.train_data(f"{regime}_mixture"), run.eval_data(f"templama_{regime}"),
                                                period(p.adapt_steps, p.adapt_eval_points),
-                                               evaluate_on(f"templama_{regime}"), regime=regime, **kwargs)
-            per_query = {folder: {"base": evaluation} for folder, evaluation in base_evaluations.items()}
+                                               evaluate_on(f"templama_{regime}"), regime=regime,
+                                               **train_kwargs(stop))
+            scored = {}
             for alpha, r in runs.items():
                 _stop_if_asked(f"the {regime} model adapted with alpha {alpha}")
+                seconds, evaluations = r.pop("wall_s"), evaluations_of(r.pop("params"), regime)
                 name = f"adapt_alpha{alpha}" if regime == "temporal" else f"adapt_{regime}_alpha{alpha}"
-                seconds = r.pop("wall_s")
-                for folder, evaluation in evaluations_of(r.pop("params"), regime).items():
-                    per_query[folder][alpha] = evaluation
-                r["customnews"] = adaptation.new_and_old_f1(per_query["customnews"][alpha].metrics, new_year, seen)
-                models[name] = run.trained(name, regime, r["mixture"], r["steps"], r["train_loss"], regime, seconds)
-            for folder in ("templama", "customnews"):
-                per_query[folder]["retrained"] = retrained_evaluations[regime][folder]
-            news_base = adaptation.new_and_old_f1(base_evaluations["customnews"].metrics, new_year, seen)
-            own = retrained[regime]
-            regimes[regime] = {
-                "runs": runs, "retrained": own, "summary": adaptation.summarize(base_f1, runs, own, p.steps),
-                "customnews_summary": adaptation.summarize(
-                    news_base, {a: {**r["customnews"], "steps": r["steps"]} for a, r in runs.items()},
-                    {**own["customnews"], "steps": own["steps"]}, p.steps),
-                "per_query": {folder: per_query_f1(evaluations) for folder, evaluations in per_query.items()}}
+                scored[alpha] = (name, r, evaluations, run.trained(name, regime, r["mixture"], r["steps"],
+                                                                   r["train_loss"], regime, seconds))
+            return scored
+        return job
+
+    regimes_order = ("temporal", "uniform")
+    run.configure(data.data_dir, train_years=seen + [new_year])
+    try:
+        done = at_once(run, [(f"retrain {regime}", retrain(regime)) for regime in regimes_order]
+                       + [(f"fine-tune {regime}", fine_tune(regime)) for regime in regimes_order])
     finally:
         run.configure(data.data_dir)
+
+    models: Dict[str, TrainedModel] = {}
+    retrained, retrained_evaluations = {}, {}
+    for regime in regimes_order:
+        r, retrained_evaluations[regime], models[RETRAINED_MODEL[regime]] = done[f"retrain {regime}"]
+        r["customnews"] = adaptation.new_and_old_f1(retrained_evaluations[regime]["customnews"].metrics, new_year,
+                                                    seen)
+        retrained[regime] = r
+
+    regimes = {}
+    for regime in regimes_order:
+        base_evaluations = base.base[regime]
+        base_f1 = adaptation.new_and_old_f1(base_evaluations["templama"].metrics, new_year, seen)
+        per_query = {folder: {"base": evaluation} for folder, evaluation in base_evaluations.items()}
+        runs = {}
+        for alpha, (name, r, evaluations, model) in done[f"fine-tune {regime}"].items():
+            models[name] = model
+            for folder, evaluation in evaluations.items():
+                per_query[folder][alpha] = evaluation
+            r["customnews"] = adaptation.new_and_old_f1(per_query["customnews"][alpha].metrics, new_year, seen)
+            runs[alpha] = r
+        for folder in ("templama", "customnews"):
+            per_query[folder]["retrained"] = retrained_evaluations[regime][folder]
+        news_base = adaptation.new_and_old_f1(base_evaluations["customnews"].metrics, new_year, seen)
+        own = retrained[regime]
+        regimes[regime] = {
+            "runs": runs, "retrained": own, "summary": adaptation.summarize(base_f1, runs, own, p.steps),
+            "customnews_summary": adaptation.summarize(
+                news_base, {a: {**r["customnews"], "steps": r["steps"]} for a, r in runs.items()},
+                {**own["customnews"], "steps": own["steps"]}, p.steps),
+            "per_query": {folder: per_query_f1(evaluations) for folder, evaluations in per_query.items()}}
     return StageOutput({"adaptation": {"new_year": new_year, "old_years": seen, "retrained": retrained["temporal"],
                                        "regimes": regimes}}, models)
 
