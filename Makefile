@@ -2,7 +2,9 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# templm and its dependencies (what make demo needs); then the test extra (pytest, the GCS emulator, Beam) for make test
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 DEMO_DIR ?= runs/demo
 # XLA's CPU runtime allocates a step's large buffers afresh each time; glibc malloc backed by transparent huge pages
 # touches them in 2 MB pages instead of 4 KB ones (fewer page faults, faster CPU steps: BENCHMARKS.md). glibc older
@@ -17,10 +19,14 @@ $(STAMP): setup.py
 	  ": make ... PYTHON=python3.11")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -qq --upgrade pip
-	$(BIN)/python -m pip install -qq -e '.[test]'
+	$(BIN)/python -m pip install -qq -e .
 	touch $(STAMP)
 
-venv: $(STAMP)
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -qq -e '.[test]'
+	touch $(TEST_STAMP)
+
+venv: $(TEST_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/templm reproduce --preset smoke --out $(DEMO_DIR)
@@ -32,19 +38,19 @@ demo: $(STAMP)
 # tests/conftest.py starts with the slowest files (SLOWEST_FILES), so that the two workers end together.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q $(XDIST) --durations=25 -m "not network" tests
 
-test-fast: $(STAMP)
+test-fast: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q $(XDIST) --durations=10 -m "not e2e and not slow and not network" tests
 
-test-network: $(STAMP)
+test-network: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m network tests
 
 # Benchmarks (BENCHMARKS.md): each tool prints one JSON line per figure; they are appended to $(BENCH_OUT).
 # The PyTorch peer of bench_t5 needs the bench extra (`$(BIN)/python -m pip install -e '.[bench]'`), else skipped.
 BENCH_OUT ?= bench_results.jsonl
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	bash -o pipefail -c '$(BIN)/python tools/bench_t5.py | tee -a $(BENCH_OUT)'
 	bash -o pipefail -c '$(BIN)/python tools/bench_txl.py | tee -a $(BENCH_OUT)'
 	bash -o pipefail -c '$(BIN)/python tools/bench_data.py | tee -a $(BENCH_OUT)'
