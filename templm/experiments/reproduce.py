@@ -54,7 +54,6 @@ evaluation) is the extra stage "streaming", registered in `EXTRA_STAGES` below; 
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
@@ -92,7 +91,7 @@ from templm.metrics.statistics import mean_interval
 from templm.models.t5 import T5_1_1_CONFIGS, EncoderDecoderModel, count_parameters
 from templm.outputs import writing_into
 from templm.settings import Settings
-from templm.training import partitioning, trainer
+from templm.training import loop, partitioning, trainer
 from templm.training.configs import CheckpointConfig, DatasetConfig, RestoreCheckpointConfig, SaveCheckpointConfig
 from templm.training.loop import RunOptions
 from templm.training.optimizers import make_optimizer
@@ -580,40 +579,9 @@ def pretrain(run: Reproduction, data: TaskData) -> Dict[str, TrainedModel]:
     return {PRETRAINED: TrainedModel(None, {**model.record, "years": years}, model.seconds)}
 
 
-def at_once(run: Reproduction, jobs: Sequence[Tuple[str, Callable[[Callable[[], bool]], Any]]]) -> Dict[str, Any]:
-    """{name: job(stop)} of each (name, job), in the jobs' order: `Study.trainings_at_once` of them at a time, each in
-    a thread of this process (one at a time in a run of several processes, whose steps and saves must come in one
-    order). A job trains (RunOptions.stop=stop) and may evaluate what it trained; a model's parameters do not depend
-    on what trains beside it. When one job fails, or Ctrl-C or SIGTERM arrives, the others stop after their step with
-    a checkpoint (as SIGTERM stops a training), the ones not started do not start, and the first failure is raised: a
-    rerun resumes each model."""
-    at_once = min(run.preset.trainings_at_once, len(jobs))
-    if at_once <= 1 or jax.process_count() > 1:
-        return {name: job(None) for name, job in jobs}
-    stopping = threading.Event()
-
-    def one(job):
-        if stopping.is_set():  # a job before it failed, or the command is stopping: never started
-            return None
-        try:
-            return job(stopping.is_set)
-        except BaseException:
-            stopping.set()
-            raise
-
-    with concurrent.futures.ThreadPoolExecutor(at_once, thread_name_prefix="templm-train") as pool:
-        futures = [pool.submit(one, job) for _, job in jobs]
-        try:
-            concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
-            failed = next((f for f in futures if f.done() and not f.cancelled() and f.exception()), None)
-            if failed is not None:
-                raise failed.exception()
-            return {name: future.result() for (name, _), future in zip(jobs, futures)}
-        except BaseException:
-            stopping.set()
-            for future in futures:
-                future.cancel()
-            raise
+def at_once(run: Reproduction, jobs: Sequence[Tuple[str, Callable[[Any], Any]]]) -> Dict[str, Any]:
+    """The jobs, `Study.trainings_at_once` at a time (templm.training.loop.at_once)."""
+    return loop.at_once(jobs, run.preset.trainings_at_once)
 
 
 def train_models(run: Reproduction, jobs: Sequence[Tuple[str, str, str, int]]) -> Dict[str, TrainedModel]:

@@ -58,7 +58,7 @@ from templm.metrics.stream import (CONTROL_TOKENIZER_RUN, LARGER_MODEL_RUN, mose
                                    perplexity, stream_results, summarize, tokenizer_comparison)
 from templm.models.transformer_xl import TransformerXLConfig
 from templm.outputs import build_output_folder, claim_output_folder
-from templm.training import partitioning
+from templm.training import loop, partitioning
 from templm.training.configs import CheckpointConfig, CorpusConfig, OptimizerConfig, SaveCheckpointConfig
 from templm.training.lm_trainer import load_lm, train_lm
 from templm.training.loop import RunOptions
@@ -539,15 +539,15 @@ def stream_preset(preset: Union[str, StreamPreset]) -> StreamPreset:
 
 
 def train_preset_lm(model_dir: str, config: TransformerXLConfig, p: StreamPreset, seed: int, mesh=None,
-                    **data: Any) -> Any:
+                    stop: Optional[Callable[[], bool]] = None, **data: Any) -> Any:
     """A Transformer-XL of a streaming preset: its steps, batch, rate and warm-up, documents shuffled, one checkpoint
     kept (at the end), a progress line for minutes of work; `data` the CorpusConfig's corpus, split and
-    SentencePiece model."""
+    SentencePiece model; `stop`: RunOptions.stop."""
     return train_lm(model_dir, config, CorpusConfig(batch_size=p.batch_size, data_order="shuffle", **data),
                     p.train_steps, OptimizerConfig(learning_rate=p.learning_rate, warmup_steps=p.warmup),
                     CheckpointConfig(SaveCheckpointConfig(period=0, keep=1)), random_seed=seed,
                     stats_period=max(1, min(50, p.train_steps // 10)),
-                    options=RunOptions(mesh=mesh, progress=console.LONG_WORK_SECONDS))
+                    options=RunOptions(mesh=mesh, progress=console.LONG_WORK_SECONDS, stop=stop))
 
 
 def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus: Optional[Corpus] = None,
@@ -555,7 +555,7 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
                           shared_tokenizer: bool = False,
                           compare_tokenizers: bool = False, split_dir: Optional[str] = None,
                           cutoff: Union[datetime.date, None, str] = "preset",
-                          preset_name: str = "custom") -> Dict[str, Any]:
+                          preset_name: str = "custom", trainings_at_once: int = 1) -> Dict[str, Any]:
     """The streaming-perplexity experiment end to end; a stage of `templm reproduce`.
 
     Args:
@@ -578,6 +578,8 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
         paper's one per setup (see prepare_stream_data).
       compare_tokenizers: also train TIME-STRATIFIED with CONTROL's tokenizer (time_stratified_control_tokenizer/)
         and score it, for the paper's outdated-tokenizer comparison (Appendix E; per-setup tokenizers only).
+      trainings_at_once: how many of the models train at once, each in a thread (templm.training.loop.at_once;
+        the study's `Study.trainings_at_once`); each model's parameters are those of its training alone.
 
     Several processes (a multi-host run) call it alike: process 0 prepares the data (the others read its record,
     out_dir/data.json) and writes the files; both trainings span every process; each process evaluates the stream
@@ -621,13 +623,21 @@ def run_stream_experiment(out_dir: str, world_dir: Optional[str] = None, corpus:
     # Published split files were checked against the corpus in the data step (the ids it lacks counted and said):
     # training and evaluation read them without those ids instead of stopping.
     published = split_dir is not None
-    for name, split, tokenizer, run_config in setups:
-        t0 = time.time()
-        train_preset_lm(paths.join(out_dir, name), run_config, p, seed, mesh, corpus=data["corpus"],
-                        split_dir=data["split_dir"], split=split, spm_model=data["spm_models"][tokenizer],
-                        allow_missing_ids=published)
-        timings[f"train_{name}"] = time.time() - t0
-        console.say(f"stream experiment: {name} model trained ({timings[f'train_{name}']:.1f}s)")
+
+    def training(name, split, tokenizer, run_config):
+        def job(stop):
+            t0 = time.time()
+            train_preset_lm(paths.join(out_dir, name), run_config, p, seed, mesh, stop, corpus=data["corpus"],
+                            split_dir=data["split_dir"], split=split, spm_model=data["spm_models"][tokenizer],
+                            allow_missing_ids=published)
+            took = time.time() - t0
+            console.say(f"stream experiment: {name} model trained ({took:.1f}s)")
+            return took
+        return job
+
+    # The extra models (the larger one trains longest) first, so that trainings at once end together.
+    seconds = loop.at_once([(setup[0], training(*setup)) for setup in setups[2:] + setups[:2]], trainings_at_once)
+    timings.update({f"train_{name}": seconds[name] for name, *_ in setups})
 
     t0 = time.time()
     results = stream_evaluation(paths.join(out_dir, "stream"), paths.join(out_dir, "time_stratified"),
@@ -719,7 +729,8 @@ def reproduce_stage(context: Any) -> Dict[str, Any]:
     try:
         summary = run_stream_experiment(paths.join(context.out_dir, "stream_experiment"), preset=preset,
                                         seed=int(context.seed), corpus=corpus, split_dir=split_dir, cutoff=cutoff,
-                                        preset_name=name)
+                                        preset_name=name,
+                                        trainings_at_once=getattr(context.preset, "trainings_at_once", 1))
     except UnsplittableCorpus as e:
         raise StageSkipped(f"the corpus cannot be split: {e.reason}") from None
     base = paths.absolute(context.out_dir)

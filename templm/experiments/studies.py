@@ -99,9 +99,10 @@ class Preset:
     # The batches depend on it, not on the number of processes: any process count that divides it trains alike.
     data_shards: int = 0
     # Models of one stage trained at the same time, each in a thread of this process (the Uniform and Temporal models,
-    # the Yearly experts): the tiny steps of the CPU presets leave the cores idle between kernels, and two trainings
-    # fill them (BENCHMARKS.md, "More work per compiled call"). Each model's parameters are those of its training
-    # alone; a run of several processes trains one at a time.
+    # the Yearly experts, adaptation's retrained models and fine-tunes, the streaming half's Transformer-XLs): the
+    # tiny steps of the CPU presets leave the cores idle between kernels, and two trainings fill them (BENCHMARKS.md,
+    # "More work per compiled call"). Each model's parameters are those of its training alone; a run of several
+    # processes trains one at a time.
     trainings_at_once: int = 1
 
     def __post_init__(self):

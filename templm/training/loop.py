@@ -19,13 +19,14 @@ Each step takes the batch of its data position and applies the step; then
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
 import re
 import threading
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import jax
 import numpy as np
@@ -449,3 +450,39 @@ def run(step_fn: Callable, state: Any, batch_at: Callable[[int], Mapping[str, ja
         if ticker is not None:
             ticker.close()
     return state, last_metrics
+
+
+def at_once(jobs: Sequence[Tuple[str, Callable[[Optional[Callable[[], bool]]], Any]]], limit: int) -> Dict[str, Any]:
+    """{name: job(stop)} of each (name, job), in the jobs' order, `limit` of them at a time, each in a thread of this
+    process (one at a time, `stop` None, in a run of several processes, whose steps and saves must come in one order).
+    A job trains with RunOptions.stop=stop and may evaluate what it trained; a model's parameters do not depend on
+    what trains beside it. When one job fails, or Ctrl-C or SIGTERM arrives, the others stop after their step with a
+    checkpoint (as SIGTERM stops a training), the ones not started do not start, and the first failure is raised: a
+    rerun resumes each model."""
+    limit = min(limit, len(jobs))
+    if limit <= 1 or jax.process_count() > 1:
+        return {name: job(None) for name, job in jobs}
+    stopping = threading.Event()
+
+    def one(job):
+        if stopping.is_set():  # a job before it failed, or the command is stopping: never started
+            return None
+        try:
+            return job(stopping.is_set)
+        except BaseException:
+            stopping.set()
+            raise
+
+    with concurrent.futures.ThreadPoolExecutor(limit, thread_name_prefix="templm-train") as pool:
+        futures = [pool.submit(one, job) for _, job in jobs]
+        try:
+            concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+            failed = next((f for f in futures if f.done() and not f.cancelled() and f.exception()), None)
+            if failed is not None:
+                raise failed.exception()
+            return {name: future.result() for (name, _), future in zip(jobs, futures)}
+        except BaseException:
+            stopping.set()
+            for future in futures:
+                future.cancel()
+            raise

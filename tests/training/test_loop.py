@@ -92,6 +92,34 @@ def test_sigterm_between_two_trainings_stops_the_next_one_at_its_first_step(tmp_
     assert steps(tmp_path / "second" / "checkpoints") == ["1"]
 
 
+def test_jobs_at_once_give_their_results_in_order_and_a_failure_stops_the_others(tmp_path):
+    """loop.at_once: two toy trainings two at once end as one at a time does, their results in the jobs' order; a job
+    that fails stops the training beside it after its step, with a checkpoint, and the job queued after them never
+    starts."""
+    from templm.training.loop import at_once
+
+    def training(name, steps):
+        return lambda stop: float(run(tmp_path / name, zero_state(), steps, stop=stop)[0]["params"])
+
+    both = at_once([("a", training("a", 4)), ("b", training("b", 5))], 2)
+    assert list(both.items()) == [("a", 10.0), ("b", 15.0)]
+    assert at_once([("a", training("a1", 4)), ("b", training("b1", 5))], 1) == both
+
+    started = []
+
+    def failing(stop):
+        raise ValueError("a bad binding")
+
+    def queued(stop):
+        started.append("queued")
+
+    with pytest.raises(ValueError, match="a bad binding"):
+        at_once([("long", training("long", 100_000)), ("failing", failing), ("queued", queued)], 2)
+    assert started == []
+    saved = steps(tmp_path / "long" / "checkpoints")
+    assert len(saved) == 1 and 1 <= int(saved[0]) < 100_000
+
+
 def test_a_nan_loss_stops_before_it_is_saved(tmp_path):
     def batches(position):
         return {"x": jnp.float32(np.nan if position == 3 else 1.0)}
