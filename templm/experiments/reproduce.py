@@ -804,13 +804,13 @@ def adapt(run: Reproduction, data: TaskData, base: Evaluation) -> StageOutput:
     def retrain(regime):
         def job(stop):
             _stop_if_asked(f"the {regime} model retrained from scratch")
-            r = adaptation.train_with_curve(paths.join(run.models_dir, RETRAINED_MODEL[regime]),
+            name = RETRAINED_MODEL[regime]
+            r = adaptation.train_with_curve(paths.join(run.models_dir, name),
                                             run.train_data(f"{regime}_mixture"), p.retrain_steps,
                                             run.eval_data(f"templama_{regime}"), new_year, seen,
                                             period(p.retrain_steps, p.retrain_eval_points),
                                             evaluate=evaluate_on(f"templama_{regime}"), **train_kwargs(stop))
             seconds, evaluations = r.pop("wall_s"), evaluations_of(r.pop("params"), regime)
-            name = RETRAINED_MODEL[regime]
             return r, evaluations, run.trained(name, regime, f"{regime}_mixture ({_years(seen + [new_year])})",
                                                r["steps"], r["train_loss"], "scratch", seconds)
         return job
