@@ -5,7 +5,7 @@
     python tools/bench_step_packing.py --quick      # batch 4, 1 round, no processes (a smoke run)
 
 The smoke study (`templm reproduce --preset smoke`, what `make demo` runs) trains eight T5 v1.1 "tiny" models of
-batch 32, 64 + 16 tokens, at a vocabulary of 612 (512 pieces + 100 sentinels), one after the other. Issue 42 asked
+batch 32, 64 + 16 tokens, at a vocabulary of 612 (512 pieces + 100 sentinels), two at a time. Issue 42 asked
 whether those steps are bound by dispatch (the host's cost of starting each call) and would run faster packed:
 
     one_step      the trainer's compiled step (trainer.make_train_step, Adafactor at the study's constant rate 0.01,
@@ -13,6 +13,7 @@ whether those steps are bound by dispatch (the host's cost of starting each call
     scan_steps    K steps in one call: lax.scan of the same step over K stacked batches
     models        K models in one call: K independent states and batches, one jitted function of all K steps
     threads       P Python threads in this process, each running one_step on its own state and batch
+    threads_scan  P threads, each running scan_steps on its own state (the two packings together)
     processes     P processes side by side, each running one_step alone (the machine's cores shared between them)
 
 Each figure is model steps per second and its ratio to one_step measured in the same run (same rounds, same load;
@@ -138,6 +139,26 @@ class Packed:
             thread.join()
         return (time.perf_counter() - t) / (count * steps)
 
+    def time_threads_scan(self, count: int, calls: int) -> float:
+        """Seconds per model step with `count` threads each scanning K steps per call on its own state."""
+        jax = self.jax
+
+        def run(i):
+            with self._scope():
+                s = self.copy_state(i)
+                for _ in range(calls):
+                    s, m = self.scan(s, self.stacked, self.rng)
+                    jax.device_get(m)
+                jax.block_until_ready(s)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+        t = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return (time.perf_counter() - t) / (count * calls * self.k)
+
     def time_models(self, calls: int) -> float:
         jax = self.jax
         with self._scope():
@@ -201,13 +222,14 @@ def main(argv=None) -> int:
     packed = Packed(args.batch, args.k, args.seed)
     diff = packed.max_abs_diff()
     calls = max(1, args.steps // args.k)
-    times = {"one_step": [], "scan_steps": [], "models": [], "threads": []}
+    times = {"one_step": [], "scan_steps": [], "models": [], "threads": [], "threads_scan": []}
     workers = min(args.processes or 2, args.k)
     for _ in range(args.rounds):
         times["one_step"].append(packed.time_one(args.steps))
         times["scan_steps"].append(packed.time_scan(calls))
         times["models"].append(packed.time_models(calls))
         times["threads"].append(packed.time_threads(workers, args.steps))
+        times["threads_scan"].append(packed.time_threads_scan(workers, calls))
     base = median(times["one_step"])
     emit("one_step", 1.0 / base, "steps/s", config)
     emit("scan_steps", 1.0 / median(times["scan_steps"]), "steps/s", config,
@@ -215,6 +237,8 @@ def main(argv=None) -> int:
     emit("models", 1.0 / median(times["models"]), "model steps/s", config, ratio=base / median(times["models"]))
     emit("threads", 1.0 / median(times["threads"]), "model steps/s", config + f", {workers} threads",
          ratio=base / median(times["threads"]))
+    emit("threads_scan", 1.0 / median(times["threads_scan"]), "model steps/s",
+         config + f", {workers} threads each scanning k steps a call", ratio=base / median(times["threads_scan"]))
     if args.processes:
         del packed  # the children have the cores to themselves
         alone = processes_rate(args, 1)
