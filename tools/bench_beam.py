@@ -60,9 +60,10 @@ CONFIGS = ("single", "beam-1", "beam-2")
 
 
 def options(config: str) -> list:
-    """Beam's options of a configuration `beam-N`: the local runner, N workers (processes where N > 1)."""
+    """Beam's options of a configuration `beam-N`: the local runner, N workers (processes where N > 1). FnApiRunner,
+    not DirectRunner: Beam's DirectRunner first tries Prism, whose binary it downloads from GitHub."""
     workers = int(config.split("-")[1])
-    return ["--runner=DirectRunner", f"--direct_num_workers={workers}"] + \
+    return ["--runner=FnApiRunner", f"--direct_num_workers={workers}"] + \
         (["--direct_running_mode=multi_processing"] if workers > 1 else [])
 _ID = re.compile(r'"(id)":\s*"Q(\d+)"|"(numeric-id)":\s*(\d+)')  # an item's id; not a statement's ("Q7$...")
 

@@ -235,11 +235,13 @@ def define_data_templama():
 
 
 def define_beam_flags() -> None:
-    flags.DEFINE_string("runner", None, "Run as an Apache Beam pipeline on this runner (DirectRunner, PrismRunner, "
-                        "DataflowRunner, FlinkRunner, SparkRunner; the `beam` extra); default: one process here.")
+    flags.DEFINE_string("runner", None, "Run as an Apache Beam pipeline on this runner (FnApiRunner: worker processes "
+                        "on this machine; DataflowRunner, FlinkRunner, SparkRunner, PrismRunner; DirectRunner tries "
+                        "Prism first, downloading its binary; the `beam` extra); default: one process here.")
     flags.DEFINE_list("pipeline_options", [], "Beam's own pipeline options, as seqio's cache_tasks_main takes them: "
                       "--pipeline_options=--direct_num_workers=2,--direct_running_mode=multi_processing (with "
-                      "--runner; Dataflow's --project, --region, --temp_location, --setup_file=./setup.py).")
+                      "--runner=FnApiRunner; Dataflow's --project, --region, --temp_location, "
+                      "--setup_file=./setup.py).")
 
 
 def beam_options() -> list:

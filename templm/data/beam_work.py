@@ -1,5 +1,5 @@
-"""What templm's Beam pipelines share: the folder where the workers leave their (small) results for the driver,
-and reading them back."""
+"""What templm's Beam pipelines share: the pipeline run quietly, the folder where the workers leave their (small)
+results for the driver, and reading them back."""
 
 from __future__ import annotations
 
@@ -8,7 +8,24 @@ import tempfile
 import uuid
 from typing import Any, Iterator, List, Optional
 
-from templm import paths
+from templm import console, paths
+
+
+@contextlib.contextmanager
+def pipeline(options: Any) -> Iterator[Any]:
+    """`beam.Pipeline(options=options)`, run when the block ends, as `with beam.Pipeline(...)` runs it. With library
+    logs off (absl's verbosity at ERROR or below: the command line without --verbosity) standard error, the file
+    descriptor, is on /dev/null while it is built and run. Beam's SDK worker processes (the local runners'
+    `--direct_running_mode=multi_processing`) log at INFO to the standard error they inherit, whatever the driver's
+    settings: 20-odd lines a worker. A worker's failure still reaches the error the run raises, which the command
+    line prints."""
+    import apache_beam as beam
+    from absl import logging
+
+    quiet = logging.get_verbosity() <= logging.ERROR
+    with console.silenced_stderr() if quiet else contextlib.nullcontext():
+        with beam.Pipeline(options=options) as built:
+            yield built
 
 
 @contextlib.contextmanager

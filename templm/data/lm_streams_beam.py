@@ -26,7 +26,7 @@ import struct
 from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple
 
 from templm import paths
-from templm.data.beam_work import read_lines, work_folder
+from templm.data.beam_work import pipeline as beam_pipeline, read_lines, work_folder
 from templm.data.lm_streams import check_found, month_files, split_entry, write_manifest, write_npy
 from templm.data.readers import Corpus, corpus_files, describe_corpus, read_documents, resolve_corpus
 from templm.data.splits import MISSING_IDS_SHOWN, read_split_file, warn_split_report
@@ -192,7 +192,7 @@ def write_streams_beam(corpus: Corpus, split_files: Mapping[str, str], spm_model
         read_documents(path, format=format, on_error=on_error)
     options = PipelineOptions(list(pipeline_options))
     with work_folder(options, "templm-streams-", work_dir) as work:
-        with beam.Pipeline(options=options) as pipeline:
+        with beam_pipeline(options) as pipeline:
             ids = (pipeline | "split files" >> beam.Create(sorted(split_files.items()))
                    | "split ids" >> beam.FlatMap(_SplitIds()))
             places = (pipeline | "corpus files" >> beam.Create(list(enumerate(files)))

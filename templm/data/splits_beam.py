@@ -32,7 +32,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from templm import console, paths
-from templm.data.beam_work import read_lines, work_folder
+from templm.data.beam_work import pipeline as beam_pipeline, read_lines, work_folder
 from templm.data.filters import FilterConfig, Signer, filter_stats, language_check, similarity
 from templm.data.readers import Corpus, corpus_files, describe_corpus, read_documents, resolve_corpus
 from templm.data.splits import CorpusIndex, active_clean, check_id, sorted_index
@@ -160,7 +160,7 @@ def index_corpus_beam(corpus_path: Corpus, pipeline_options: Sequence[str], form
                       on_error: str = "raise", clean: Optional[FilterConfig] = FilterConfig(),
                       work_dir: Optional[str] = None) -> CorpusIndex:
     """`splits.index_corpus` as a Beam pipeline run with `pipeline_options` (Beam's own flags, e.g.
-    ["--runner=DirectRunner", "--direct_num_workers=2"]): the same index (module docstring). `work_dir`: as
+    ["--runner=FnApiRunner", "--direct_num_workers=2"]): the same index (module docstring). `work_dir`: as
     `wikidata_beam.build_templama_beam`'s."""
     return index_and_places_beam(corpus_path, pipeline_options, format, on_error, clean, work_dir)[0]
 
@@ -182,7 +182,7 @@ def index_and_places_beam(corpus_path: Corpus, pipeline_options: Sequence[str], 
     begun = time.monotonic()
     options = PipelineOptions(list(pipeline_options))
     with work_folder(options, "templm-splits-", work_dir) as work:
-        with beam.Pipeline(options=options) as pipeline:
+        with beam_pipeline(options) as pipeline:
             checked = (pipeline
                        | "files" >> beam.Create(list(enumerate(files)))
                        | "spread the files" >> beam.Reshuffle()

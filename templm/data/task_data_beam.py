@@ -30,7 +30,7 @@ import json
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from templm import paths
-from templm.data.beam_work import read_lines, work_folder
+from templm.data.beam_work import pipeline as beam_pipeline, read_lines, work_folder
 from templm.data.filters import FilterConfig
 from templm.data.readers import Corpus, corpus_files, read_documents
 from templm.data.splits import CorpusIndex
@@ -186,7 +186,7 @@ class OnBeam:
         shipped = detector if isinstance(detector, BuiltinEntityDetector) else None
         with work_folder(options, "templm-tasks-", self.work_dir) as work:
             _write_kept(work, places)
-            with beam.Pipeline(options=options) as pipeline:
+            with beam_pipeline(options) as pipeline:
                 (pipeline
                  | "files" >> beam.Create([(rank, files[rank]) for rank in sorted(places)])
                  | "spread the files" >> beam.Reshuffle()
@@ -198,7 +198,7 @@ class OnBeam:
             folder = paths.join(root, "customnews")
             if parts:
                 paths.makedirs(folder)
-                with beam.Pipeline(options=options) as pipeline:
+                with beam_pipeline(options) as pipeline:
                     (pipeline
                      | "record files" >> beam.Create(parts)
                      | "spread them" >> beam.Reshuffle()
@@ -235,7 +235,7 @@ class OnBeam:
             options = PipelineOptions(self.pipeline_options)
             with work_folder(options, "templm-spm-", self.work_dir) as work:
                 _write_kept(work, {rank: places[rank] for rank in wanted})
-                with beam.Pipeline(options=options) as pipeline:
+                with beam_pipeline(options) as pipeline:
                     (pipeline
                      | "files" >> beam.Create([(rank, files[rank], offsets[rank], numbers)
                                                for rank, numbers in sorted(wanted.items())])

@@ -25,7 +25,7 @@ from typing import Any, Dict, Iterator, Optional, Sequence, Set, Tuple
 
 from templm import paths
 from templm.data import wikidata
-from templm.data.beam_work import read_lines, work_folder
+from templm.data.beam_work import pipeline as beam_pipeline, read_lines, work_folder
 from templm.errors import DataError
 
 # The stats.json keys of the single process's two-pass name lookup, and their values here (one pass, a join).
@@ -106,7 +106,7 @@ def build_templama_beam(dump_path: str, out_dir: str, pipeline_options: Sequence
                         seed: int = 0, relations: Optional[Sequence[str]] = None,
                         work_dir: Optional[str] = None) -> Dict[str, Any]:
     """`wikidata.build_templama` as a Beam pipeline run with `pipeline_options` (Beam's own flags, e.g.
-    ["--runner=DirectRunner", "--direct_num_workers=2"]); the same files in `out_dir` (module docstring).
+    ["--runner=FnApiRunner", "--direct_num_workers=2"]); the same files in `out_dir` (module docstring).
     `work_dir`: where the pipeline leaves its small results for the driver, a folder every worker can write
     (default: a new folder under the options' --temp_location, a bucket on Dataflow; else a temporary folder here);
     removed when the driver has read them."""
@@ -128,7 +128,7 @@ def _run(beam: Any, options: Any, scan: _Scan, dump_path: str, out_dir: str, wor
          relations: Sequence[str], start_year: int, end_year: int, max_subjects: Optional[int], require_enwiki: bool,
          seed: int, begun: float) -> Dict[str, Any]:
     """The pipeline into `work`, then the driver's finish from what it left there."""
-    with beam.Pipeline(options=options) as pipeline:
+    with beam_pipeline(options) as pipeline:
         scanned = (pipeline
                    | "read" >> beam.io.ReadFromText(dump_path, coder=beam.coders.BytesCoder())
                    | "scan" >> beam.FlatMap(scan))

@@ -22,8 +22,8 @@ from templm.data.vocab import train_spm
 from templm.errors import DataError
 from templm_testing import folder_contents, run_templm, wmt_line, write_wmt_years
 
-IN_PROCESS = ["--runner=DirectRunner", "--direct_num_workers=1"]
-TWO_WORKERS = ["--runner=DirectRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+IN_PROCESS = ["--runner=FnApiRunner", "--direct_num_workers=1"]
+TWO_WORKERS = ["--runner=FnApiRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 WORDS = ("the council said on monday that new plans for roads schools and parks would be ready before summer while "
          "local people asked for more time to read them").split()
 
@@ -132,7 +132,7 @@ def test_the_command_line_on_beam_writes_the_same_streams(inputs, single, tmp_pa
     corpus = [f"--corpus={path}" for path in inputs["corpus"]]
     out = tmp_path / "out"
     result = run_templm("data", "streams", *corpus, f"--split_dir={split_dir}", "--splits=early_train,late_train",
-                        f"--spm_model={inputs['spm']}", f"--out={out}", "--runner=DirectRunner")
+                        f"--spm_model={inputs['spm']}", f"--out={out}", "--runner=FnApiRunner")
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["splits"]["early_train"]["missing"] == 1

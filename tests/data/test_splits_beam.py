@@ -20,8 +20,8 @@ from templm.errors import DataError
 from templm_testing import folder_contents, run_templm, wmt_line, write_wmt_years
 
 D = datetime.date
-IN_PROCESS = ["--runner=DirectRunner", "--direct_num_workers=1"]
-TWO_WORKERS = ["--runner=DirectRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+IN_PROCESS = ["--runner=FnApiRunner", "--direct_num_workers=1"]
+TWO_WORKERS = ["--runner=FnApiRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 
 WORDS = ("the city council said on monday that new rail line would open next year after long public debate about "
          "cost and noise while local shops hope for more visitors from nearby towns as the mayor promised quick "
@@ -152,7 +152,7 @@ def test_the_command_line_runs_the_pipeline_and_names_a_malformed_line(corpus, t
     common = ["data", "splits", *(f"--corpus={path}" for path in files), "--cutoff=2017-09-30", "--test_months=12",
               "--test_docs_per_month=4", "--allow_degenerate"]
     assert run_templm(*common, f"--out={tmp_path / 'single'}").returncode == 0
-    result = run_templm(*common, f"--out={tmp_path / 'beam'}", "--runner=DirectRunner")
+    result = run_templm(*common, f"--out={tmp_path / 'beam'}", "--runner=FnApiRunner")
     assert result.returncode == 0, result.stderr[-2000:]
     assert folder_contents(tmp_path / "beam", bytes_only=True) == \
         folder_contents(tmp_path / "single", bytes_only=True)
@@ -160,7 +160,7 @@ def test_the_command_line_runs_the_pipeline_and_names_a_malformed_line(corpus, t
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "date": "2016-01-01", "text": "fine"}\n{"id": "b", "date": "2016-13-01", '
                    '"text": "bad month"}\n')
-    result = run_templm("data", "splits", f"--corpus={bad}", f"--out={tmp_path / 'bad'}", "--runner=DirectRunner")
+    result = run_templm("data", "splits", f"--corpus={bad}", f"--out={tmp_path / 'bad'}", "--runner=FnApiRunner")
     assert result.returncode == 1, result.stderr[-2000:]
     line = result.stderr.strip().splitlines()[-1]
     assert f"{bad}:2" in line and "Traceback" not in result.stderr, line

@@ -19,8 +19,8 @@ from templm.data.task_data import TaskDataConfig, prepare_task_data
 from templm.data.task_data_beam import OnBeam
 from templm_testing import folder_contents, run_templm, wmt_line, write_wmt_years
 
-IN_PROCESS = ["--runner=DirectRunner", "--direct_num_workers=1"]
-TWO_WORKERS = ["--runner=DirectRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+IN_PROCESS = ["--runner=FnApiRunner", "--direct_num_workers=1"]
+TWO_WORKERS = ["--runner=FnApiRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 NAMES = ["Ana Lopes", "Red Lions", "Port Alba", "Tom Reyes", "Blue Harbour", "Mira Stone", "Green Vale", "Ivo Marr"]
 WORDS = ("the council said on monday that new plans for roads schools and parks would be ready before summer while "
          "local people asked for more time to read them and to meet officials about cost noise and old bridges").split()
@@ -105,10 +105,10 @@ def test_beam_writes_the_single_process_s_folder(corpus, single, tmp_path, optio
 def test_the_command_line_runs_the_pipelines_and_refuses_what_they_cannot_make(corpus, single, tmp_path):
     common = ["data", "tasks", *(f"--corpus={path}" for path in corpus), "--vocab_size=90", "--future_years=1",
               "--heldout_fraction=0.2"]
-    result = run_templm(*common, f"--out={tmp_path / 'beam'}", "--runner=DirectRunner")
+    result = run_templm(*common, f"--out={tmp_path / 'beam'}", "--runner=FnApiRunner")
     assert result.returncode == 0, result.stderr[-2000:]
     assert folder_contents(tmp_path / "beam", bytes_only=True) == single[1]
-    result = run_templm(*common, f"--out={tmp_path / 'spans'}", "--one_span_per_sentence", "--runner=DirectRunner")
+    result = run_templm(*common, f"--out={tmp_path / 'spans'}", "--one_span_per_sentence", "--runner=FnApiRunner")
     assert result.returncode == 1 and "--one_span_per_sentence draws one span a sentence" in \
         result.stderr.strip().splitlines()[-1], result.stderr[-2000:]
     assert not (tmp_path / "spans").exists() and not (tmp_path / "spans.partial").exists()

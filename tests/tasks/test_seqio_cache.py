@@ -24,7 +24,7 @@ def cache(verb_inputs, tmp_path_factory):
     env = {**os.environ, "TEMPLM_DATA_DIR": str(verb_inputs["data"])}
     result = subprocess.run([sys.executable, "-m", "seqio.scripts.cache_tasks_main", "--module_import=templm.tasks",
                              f"--tasks={','.join(CACHED)}", f"--output_cache_dir={folder}",
-                             "--pipeline_options=--runner=DirectRunner,--direct_num_workers=1"],
+                             "--pipeline_options=--runner=FnApiRunner,--direct_num_workers=1"],
                             env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     return folder
