@@ -366,17 +366,13 @@ def test_paths_of_the_wrong_kind_are_one_message(tmp_path):
 
 def _with_file_size_limit(size, *args):
     """`templm ARGS` with files limited to `size` bytes: a write past it fails with EFBIG, as one on a full disk."""
-    import resource
-    import signal
     import subprocess
     import sys
 
-    def limit():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
-        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    from templm_testing import EXEC_WITH
 
-    return subprocess.run([sys.executable, "-m", "templm.cli", *args], capture_output=True, text=True,
-                          preexec_fn=limit, timeout=600)
+    return subprocess.run([sys.executable, EXEC_WITH, f"--file_size={size}", "--", sys.executable, "-m", "templm.cli",
+                           *args], capture_output=True, text=True, timeout=600)
 
 
 def test_a_full_disk_is_one_message_and_leaves_nothing_half_written(tmp_path):

@@ -41,15 +41,9 @@ def emulator_binary() -> Optional[str]:
     return found[0] if len(found) == 1 else None
 
 
-def _die_with_parent() -> None:
-    """In the child before exec (Linux): SIGTERM when the test process ends, however it ends (kill -9 included), so
-    that no emulator or proxy outlives the tests that started it."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+# Each server SIGTERMed when the test process ends, however it ends (kill -9 included), so that no emulator or proxy
+# outlives the tests that started it: set by exec_with.py in the server's own process before it becomes the server.
+_DIE_WITH_PARENT = (sys.executable, os.path.join(HERE, "exec_with.py"), "--die_with_parent", "--")
 
 
 def _free_port() -> int:
@@ -120,10 +114,9 @@ class GcsEmulator:
             port = _free_port()
             with open(log, "ab") as out:
                 process = subprocess.Popen(
-                    [binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-backend", "memory",
-                     "-external-url", f"http://127.0.0.1:{port}", "-log-level", "warn"],
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_die_with_parent)
+                    [*_DIE_WITH_PARENT, binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
+                     "-backend", "memory", "-external-url", f"http://127.0.0.1:{port}", "-log-level", "warn"],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
             self.processes.append(process)
             self.port = port
             try:
@@ -148,9 +141,9 @@ class GcsEmulator:
             os.remove(port_file)
         with open(log, "ab") as out:
             process = subprocess.Popen(
-                [sys.executable, os.path.join(HERE, "gcs_proxy.py"), str(self.port), cert_pem, key_pem, port_file],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_die_with_parent)
+                [*_DIE_WITH_PARENT, sys.executable, os.path.join(HERE, "gcs_proxy.py"), str(self.port), cert_pem,
+                 key_pem, port_file], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)
         self.processes.append(process)
         _wait(lambda: os.path.exists(port_file), "the suite's GCS proxy", process, log)
         with open(port_file) as f:

@@ -30,7 +30,7 @@ from templm.training.checkpoints import load_params
 from templm.training.configs import CheckpointConfig, DatasetConfig, RestoreCheckpointConfig, SaveCheckpointConfig
 from templm.training.input_pipeline import TrainingInput
 from templm.training.loop import RunOptions
-from templm_testing import event_tags, lock_holder, run_templm, run_templm_stopped, xla_flags
+from templm_testing import EXEC_WITH, event_tags, lock_holder, run_templm, run_templm_stopped, xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LENGTHS = {"inputs": 32, "targets": 8}
@@ -72,9 +72,11 @@ def _losses(model_dir):
         return [row["loss"] for row in map(json.loads, f) if row["split"] == "train"]
 
 
-def _cli(*args, env=None, **popen):
+def _cli(*args, env=None, launcher=(), **popen):
+    """`templm train` in a fresh process; `launcher`: tests/support/exec_with.py's arguments, to set limits first."""
     full_env = {**os.environ, **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "templm.cli", "train", *CLI_CONFIG, *args],
+    prefix = [sys.executable, *launcher] if launcher else []
+    return subprocess.Popen([*prefix, sys.executable, "-m", "templm.cli", "train", *CLI_CONFIG, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
                             cwd=REPO, **popen)
 
@@ -518,16 +520,10 @@ def test_a_second_run_on_a_model_dir_in_use_is_refused(data_dir, tmp_path):
 @pytest.mark.e2e
 def test_a_full_disk_during_a_save_is_one_message_and_no_half_written_checkpoint(data_dir, tmp_path):
     """It used to print some 180 lines of tracebacks from orbax's threads before the last line, and leave the
-    step's temporary folder."""
-    import resource
-
-    def limit():  # a file-size limit stands in for a full disk: the checkpoint's write fails the same way
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
-
+    step's temporary folder. A file-size limit stands in for a full disk: the checkpoint's write fails the same way."""
     model_dir = tmp_path / "m"
     proc = _cli(f"--gin.MODEL_DIR='{model_dir}'", "--gin.TRAIN_STEPS=2", env={"TEMPLM_DATA_DIR": data_dir},
-                preexec_fn=limit)
+                launcher=[EXEC_WITH, "--file_size=200000", "--"])
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 4, err[-3000:]
     lines = err.strip().splitlines()
