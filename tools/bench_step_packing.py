@@ -125,19 +125,24 @@ class Packed:
             jax.block_until_ready(s)
             return (time.perf_counter() - t) / (calls * self.k)
 
-    def time_threads(self, count: int, steps: int) -> float:
-        """Seconds per model step with `count` threads each running one_step on its own state (count <= k)."""
-        def run(i):
-            with self._scope():
-                self._one_steps(self.copy_state(i), steps, lambda _: self.batches[i])
-
+    @staticmethod
+    def _seconds_in_threads(count: int, run) -> float:
+        """Wall seconds of `count` threads running run(i) side by side."""
         threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
         t = time.perf_counter()
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        return (time.perf_counter() - t) / (count * steps)
+        return time.perf_counter() - t
+
+    def time_threads(self, count: int, steps: int) -> float:
+        """Seconds per model step with `count` threads each running one_step on its own state (count <= k)."""
+        def run(i):
+            with self._scope():
+                self._one_steps(self.copy_state(i), steps, lambda _: self.batches[i])
+
+        return self._seconds_in_threads(count, run) / (count * steps)
 
     def time_threads_scan(self, count: int, calls: int) -> float:
         """Seconds per model step with `count` threads each scanning K steps per call on its own state."""
@@ -151,13 +156,7 @@ class Packed:
                     jax.device_get(m)
                 jax.block_until_ready(s)
 
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-        t = time.perf_counter()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        return (time.perf_counter() - t) / (count * calls * self.k)
+        return self._seconds_in_threads(count, run) / (count * calls * self.k)
 
     def time_models(self, calls: int) -> float:
         jax = self.jax
