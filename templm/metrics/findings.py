@@ -21,6 +21,10 @@ The time-aware half (Dhingra et al.), on the T5 study's results:
                                each pair of Temporal < Uniform < Yearly (seen and future years; Uniform < Yearly on
                                future years), intersection-union (claim: > 0)
     yearly_beats_temporal_customnews  the same, the Yearly experts minus Temporal, seen-year CustomNews (claim: > 0)
+    temporal_beats_uniform_customnews_future  the same over the future-year CustomNews spans, Temporal minus Uniform
+                               (claim: > 0)
+    temporal_beats_yearly_customnews_future  the same, Temporal minus the Yearly experts (the last seen year's expert
+                               on every future year), future-year CustomNews (claim: > 0)
     duration_tradeoff          the crossing: paired tests over the seen-year queries, Uniform minus Yearly > 0 on
                                answers lasting >= 5 years and < 0 on shorter ones (intersection-union)
     yearly_falloff             least-squares slope of a yearly expert's per-query F1 against |test year - expert
@@ -139,6 +143,14 @@ def _temporal_beats_yearly(results, alpha) -> Dict[str, Any]:
 
 def _yearly_beats_temporal_customnews(results, alpha) -> Dict[str, Any]:
     return _paired_regimes(results, "yearly", "temporal", "seen", alpha, dataset="customnews")
+
+
+def _temporal_beats_uniform_customnews_future(results, alpha) -> Dict[str, Any]:
+    return _paired_regimes(results, "temporal", "uniform", "future", alpha, dataset="customnews")
+
+
+def _temporal_beats_yearly_customnews_future(results, alpha) -> Dict[str, Any]:
+    return _paired_regimes(results, "temporal", "yearly", "future", alpha, dataset="customnews")
 
 
 def _yearly_beats_uniform(results, alpha) -> Dict[str, Any]:
@@ -519,6 +531,12 @@ REGISTRY: Tuple[Finding, ...] = (
             "is below Yearly's on future years (Table 7)", +1, TIME_AWARE, ("data", "evaluate"), _perplexity_order),
     Finding("yearly_beats_temporal_customnews", "The Yearly experts beat Temporal on seen-year CustomNews span F1 "
             "(Table 2: short-lived facts)", +1, TIME_AWARE, ("data", "evaluate"), _yearly_beats_temporal_customnews),
+    Finding("temporal_beats_uniform_customnews_future", "Temporal beats Uniform on future-year CustomNews span F1 "
+            "(Table 2's 2019-20 column)", +1, TIME_AWARE, ("data", "evaluate"),
+            _temporal_beats_uniform_customnews_future),
+    Finding("temporal_beats_yearly_customnews_future", "Temporal beats the Yearly experts (the last seen year's) on "
+            "future-year CustomNews span F1 (Table 2's 2019-20 column)", +1, TIME_AWARE, ("data", "evaluate"),
+            _temporal_beats_yearly_customnews_future),
     Finding("yearly_falloff", "Yearly experts fall off with the year gap", -1, TIME_AWARE, ("data", "evaluate"),
             _yearly_falloff),
     Finding("duration_tradeoff", f"Uniform beats the Yearly experts on answers lasting >= {SHORT_DURATION} years and "

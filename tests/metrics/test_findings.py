@@ -162,6 +162,36 @@ def test_yearly_beats_temporal_on_customnews_takes_the_spans_not_the_queries():
         "no per-query F1 of both Yearly and Temporal"
 
 
+def test_table_2s_future_customnews_contrasts_take_the_future_spans():
+    """Table 2's 2019-20 CustomNews column: Temporal above Uniform ("training with temporal context improves F1 scores
+    on the 2019-20 slices") and above the Yearly experts, whose last seen year's expert answers every future year
+    ("significantly worse on CustomNews"). Only the future years' spans count: the seen years', where here the order is
+    the reverse, are left out."""
+    n = 50
+    years = [SEEN[i % 3] for i in range(40)] + [NEW] * n
+    temporal = np.clip(45 + noise(40 + n, 15, 12), 0, 100)
+    seen_reversed = temporal[:40] + 20  # the other models far above Temporal on the seen years
+    below = np.concatenate([seen_reversed, temporal[40:] - 8 + noise(n, 3, 13)])
+    level = np.concatenate([seen_reversed, temporal[40:] + noise(n, 3, 14)])
+
+    def results(uniform, yearly):
+        return {"world": {"seen_years": SEEN, "future_years": [NEW]},
+                "per_query": {"id": [], "year": [], "f1": {},
+                              "customnews": {"id": [f"s{i}" for i in range(40 + n)], "year": years,
+                                             "f1": {"temporal": list(temporal), "uniform": list(uniform),
+                                                    "yearly": list(yearly)}}}}
+
+    found = by_name(results(below, level))
+    over_uniform = found["temporal_beats_uniform_customnews_future"]
+    assert over_uniform["verdict"] == "appears" and over_uniform["n"] == n
+    assert over_uniform["effect"] == pytest.approx(float(np.mean(temporal[40:] - below[40:])))
+    assert "future-year CustomNews span F1 Temporal" in over_uniform["evidence"]
+    assert found["temporal_beats_yearly_customnews_future"]["verdict"] == "inconclusive"
+    reversed_ = by_name(results(level, 2 * temporal - below))  # the Yearly experts 8 F1 above Temporal
+    assert reversed_["temporal_beats_yearly_customnews_future"]["verdict"] == "opposite"
+    assert reversed_["temporal_beats_uniform_customnews_future"]["verdict"] == "inconclusive"
+
+
 def durations(uniform_long, uniform_short, n=40, seed=0):
     """Seen-year queries, half with answers lasting 6 years, half 2 years, the Yearly experts at 50 on both;
     Uniform `uniform_long` / `uniform_short` F1 points above them; a future query and one of unknown duration."""
