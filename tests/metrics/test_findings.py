@@ -170,7 +170,7 @@ def test_table_2s_future_customnews_contrasts_take_the_future_spans():
     n = 50
     years = [SEEN[i % 3] for i in range(40)] + [NEW] * n
     temporal = np.clip(45 + noise(40 + n, 15, 12), 0, 100)
-    seen_reversed = temporal[:40] + 20  # the other models far above Temporal on the seen years
+    seen_reversed = temporal[:40] + 20 + noise(40, 3, 15)  # the other models far above Temporal on the seen years
     below = np.concatenate([seen_reversed, temporal[40:] - 8 + noise(n, 3, 13)])
     level = np.concatenate([seen_reversed, temporal[40:] + noise(n, 3, 14)])
 
