@@ -87,6 +87,14 @@ def silenced_stderr() -> Iterator[None]:
 _SILENCED: Dict[str, Any] = {"lock": threading.Lock(), "depth": 0, "saved": None}
 
 
+def silenced_unless_verbose():
+    """`silenced_stderr()` while library logs are off (absl's verbosity at ERROR or below, as the command line leaves
+    it without --verbosity), else a block that changes nothing."""
+    from absl import logging
+
+    return silenced_stderr() if logging.get_verbosity() <= logging.ERROR else contextlib.nullcontext()
+
+
 class Rate:
     """Steps/s, tokens/s and the ETA over the steps since the last report."""
 

@@ -369,10 +369,10 @@ def _with_file_size_limit(size, *args):
     import subprocess
     import sys
 
-    from templm_testing import EXEC_WITH
+    from exec_with import launcher
 
-    return subprocess.run([sys.executable, EXEC_WITH, f"--file_size={size}", "--", sys.executable, "-m", "templm.cli",
-                           *args], capture_output=True, text=True, timeout=600)
+    return subprocess.run([*launcher(f"--file_size={size}"), sys.executable, "-m", "templm.cli", *args],
+                          capture_output=True, text=True, timeout=600)
 
 
 def test_a_full_disk_is_one_message_and_leaves_nothing_half_written(tmp_path):

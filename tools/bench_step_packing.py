@@ -4,7 +4,7 @@
     python tools/bench_step_packing.py              # the smoke study's model and batch, 3 rounds, 2 processes
     python tools/bench_step_packing.py --quick      # batch 4, 1 round, no processes (a smoke run)
 
-The smoke study (`templm reproduce --preset smoke`, what `make demo` runs) trains eight T5 v1.1 "tiny" models of
+The smoke study (`templm reproduce --preset smoke`, what `make demo` runs) trains thirteen T5 v1.1 "tiny" models of
 batch 32, 64 + 16 tokens, at a vocabulary of 612 (512 pieces + 100 sentinels), two at a time. Issue 42 asked
 whether those steps are bound by dispatch (the host's cost of starting each call) and would run faster packed:
 
@@ -113,16 +113,19 @@ class Packed:
             self._one_steps(s, steps, lambda i: self.batches[i % self.k])
             return (time.perf_counter() - t) / steps
 
+    def _scan_calls(self, s, calls: int):
+        """`calls` calls of scan_steps (K steps each) from state `s`, metrics fetched after each; returns the state
+        once ready."""
+        for _ in range(calls):
+            s, m = self.scan(s, self.stacked, self.rng)
+            self.jax.device_get(m)
+        return self.jax.block_until_ready(s)
+
     def time_scan(self, calls: int) -> float:
-        jax = self.jax
         with self._scope():
-            s, m = self.scan(self.copy_state(), self.stacked, self.rng)
-            jax.block_until_ready(s)
+            s = self._scan_calls(self.copy_state(), 1)
             t = time.perf_counter()
-            for _ in range(calls):
-                s, m = self.scan(s, self.stacked, self.rng)
-                jax.device_get(m)
-            jax.block_until_ready(s)
+            self._scan_calls(s, calls)
             return (time.perf_counter() - t) / (calls * self.k)
 
     @staticmethod
@@ -146,15 +149,9 @@ class Packed:
 
     def time_threads_scan(self, count: int, calls: int) -> float:
         """Seconds per model step with `count` threads each scanning K steps per call on its own state."""
-        jax = self.jax
-
         def run(i):
             with self._scope():
-                s = self.copy_state(i)
-                for _ in range(calls):
-                    s, m = self.scan(s, self.stacked, self.rng)
-                    jax.device_get(m)
-                jax.block_until_ready(s)
+                self._scan_calls(self.copy_state(i), calls)
 
         return self._seconds_in_threads(count, run) / (count * calls * self.k)
 

@@ -20,10 +20,8 @@ def pipeline(options: Any) -> Iterator[Any]:
     settings: 20-odd lines a worker. A worker's failure still reaches the error the run raises, which the command
     line prints."""
     import apache_beam as beam
-    from absl import logging
 
-    quiet = logging.get_verbosity() <= logging.ERROR
-    with console.silenced_stderr() if quiet else contextlib.nullcontext():
+    with console.silenced_unless_verbose():
         with beam.Pipeline(options=options) as built:
             yield built
 

@@ -21,7 +21,6 @@ data shard, templm/training/input_pipeline.py), written by every process for its
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -198,7 +197,7 @@ class Checkpointer:
         # traceback each, until the process ends, so after a failed save it stays silenced (`templm` prints its error
         # line through its own copy of standard error); the error raised here says it once.
         # (After a failed save, closing the manager makes each pending write print a traceback of its event loop.)
-        return console.silenced_stderr() if logging.get_verbosity() <= logging.ERROR else contextlib.nullcontext()
+        return console.silenced_unless_verbose()
 
     def _orbax(self, call: Callable[[], Any], step: int) -> None:
         """Runs a save or a wait of orbax's, raising its failure (as an OSError where it is one)."""

@@ -17,6 +17,11 @@ import signal
 import sys
 
 
+def launcher(*options: str) -> list:
+    """The command-line prefix that runs what follows it through this file with `options`."""
+    return [sys.executable, os.path.abspath(__file__), *options, "--"]
+
+
 def main(argv):
     if "--" not in argv:
         sys.exit(f"usage: {__doc__.splitlines()[0]}")

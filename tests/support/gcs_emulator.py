@@ -27,6 +27,8 @@ import urllib.parse
 import urllib.request
 from typing import Dict, Optional
 
+from exec_with import launcher
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -43,7 +45,7 @@ def emulator_binary() -> Optional[str]:
 
 # Each server SIGTERMed when the test process ends, however it ends (kill -9 included), so that no emulator or proxy
 # outlives the tests that started it: set by exec_with.py in the server's own process before it becomes the server.
-_DIE_WITH_PARENT = (sys.executable, os.path.join(HERE, "exec_with.py"), "--die_with_parent", "--")
+_DIE_WITH_PARENT = launcher("--die_with_parent")
 
 
 def _free_port() -> int:

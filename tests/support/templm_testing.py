@@ -9,8 +9,6 @@ import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# Runs a command with a file-size limit or a death signal set in a fresh process first (never `preexec_fn`).
-EXEC_WITH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exec_with.py")
 
 
 # The suite's one tiny reproduction (tests/conftest.py's `tiny_study`): the tiny_test preset, seed 0, its batches

@@ -30,7 +30,8 @@ from templm.training.checkpoints import load_params
 from templm.training.configs import CheckpointConfig, DatasetConfig, RestoreCheckpointConfig, SaveCheckpointConfig
 from templm.training.input_pipeline import TrainingInput
 from templm.training.loop import RunOptions
-from templm_testing import EXEC_WITH, event_tags, lock_holder, run_templm, run_templm_stopped, xla_flags
+from exec_with import launcher as limited
+from templm_testing import event_tags, lock_holder, run_templm, run_templm_stopped, xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LENGTHS = {"inputs": 32, "targets": 8}
@@ -73,10 +74,9 @@ def _losses(model_dir):
 
 
 def _cli(*args, env=None, launcher=(), **popen):
-    """`templm train` in a fresh process; `launcher`: tests/support/exec_with.py's arguments, to set limits first."""
+    """`templm train` in a fresh process; `launcher`: a command prefix (tests/support/exec_with.py's, to set limits)."""
     full_env = {**os.environ, **(env or {})}
-    prefix = [sys.executable, *launcher] if launcher else []
-    return subprocess.Popen([*prefix, sys.executable, "-m", "templm.cli", "train", *CLI_CONFIG, *args],
+    return subprocess.Popen([*launcher, sys.executable, "-m", "templm.cli", "train", *CLI_CONFIG, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
                             cwd=REPO, **popen)
 
@@ -523,7 +523,7 @@ def test_a_full_disk_during_a_save_is_one_message_and_no_half_written_checkpoint
     step's temporary folder. A file-size limit stands in for a full disk: the checkpoint's write fails the same way."""
     model_dir = tmp_path / "m"
     proc = _cli(f"--gin.MODEL_DIR='{model_dir}'", "--gin.TRAIN_STEPS=2", env={"TEMPLM_DATA_DIR": data_dir},
-                launcher=[EXEC_WITH, "--file_size=200000", "--"])
+                launcher=limited("--file_size=200000"))
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 4, err[-3000:]
     lines = err.strip().splitlines()
