@@ -66,6 +66,10 @@ class WorldConfig:
     new_words_per_month: float = 2.0  # words coined each month, used from their first date on
     new_word_persist_share: float = 0.25  # coined words that stay in use; the others are used for one month
     new_word_sentence_share: float = 0.02  # sentences that use a coined word
+    bursts_per_year: int = 2  # named events that break each year and stay in the news for BURST_DAYS
+    # Of the background sentences of a document while an event is in the news, the share about the event instead (on
+    # top of the fifth of the other sentences that are about it): how much of the news is short-lived.
+    burst_background_share: float = 0.0
 
     def __post_init__(self):
         require_field_types(self, "templm.WorldConfig")  # a quoted number or an infinity from gin, named
@@ -81,8 +85,10 @@ class WorldConfig:
         if not 1 <= self.min_sentences <= self.max_sentences:
             raise ValueError(f"min_sentences {self.min_sentences} and max_sentences {self.max_sentences}: expected "
                              f"1 <= min_sentences <= max_sentences")
+        if self.bursts_per_year < 0:
+            raise ValueError(f"bursts_per_year must be at least 0, got {self.bursts_per_year}")
         for name in ("emerging_share", "background_share", "year_share", "publication_year_share",
-                     "new_word_persist_share", "new_word_sentence_share"):
+                     "new_word_persist_share", "new_word_sentence_share", "burst_background_share"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be a share from 0 to 1, got {value}")
@@ -364,9 +370,9 @@ class _Builder:
             self._add("event", f"{w()} {self.rng.choice(['Games', 'Festival', 'Expo', 'Cup'])}")
         for _ in range(max(4, n // 2)):
             self._add("landmark", f"{w()} {self.rng.choice(['Tower', 'Bridge', 'Cathedral', 'Gate'])}")
-        # Burst events: two a year, each with a name that did not exist before it broke.
+        # Burst events: `bursts_per_year` a year, each with a name that did not exist before it broke.
         for year in range(self.config.start_year, self.config.end_year + 1):
-            for _ in range(2):
+            for _ in range(self.config.bursts_per_year):
                 kind = self.rng.choice(["Summit", "Scandal", "Storm", "Strike"])
                 self._add("burst", f"{w()} {kind}", _date_in_year(self.rng, year))
 
@@ -502,7 +508,11 @@ class _Builder:
             begin = len(parts)
             background = rng.random() < config.background_share
             fact_index: Optional[int] = None
-            if not background and live_bursts and rng.random() < 0.2:
+            # (the share is tested before drawing, so that a world without it draws the numbers it always drew)
+            about_burst = bool(background and live_bursts and config.burst_background_share
+                               and rng.random() < config.burst_background_share)
+            if about_burst or (not background and live_bursts and rng.random() < 0.2):
+                background = False
                 source = "burst"
                 slots = {"e": rng.choice(live_bursts).id}
                 clause, shown = rng.choice(BURST_TEMPLATES), date

@@ -104,6 +104,10 @@ class Preset:
     # "More work per compiled call"). Each model's parameters are those of its training alone; a run of several
     # processes trains one at a time.
     trainings_at_once: int = 1
+    # The time-aware world's short-lived news (WorldConfig's fields of the same names): named events a year, and the
+    # share of the background sentences about one while it is in the news.
+    bursts_per_year: int = 2
+    burst_background_share: float = 0.0
 
     def __post_init__(self):
         require_field_types(self, "templm.Study")
@@ -182,8 +186,11 @@ class StreamPreset:
 
 def world_config(preset: Union["Preset", "StreamPreset"], seed: int) -> WorldConfig:
     """The embedded world one half of a study draws: the preset's years, entity pools and news volume, from `seed`."""
+    bursts = ({"bursts_per_year": preset.bursts_per_year, "burst_background_share": preset.burst_background_share}
+              if isinstance(preset, Preset) else {})
     return WorldConfig(seed=seed, start_year=preset.start_year, end_year=preset.end_year,
-                       subjects_per_relation=preset.subjects_per_relation, docs_per_month=preset.docs_per_month)
+                       subjects_per_relation=preset.subjects_per_relation, docs_per_month=preset.docs_per_month,
+                       **bursts)
 
 
 @dataclasses.dataclass(frozen=True)

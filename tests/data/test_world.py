@@ -272,6 +272,30 @@ def test_coined_words_appear_at_their_rate_and_only_while_in_use(which, world_di
         assert 0.14 <= reappear / len(words) <= 0.35
 
 
+def test_short_lived_news_has_its_events_a_year_and_its_share_of_the_sentences(tmp_path, world):
+    """`bursts_per_year` named events break each year; while one is in the news, `burst_background_share` of the
+    background sentences are about it, beside the fifth of the other sentences that always are (so 0.6 x 0.5 + 0.4 x
+    0.2 = 38 % of the sentences here, against 8 % without the share). The default world keeps its two events a year."""
+    config = WorldConfig(seed=13, start_year=2014, end_year=2016, subjects_per_relation=6, docs_per_month=40,
+                         bursts_per_year=6, burst_background_share=0.5)
+    out = str(tmp_path / "w")
+    generate_world(config, out)
+    bursty = load_world(out)
+    for loaded, per_year in ((bursty, 6), (world, 2)):
+        broke = collections.Counter(e.first_date.year for e in loaded["entities"].values() if e.type == "burst")
+        assert set(broke.values()) == {per_year}
+    starts = sorted(e.first_date for e in bursty["entities"].values() if e.type == "burst")
+    live = [(source, date) for date, _, source in _sentences(out)
+            if any(0 <= (date - start).days <= 90 for start in starts)]
+    n = len(live)
+    assert n > 5_000
+    about = sum(source == "burst" for source, _ in live)
+    expected = config.background_share * config.burst_background_share + (1 - config.background_share) * 0.2
+    assert _close(about, n, expected, allowance=0.01), about / n
+    background = sum(source.startswith("topic:") for source, _ in live)
+    assert _close(background, n, config.background_share * (1 - config.burst_background_share), allowance=0.01)
+
+
 def test_what_the_training_period_did_not_see_grows_with_distance(world_dir, world):
     """Cut off after 2016: the share of the later years' words never seen before grows year by year, and emerging
     names keep appearing in every year to the last."""
@@ -329,6 +353,10 @@ def test_config_shares_out_of_range_are_refused():
         WorldConfig(min_sentences=5, max_sentences=3)
     with pytest.raises(ValueError, match="topic_drift"):
         WorldConfig(topic_drift=-1)
+    with pytest.raises(ValueError, match="burst_background_share must be a share from 0 to 1"):
+        WorldConfig(burst_background_share=2.0)
+    with pytest.raises(ValueError, match="bursts_per_year must be at least 0"):
+        WorldConfig(bursts_per_year=-1)
 
 
 def test_stats_match_the_files(world_dir, news, queries):
