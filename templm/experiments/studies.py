@@ -115,6 +115,9 @@ class Preset:
         if self.pretrain_objective not in PRETRAIN_TASKS:
             raise ConfigError(f"templm.Study.pretrain_objective must be one of {', '.join(map(repr, PRETRAIN_TASKS))}, "
                              f"got {self.pretrain_objective!r}")
+        if not 0.0 <= self.burst_background_share <= 1.0:
+            raise ConfigError(f"templm.Study.burst_background_share must be a share from 0 to 1, got "
+                              f"{self.burst_background_share}")
         if isinstance(self.model, Mapping):  # gin writes the changes as a dict; kept as pairs (hashable)
             object.__setattr__(self, "model", tuple(self.model.items()))
         object.__setattr__(self, "model", tuple(tuple(pair) for pair in self.model))

@@ -70,6 +70,12 @@ def test_a_study_file_with_an_unknown_or_missing_field_is_one_message(tmp_path):
     objective.write_text("include 'study/smoke.gin'\ntemplm.Study.pretrain_snapshot = 'True'\n")
     with pytest.raises(ConfigError, match=r"templm.Study.pretrain_snapshot: expected True or False"):
         load_study(str(objective))
+    objective.write_text("include 'study/smoke.gin'\ntemplm.Study.burst_background_share = 1.5\n")
+    with pytest.raises(ConfigError, match=r"templm.Study.burst_background_share must be a share from 0 to 1, got 1.5"):
+        load_study(str(objective))
+    objective.write_text("include 'study/smoke.gin'\ntemplm.Study.bursts_per_year = -2\n")
+    with pytest.raises(ConfigError, match=r"templm.Study.bursts_per_year"):
+        load_study(str(objective))
 
 
 def test_the_larger_model_changes_sizes_of_the_model_and_nothing_else(tmp_path):
