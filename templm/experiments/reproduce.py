@@ -960,6 +960,22 @@ def _half_records(preset: Preset, seed: int, extra: Sequence[ExtraStage], data: 
     return jsonable(halves)
 
 
+def _with_later_fields(record: Any) -> Any:
+    """An earlier run's record of a half with the preset fields templm gained since at their defaults: a field is
+    added with the default that keeps what runs did before it, so a run recorded without it ran with that value (and
+    its models are kept, not trained again). The other parts of the record (the seed, the world's version, the data)
+    are compared as they are."""
+    if not isinstance(record, dict):
+        return record
+    filled = dict(record)
+    for key, kind in (("preset", Preset), ("stream_preset", StreamPreset)):
+        if isinstance(filled.get(key), dict):
+            defaults = {f.name: f.default for f in dataclasses.fields(kind)
+                        if f.default is not dataclasses.MISSING and f.name not in EVALUATION_ONLY}
+            filled[key] = {**jsonable(defaults), **filled[key]}
+    return filled
+
+
 def _changed(old: Any, new: Any, prefix: str = "") -> List[str]:
     """The keys (dotted) whose values differ between two records."""
     if isinstance(old, dict) and isinstance(new, dict):
@@ -996,14 +1012,15 @@ def _start_or_resume(out_dir: str, preset: Preset, seed: int, extra: Sequence[Ex
     for half, rec in halves.items():
         if half not in running:
             continue
-        reused[half] = before.get(half) == rec
+        earlier = _with_later_fields(before.get(half))
+        reused[half] = earlier == rec
         if reused[half]:
             console.say(f"reproduce: resuming the {names[half]} half's models in {out_dir} (its preset, seed and data "
                         "are the earlier run's)")
         else:
             target = paths.join(out_dir, HALVES[half][0])
             if paths.exists(target):
-                changed = _changed(before.get(half), rec) if before.get(half) else ["an earlier record's form"]
+                changed = _changed(earlier, rec) if earlier else ["an earlier record's form"]
                 # Said before anything is removed: the models, and the earlier results that describe them (a
                 # results.json and report beside models that are gone would describe models no longer there).
                 stale = [name for name in RESULT_FILES if paths.exists(paths.join(out_dir, name))]

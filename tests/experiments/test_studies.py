@@ -91,7 +91,8 @@ def test_the_larger_model_changes_sizes_of_the_model_and_nothing_else(tmp_path):
 
 def test_a_run_of_an_older_world_generator_starts_its_models_afresh(tmp_path):
     """A run folder of the embedded world records the generator's version: the same seed drew other text before,
-    so `make demo` rerun after an upgrade must not resume (and report) models trained on the old world."""
+    so `make demo` rerun after an upgrade must not resume (and report) models trained on the old world. A preset
+    field added since, at its default, is what the earlier run did: that keeps the models."""
     import json
 
     from templm.data.world import WORLD_VERSION
@@ -106,6 +107,21 @@ def test_a_run_of_an_older_world_generator_starts_its_models_afresh(tmp_path):
     # the same record: resumed, models kept
     assert _start_or_resume(str(out), PRESETS["tiny_test"], 0, ()) == {"time_aware": True}
     assert (out / "models" / "uniform").is_dir()
+    # A run recorded before the preset had some of its fields (here the world's short-lived news) ran with their
+    # defaults: its models are kept. Recorded with another value, they are not.
+    later = ("bursts_per_year", "burst_background_share")
+    older = json.loads(json.dumps(record))
+    for name in later:
+        del older["halves"]["time_aware"]["preset"][name]
+    (out / "run.json").write_text(json.dumps(older))
+    assert _start_or_resume(str(out), PRESETS["tiny_test"], 0, ()) == {"time_aware": True}
+    assert (out / "models" / "uniform").is_dir()
+    assert json.loads((out / "run.json").read_text()) == record
+    older["halves"]["time_aware"]["preset"]["bursts_per_year"] = 3
+    (out / "run.json").write_text(json.dumps(older))
+    assert _start_or_resume(str(out), PRESETS["tiny_test"], 0, ()) == {"time_aware": False}
+    assert not (out / "models").exists()
+    (out / "models" / "uniform").mkdir(parents=True)
     del record["halves"]["time_aware"]["world_version"]  # as a run of the generator before version 2 wrote it
     (out / "run.json").write_text(json.dumps(record))
     assert _start_or_resume(str(out), PRESETS["tiny_test"], 0, ()) == {"time_aware": False}
