@@ -64,15 +64,14 @@ ROWS = (
 )
 
 
-def sentences(world_dir: str, with_source: bool = False) -> List[Tuple]:
-    """(document date, sentence) of every sentence of a world, from news.jsonl and mentions.jsonl's spans; with
-    `with_source`, (date, sentence, source) with the source mentions.jsonl names (a relation, "topic:..." or "burst")."""
+def sentences(world_dir: str) -> List[Tuple[datetime.date, str, str]]:
+    """(document date, sentence, source) of every sentence of a world, from news.jsonl and mentions.jsonl's spans (the
+    source as mentions.jsonl names it: a relation, "topic:..." or "burst")."""
     with open(os.path.join(world_dir, "mentions.jsonl"), encoding="utf-8") as f:
         spans = [json.loads(line)["sentences"] for line in f]
     out = []
     for doc, doc_spans in zip(JsonlReader(os.path.join(world_dir, "news.jsonl")), spans):
-        out.extend((doc.date, doc.text[start:end], source)[:3 if with_source else 2]
-                   for start, end, source in doc_spans)
+        out.extend((doc.date, doc.text[start:end], source) for start, end, source in doc_spans)
     return out
 
 
@@ -167,7 +166,7 @@ def measure(preset: str, seed: int, scratch: str) -> Dict[str, float]:
     t5_dir, stream_dir = (os.path.join(scratch, f"{preset}_{seed}_{half}") for half in ("t5", "stream"))
     generate_world(world_config(p, seed), t5_dir, lock=False)
     generate_world(world_config(s, seed), stream_dir, lock=False)
-    sents = sentences(t5_dir, with_source=True)
+    sents = sentences(t5_dir)
     out = year_mentions([(date, text) for date, text, _ in sents])
     out["event_sentences"] = sum(source == "burst" for _, _, source in sents) / max(1, len(sents))
     cutoff = datetime.date.fromisoformat(str(s.cutoff))
