@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 import typing
-from typing import Any, Iterator, Mapping, Optional, Tuple
+from typing import Any, Iterator, Mapping, Optional, Tuple, Union
 
 import gin
 
@@ -199,15 +199,18 @@ def require_macros(function: str, values: Mapping[str, Tuple[str, Any]], allow_n
 
 
 # A numeric setting to check: (value, int or float, the least value allowed or None, the gin macro it is usually
-# bound through or None).
-Number = Tuple[Any, type, Optional[float], Optional[str]]
+# bound through or None), and optionally the most allowed.
+Number = Union[Tuple[Any, type, Optional[float], Optional[str]],
+               Tuple[Any, type, Optional[float], Optional[str], Optional[float]]]
 
 
 def require_numbers(function: str, values: Mapping[str, Number], optional: Tuple[str, ...] = ()) -> None:
     """Raises a ConfigError naming `function.parameter` (and its macro) for the first setting that is not a number
-    of its kind or is below its least value, before any work: an int setting takes integers only (20.5 or '32' is
-    refused, not rounded or parsed), a float one any finite real number. Parameters in `optional` may be None."""
-    for name, (value, kind, least, macro) in values.items():
+    of its kind or is out of its range, before any work: an int setting takes integers only (20.5 or '32' is
+    refused, not rounded or parsed), a float one any finite real number. A bound of None is none. Parameters in
+    `optional` may be None."""
+    for name, (value, kind, least, macro, *rest) in values.items():
+        most = rest[0] if rest else None
         if value is None and name in optional:
             continue
         is_number = isinstance(value, numbers.Real) and not isinstance(value, bool)
@@ -220,6 +223,8 @@ def require_numbers(function: str, values: Mapping[str, Number], optional: Tuple
             raise ConfigError(f"{_binding(function, name, macro)}: expected {expected}, got {value!r}{quoted}")
         if least is not None and value < least:
             raise ConfigError(f"{_binding(function, name, macro)}: must be at least {least:g}, got {value!r}")
+        if most is not None and value > most:
+            raise ConfigError(f"{_binding(function, name, macro)}: must be at most {most:g}, got {value!r}")
 
 
 def _plain_kind(hint: Any) -> Tuple[Optional[type], bool]:

@@ -29,6 +29,9 @@ def test_whole_numbers_finite_numbers_and_ranges():
     for value in (float("nan"), float("inf"), "0.1", -0.5):
         with pytest.raises(ConfigError, match=r"^f\.rate: "):
             require_numbers("f", {"rate": (value, float, 0, None)})
+    require_numbers("f", {"share": (1.0, float, 0, None, 1)})  # a most value: the bound itself is allowed
+    with pytest.raises(ConfigError, match=re.escape("f.share: must be at most 1, got 1.5")):
+        require_numbers("f", {"share": (1.5, float, 0, None, 1)})
 
 
 def test_the_trainers_refuse_a_bad_number_before_touching_their_folder(tmp_path):
