@@ -67,8 +67,9 @@ class WorldConfig:
     new_word_persist_share: float = 0.25  # coined words that stay in use; the others are used for one month
     new_word_sentence_share: float = 0.02  # sentences that use a coined word
     bursts_per_year: int = 2  # named events that break each year and stay in the news for BURST_DAYS
+    burst_sentence_share: float = 0.2  # of the sentences that are not background while an event is news, about it
     # Of the background sentences of a document while an event is in the news, the share about the event instead (on
-    # top of the fifth of the other sentences that are about it): how much of the news is short-lived.
+    # top of the `burst_sentence_share` of the other sentences that are about it): how much of the news is short-lived.
     burst_background_share: float = 0.0
 
     def __post_init__(self):
@@ -88,7 +89,8 @@ class WorldConfig:
         if self.bursts_per_year < 0:
             raise ValueError(f"bursts_per_year must be at least 0, got {self.bursts_per_year}")
         for name in ("emerging_share", "background_share", "year_share", "publication_year_share",
-                     "new_word_persist_share", "new_word_sentence_share", "burst_background_share"):
+                     "new_word_persist_share", "new_word_sentence_share", "burst_sentence_share",
+                     "burst_background_share"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be a share from 0 to 1, got {value}")
@@ -511,7 +513,7 @@ class _Builder:
             # (the share is tested before drawing, so that a world without it draws the numbers it always drew)
             about_burst = bool(background and live_bursts and config.burst_background_share
                                and rng.random() < config.burst_background_share)
-            if about_burst or (not background and live_bursts and rng.random() < 0.2):
+            if about_burst or (not background and live_bursts and rng.random() < config.burst_sentence_share):
                 background = False
                 source = "burst"
                 slots = {"e": rng.choice(live_bursts).id}

@@ -35,18 +35,22 @@ _AT_LEAST_ONE = frozenset({"vocab_size", "steps", "yearly_steps", "adapt_steps",
                            "max_gap", "calibration_years", "docs_per_month", "subjects_per_relation",
                            "test_docs_per_month", "train_steps", "test_months", "min_test_count", "n_topics",
                            "train_count_documents", "ms_segments", "pad_vocab_to", "trainings_at_once"})
+# Numeric fields that are shares, from 0 to 1.
+_SHARES = frozenset({"heldout_fraction", "dropout_rate", "burst_background_share", "emerging_share",
+                     "burst_sentence_share"})
 
 
 def _check_numbers(kind: str, study: Any) -> None:
-    """Every int and float field of a study (by its annotation) a number of its kind in range, named as the gin
-    binding templm.KIND.FIELD, before any work (a study of 20.5 steps is refused, not rounded)."""
+    """Every int and float field of a study (by its annotation) a number of its kind in range (a share from 0 to 1),
+    named as the gin binding templm.KIND.FIELD, before any work (a study of 20.5 steps is refused, not rounded)."""
     checks, optional = {}, []
     for field, number, may_be_none in field_kinds(type(study)):
         if number not in (int, float):
             continue
         if may_be_none:
             optional.append(field)
-        checks[field] = (getattr(study, field), number, 1 if field in _AT_LEAST_ONE else 0, None)
+        checks[field] = (getattr(study, field), number, 1 if field in _AT_LEAST_ONE else 0, None,
+                         1 if field in _SHARES else None)
     require_numbers(f"templm.{kind}", checks, optional=tuple(optional))
 
 
@@ -115,9 +119,6 @@ class Preset:
         if self.pretrain_objective not in PRETRAIN_TASKS:
             raise ConfigError(f"templm.Study.pretrain_objective must be one of {', '.join(map(repr, PRETRAIN_TASKS))}, "
                              f"got {self.pretrain_objective!r}")
-        if not 0.0 <= self.burst_background_share <= 1.0:
-            raise ConfigError(f"templm.Study.burst_background_share must be a share from 0 to 1, got "
-                              f"{self.burst_background_share}")
         if isinstance(self.model, Mapping):  # gin writes the changes as a dict; kept as pairs (hashable)
             object.__setattr__(self, "model", tuple(self.model.items()))
         object.__setattr__(self, "model", tuple(tuple(pair) for pair in self.model))
@@ -149,6 +150,11 @@ class StreamPreset:
     ms_segments: int = 64
     pad_vocab_to: int = 1  # the model's vocabulary rounded up to a multiple of this (a model axis must divide it)
     warmup_steps: Optional[int] = None  # the learning rate's linear warm-up (None: min(100, train_steps // 10))
+    # The streaming world's novel words (WorldConfig's fields of the same names): the share of entities that appear
+    # only from a date after the first year, and of the sentences that are not background, the share about a named
+    # event while it is in the news (each event's name is a word never seen before it broke).
+    emerging_share: float = 0.25
+    burst_sentence_share: float = 0.2
     # A larger TIME-STRATIFIED model for Mind the Gap's model-size comparison (section 4): keys of `model` with
     # other values, trained like the others and scored against the same CONTROL model; None: no such model.
     larger_model: Optional[Dict[str, Any]] = None
@@ -189,11 +195,14 @@ class StreamPreset:
 
 def world_config(preset: Union["Preset", "StreamPreset"], seed: int) -> WorldConfig:
     """The embedded world one half of a study draws: the preset's years, entity pools and news volume, from `seed`."""
-    bursts = ({"bursts_per_year": preset.bursts_per_year, "burst_background_share": preset.burst_background_share}
-              if isinstance(preset, Preset) else {})
+    if isinstance(preset, Preset):
+        mechanisms = {"bursts_per_year": preset.bursts_per_year,
+                      "burst_background_share": preset.burst_background_share}
+    else:
+        mechanisms = {"emerging_share": preset.emerging_share, "burst_sentence_share": preset.burst_sentence_share}
     return WorldConfig(seed=seed, start_year=preset.start_year, end_year=preset.end_year,
                        subjects_per_relation=preset.subjects_per_relation, docs_per_month=preset.docs_per_month,
-                       **bursts)
+                       **mechanisms)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -274,10 +274,11 @@ def test_coined_words_appear_at_their_rate_and_only_while_in_use(which, world_di
 
 def test_short_lived_news_has_its_events_a_year_and_its_share_of_the_sentences(tmp_path, world):
     """`bursts_per_year` named events break each year; while one is in the news, `burst_background_share` of the
-    background sentences are about it, beside the fifth of the other sentences that always are (so 0.6 x 0.5 + 0.4 x
-    0.2 = 38 % of the sentences here, against 8 % without the share). The default world keeps its two events a year."""
+    background sentences are about it, beside `burst_sentence_share` of the other sentences (so 0.6 x 0.5 + 0.4 x
+    0.1 = 34 % of the sentences here; the default world: 0.4 x 0.2 = 8 %). The default world keeps its two events a
+    year."""
     config = WorldConfig(seed=13, start_year=2014, end_year=2016, subjects_per_relation=6, docs_per_month=40,
-                         bursts_per_year=6, burst_background_share=0.5)
+                         bursts_per_year=6, burst_background_share=0.5, burst_sentence_share=0.1)
     out = str(tmp_path / "w")
     generate_world(config, out)
     bursty = load_world(out)
@@ -290,7 +291,8 @@ def test_short_lived_news_has_its_events_a_year_and_its_share_of_the_sentences(t
     n = len(live)
     assert n > 5_000
     about = sum(source == "burst" for source, _ in live)
-    expected = config.background_share * config.burst_background_share + (1 - config.background_share) * 0.2
+    expected = (config.background_share * config.burst_background_share
+                + (1 - config.background_share) * config.burst_sentence_share)
     assert _close(about, n, expected, allowance=0.01), about / n
     background = sum(source.startswith("topic:") for source, _ in live)
     assert _close(background, n, config.background_share * (1 - config.burst_background_share), allowance=0.01)

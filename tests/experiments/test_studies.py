@@ -70,12 +70,28 @@ def test_a_study_file_with_an_unknown_or_missing_field_is_one_message(tmp_path):
     objective.write_text("include 'study/smoke.gin'\ntemplm.Study.pretrain_snapshot = 'True'\n")
     with pytest.raises(ConfigError, match=r"templm.Study.pretrain_snapshot: expected True or False"):
         load_study(str(objective))
-    objective.write_text("include 'study/smoke.gin'\ntemplm.Study.burst_background_share = 1.5\n")
-    with pytest.raises(ConfigError, match=r"templm.Study.burst_background_share must be a share from 0 to 1, got 1.5"):
-        load_study(str(objective))
+    for share in ("Study.burst_background_share", "Study.heldout_fraction", "Study.dropout_rate",
+                  "StreamStudy.emerging_share", "StreamStudy.burst_sentence_share"):  # shares: at most 1
+        objective.write_text(f"include 'study/smoke.gin'\ntemplm.{share} = 1.5\n")
+        with pytest.raises(ConfigError, match=rf"templm.{share}: must be at most 1, got 1.5"):
+            load_study(str(objective))
     objective.write_text("include 'study/smoke.gin'\ntemplm.Study.bursts_per_year = -2\n")
     with pytest.raises(ConfigError, match=r"templm.Study.bursts_per_year"):
         load_study(str(objective))
+
+
+def test_each_half_draws_its_world_with_its_own_mechanisms():
+    from templm.data.world import WorldConfig
+    from templm.experiments.studies import world_config
+
+    study = load_study("smoke", {"Study": {"bursts_per_year": 3},
+                                 "StreamStudy": {"emerging_share": 0.1, "burst_sentence_share": 0.05}})
+    t5, stream = world_config(study.preset, 7), world_config(study.stream, 7)
+    default = WorldConfig()
+    assert (t5.seed, t5.bursts_per_year, t5.emerging_share, t5.burst_sentence_share) == \
+        (7, 3, default.emerging_share, default.burst_sentence_share)
+    assert (stream.seed, stream.bursts_per_year, stream.emerging_share, stream.burst_sentence_share) == \
+        (7, default.bursts_per_year, 0.1, 0.05)
 
 
 def test_the_larger_model_changes_sizes_of_the_model_and_nothing_else(tmp_path):
