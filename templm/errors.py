@@ -15,6 +15,7 @@ import json
 import math
 import numbers
 import os
+import platform
 import re
 import signal
 import sys
@@ -274,6 +275,19 @@ def machine_memory() -> int:
         return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         return 0
+
+
+def cpu_model() -> str:
+    """This machine's processor as the system names it ("AMD EPYC", "Intel(R) Xeon(R) Processor"): the numbers of a
+    run on the CPU depend on it (XLA compiles for the processor's instructions, which order a sum's terms)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def require_memory(needed: float, what: str) -> None:

@@ -83,6 +83,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from templm.errors import cpu_model  # noqa: E402  (the bench tools' machine line)
+
 # Published dense peak TFLOP/s per chip (bf16, and what a float32 matmul runs at with JAX's default precision).
 PUBLISHED_PEAK_TFLOPS = {
     # device_kind substring: (bfloat16, float32 at default precision)
@@ -112,19 +114,6 @@ def load_average():
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return None
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
 
 
 def devices_label(suffix: str = "") -> str:

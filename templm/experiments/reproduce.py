@@ -74,8 +74,8 @@ from templm.data.regimes import SHARED_MODEL
 from templm.data.readers import Corpus, TemplamaReader, resolve_corpus, templama_split_files
 from templm.data.task_data import TaskDataConfig, prepare_task_data, read_manifest
 from templm.data.world import WORLD_VERSION, load_world
-from templm.errors import (ConfigError, DataError, Preempted, StageSkipped, read_json, sigterm_received,
-                           watch_sigterm)
+from templm.errors import (ConfigError, DataError, Preempted, StageSkipped, cpu_model, read_json,
+                           sigterm_received, watch_sigterm)
 from templm.evaluation.checkpoint_eval import evaluate_params
 from templm.evaluation.future_probes import (TextScorer, future_as_of, future_calibration, future_degradation,
                                              read_calibration)
@@ -1295,8 +1295,11 @@ def _restore_tasks(data_dir: Optional[str], settings: Settings) -> None:
 
 
 def _machine() -> str:
+    """The machine a run's numbers came from: its processor too, since the same seed trains to other numbers on
+    another (docs/results.md)."""
     devices = jax.devices()
-    return f"{platform.machine()} {os.cpu_count()} CPU cores, {len(devices)} {devices[0].platform} device(s)"
+    return (f"{platform.machine()} {os.cpu_count()} CPU cores ({cpu_model()}), {len(devices)} {devices[0].platform} "
+            "device(s)")
 
 
 # The installed packages whose versions shape a run's numbers, recorded beside the machine: the same commit and seed

@@ -16,6 +16,7 @@ import pytest
 from templm.experiments.reproduce import (PRESETS, SOFTWARE, ExtraStage, Reproduction, StudyData, pretrain,
                                          run_extra_stage, train_models)
 from templm.data.readers import TemplamaReader
+from templm.errors import cpu_model
 from templm.metrics import qa
 from templm.metrics.findings import STREAMING, STUDY
 from templm.metrics.statistics import VERDICTS, verdict
@@ -71,8 +72,15 @@ def test_report_and_figures(run_dir):
     assert "preset `tiny_test`, seed 0" in text and "seen (training) 2016, future 2017" in text
     # the installed versions that shape the numbers, in results.json and the report's last line
     with open(run_dir / "results.json", encoding="utf-8") as f:
-        software = json.load(f)["timing"]["software"]
+        timing = json.load(f)["timing"]
+    software = timing["software"]
     assert software["sentencepiece"] == importlib.metadata.version("sentencepiece")
+    # and the processor, whose instructions shape them too
+    processor = None
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            processor = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    assert f"CPU cores ({processor or cpu_model()}), " in timing["machine"]
     assert software["jaxlib"] == importlib.metadata.version("jaxlib") and set(software) == set(SOFTWARE)
     assert f" cpu device(s), with jax {jax.__version__}, jaxlib " in text.splitlines()[-1]
     # The Temporal model asked as of its last seen year: each F1 from its prediction and the query's gold names, and
