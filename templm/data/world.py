@@ -71,6 +71,11 @@ class WorldConfig:
     # Of the background sentences of a document while an event is in the news, the share about the event instead (on
     # top of the `burst_sentence_share` of the other sentences that are about it): how much of the news is short-lived.
     burst_background_share: float = 0.0
+    # Names on the rise: of the background sentences, the share that name in passing an entity (a person, club or
+    # company) that emerges within the next `rising_days` days, so that a name is seen rarely before it makes news
+    # ("Mind the Gap"'s emerging words include those far less frequent in training than in the test period). 0: none.
+    rising_share: float = 0.0
+    rising_days: int = 1095
 
     def __post_init__(self):
         require_field_types(self, "templm.WorldConfig")  # a quoted number or an infinity from gin, named
@@ -86,11 +91,13 @@ class WorldConfig:
         if not 1 <= self.min_sentences <= self.max_sentences:
             raise ValueError(f"min_sentences {self.min_sentences} and max_sentences {self.max_sentences}: expected "
                              f"1 <= min_sentences <= max_sentences")
+        if self.rising_days < 1:
+            raise ValueError(f"rising_days must be at least 1, got {self.rising_days}")
         if self.bursts_per_year < 0:
             raise ValueError(f"bursts_per_year must be at least 0, got {self.bursts_per_year}")
         for name in ("emerging_share", "background_share", "year_share", "publication_year_share",
                      "new_word_persist_share", "new_word_sentence_share", "burst_sentence_share",
-                     "burst_background_share"):
+                     "burst_background_share", "rising_share"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be a share from 0 to 1, got {value}")
@@ -211,6 +218,11 @@ BURST_TEMPLATES = [
     "Analysts said the {e} would have lasting effects", "New details of the {e} emerged",
     "Protesters in {c} marched over the {e}", "The {e} prompted an inquiry in {k}",
 ]
+# Passing mentions of a name before its entity emerges (`rising_share`): {r} the entity.
+RISING_TEMPLATES = [
+    "{r} was mentioned in a report from {c}", "A profile of {r} appeared in the weekend papers",
+    "{r} attended a meeting in {c}", "Few in {c} had heard of {r}",
+]
 # Tails of statements (facts and events); the empty tail is drawn as often as the rest together.
 TAILS = [", officials said", ", reports said", ", according to local media", ", a spokesperson confirmed",
          ", sources said", " this week", " on Monday", " on Saturday", ", it was reported", " once more"]
@@ -271,6 +283,7 @@ WORDS: Dict[str, List[str]] = {
     "illness": ["flu", "measles", "asthma", "malaria"],
     "demand": ["higher pay", "more staff", "new equipment"],
 }
+RISING_TYPES = ("athlete", "politician", "employee", "student", "coach", "executive", "club", "company")
 CHANGE_DAYS = 60  # a fact that began this many days ago or fewer is news: reported often, sometimes as a change
 BURST_DAYS = 90  # an event is in the news for this many days after it broke
 
@@ -468,6 +481,7 @@ class _Builder:
         topics = list(TOPICS)
         facts = [(i, f) for i, f in enumerate(self.facts)]
         bursts = self.by_type["burst"]
+        emerging = [e for e in self.entities if e.type in RISING_TYPES and e.first_date > self.first]
         counter = 0
         for year in range(config.start_year, config.end_year + 1):
             t = config.topic_drift * (year - config.start_year) / span
@@ -483,14 +497,16 @@ class _Builder:
                 live_bursts = [b for b in bursts if b.first_date <= month_end
                                and (month_start - b.first_date).days <= BURST_DAYS]
                 words = [w for w in self.words if w.first_date <= month_end and month_start <= w.last_date]
+                rising = [e for e in emerging if month_start < e.first_date
+                          and (e.first_date - month_end).days < config.rising_days] if config.rising_share else []
                 dates = sorted(datetime.date(year, month, rng.randint(1, days)) for _ in range(config.docs_per_month))
                 for date in dates:
                     counter += 1
                     doc_id = f"world-{date.isoformat()}-{counter:06d}"
                     yield self._document(doc_id, date, active, places, live_bursts, words, topics, topic_weights,
-                                         entity)
+                                         entity, rising)
 
-    def _document(self, doc_id, date, active, places, live_bursts, words, topics, topic_weights, entity):
+    def _document(self, doc_id, date, active, places, live_bursts, words, topics, topic_weights, entity, rising=()):
         rng, config = self.rng, self.config
         valid = [(i, f) for i, f in active if f.valid_on(date)
                  and entity[f.subject].first_date <= date and entity[f.object].first_date <= date]
@@ -499,6 +515,7 @@ class _Builder:
         live_bursts = [b for b in live_bursts if 0 <= (date - b.first_date).days <= BURST_DAYS]
         words = [w for w in words if w.first_date <= date <= w.last_date]
         word_weights = [3.0 if (date - w.first_date).days <= 30 else 1.0 for w in words]
+        rising = [e for e in rising if 0 < (e.first_date - date).days <= config.rising_days]
         # Of the background sentences, this share uses a coined word, so that `new_word_sentence_share` of all do.
         coined = min(1.0, config.new_word_sentence_share / config.background_share) if config.background_share else 0.0
         parts: List[Tuple[str, Optional[str]]] = []  # (text, entity id or None), concatenated into the document
@@ -529,6 +546,11 @@ class _Builder:
                     clause, shown = rng.choice(FACT_TEMPLATES[fact.relation]), date
                 stated.append(i)
                 fact_index = i
+            elif rising and rng.random() < config.rising_share:  # (drawn only where names are rising)
+                background = True
+                source = "rising"
+                slots = {"r": rng.choice(rising).id}
+                clause, shown = rng.choice(RISING_TEMPLATES), date
             else:
                 background = True
                 topic = rng.choices(topics, topic_weights)[0]

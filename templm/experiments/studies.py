@@ -37,7 +37,7 @@ _AT_LEAST_ONE = frozenset({"vocab_size", "steps", "yearly_steps", "adapt_steps",
                            "train_count_documents", "ms_segments", "pad_vocab_to", "trainings_at_once"})
 # Numeric fields that are shares, from 0 to 1.
 _SHARES = frozenset({"heldout_fraction", "dropout_rate", "burst_background_share", "emerging_share",
-                     "burst_sentence_share"})
+                     "burst_sentence_share", "rising_share"})
 
 
 def _check_numbers(kind: str, study: Any) -> None:
@@ -155,6 +155,7 @@ class StreamPreset:
     # event while it is in the news (each event's name is a word never seen before it broke).
     emerging_share: float = 0.25
     burst_sentence_share: float = 0.2
+    rising_share: float = 0.0  # of the background sentences, names in passing before their entity emerges
     # A larger TIME-STRATIFIED model for Mind the Gap's model-size comparison (section 4): keys of `model` with
     # other values, trained like the others and scored against the same CONTROL model; None: no such model.
     larger_model: Optional[Dict[str, Any]] = None
@@ -199,7 +200,8 @@ def world_config(preset: Union["Preset", "StreamPreset"], seed: int) -> WorldCon
         mechanisms = {"bursts_per_year": preset.bursts_per_year,
                       "burst_background_share": preset.burst_background_share}
     else:
-        mechanisms = {"emerging_share": preset.emerging_share, "burst_sentence_share": preset.burst_sentence_share}
+        mechanisms = {"emerging_share": preset.emerging_share, "burst_sentence_share": preset.burst_sentence_share,
+                      "rising_share": preset.rising_share}
     return WorldConfig(seed=seed, start_year=preset.start_year, end_year=preset.end_year,
                        subjects_per_relation=preset.subjects_per_relation, docs_per_month=preset.docs_per_month,
                        **mechanisms)

@@ -10,7 +10,7 @@ import pytest
 
 from templm.data import JsonlReader, TemplamaReader
 from templm.data.templama import TEMPLATES
-from templm.data.world import CALIBRATION, TOPICS, WorldConfig, generate_world, load_world
+from templm.data.world import CALIBRATION, RISING_TYPES, TOPICS, WorldConfig, generate_world, load_world
 
 SMALL = WorldConfig(seed=7, start_year=2012, end_year=2016, subjects_per_relation=12, docs_per_month=8)
 
@@ -296,6 +296,37 @@ def test_short_lived_news_has_its_events_a_year_and_its_share_of_the_sentences(t
     assert _close(about, n, expected, allowance=0.01), about / n
     background = sum(source.startswith("topic:") for source, _ in live)
     assert _close(background, n, config.background_share * (1 - config.burst_background_share), allowance=0.01)
+
+
+def test_rising_names_are_in_the_news_rarely_before_their_entity_emerges(tmp_path, news, world):
+    """`rising_share` of the background sentences name, in passing, a person, club or company whose first date is
+    within the next `rising_days` days; so a name is seen before it makes news. The default world has none."""
+    config = WorldConfig(seed=21, start_year=2014, end_year=2017, subjects_per_relation=8, docs_per_month=30,
+                         rising_share=0.1, rising_days=400)
+    out = str(tmp_path / "w")
+    generate_world(config, out)
+    rising_world = load_world(out)
+    entities = rising_world["entities"]
+    emerging = [e for e in entities.values() if e.type in RISING_TYPES and e.first_date.year > 2014]
+    docs = list(JsonlReader(os.path.join(out, "news.jsonl")))
+    with open(os.path.join(out, "mentions.jsonl"), encoding="utf-8") as f:
+        mentions = [json.loads(line) for line in f]
+    named_before = set()
+    rising = background = 0
+    for doc, mention in zip(docs, mentions):
+        may_rise = any(0 < (e.first_date - doc.date).days <= config.rising_days for e in emerging)
+        for start, end, source in mention["sentences"]:
+            if source == "rising":
+                names = [eid for a, _, eid in mention["entities"] if start <= a < end
+                         and entities[eid].type in RISING_TYPES]  # (a city may be named beside it)
+                assert len(names) == 1 and 0 < (entities[names[0]].first_date - doc.date).days <= config.rising_days
+                named_before.add(names[0])
+            if may_rise and (source == "rising" or source.startswith("topic:")):
+                background += 1
+                rising += source == "rising"
+    assert background > 3_000 and _close(rising, background, config.rising_share), rising / background
+    assert len(named_before) > 0.8 * len(emerging)  # nearly every emerging name is seen before it emerges
+    assert not any(source == "rising" for mention in news[1] for _, _, source in mention["sentences"])
 
 
 def test_what_the_training_period_did_not_see_grows_with_distance(world_dir, world):
