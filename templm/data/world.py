@@ -498,7 +498,7 @@ class _Builder:
                                and (month_start - b.first_date).days <= BURST_DAYS]
                 words = [w for w in self.words if w.first_date <= month_end and month_start <= w.last_date]
                 rising = [e for e in emerging if month_start < e.first_date
-                          and (e.first_date - month_end).days < config.rising_days] if config.rising_share else []
+                          and (e.first_date - month_end).days <= config.rising_days] if config.rising_share else []
                 dates = sorted(datetime.date(year, month, rng.randint(1, days)) for _ in range(config.docs_per_month))
                 for date in dates:
                     counter += 1
@@ -506,7 +506,7 @@ class _Builder:
                     yield self._document(doc_id, date, active, places, live_bursts, words, topics, topic_weights,
                                          entity, rising)
 
-    def _document(self, doc_id, date, active, places, live_bursts, words, topics, topic_weights, entity, rising=()):
+    def _document(self, doc_id, date, active, places, live_bursts, words, topics, topic_weights, entity, rising):
         rng, config = self.rng, self.config
         valid = [(i, f) for i, f in active if f.valid_on(date)
                  and entity[f.subject].first_date <= date and entity[f.object].first_date <= date]
