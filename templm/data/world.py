@@ -62,6 +62,10 @@ class WorldConfig:
     background_share: float = 0.6  # sentences that state no fact and no event: the same at any date
     year_share: float = 0.039  # sentences that name a year
     publication_year_share: float = 0.54  # of those, the share naming the year the document is published in
+    # Of the year phrases that name another year than the publication's, the share naming a later one (one or two
+    # years on: what is scheduled or planned, as Dhingra et al. say articles "discuss events scheduled to happen in the
+    # future"); the others name an earlier year. 0: none later.
+    later_year_share: float = 0.0
     topic_drift: float = 1.0  # 0: the background topics keep their first-year mix; 1: they reach TOPICS' last mix
     new_words_per_month: float = 2.0  # words coined each month, used from their first date on
     new_word_persist_share: float = 0.25  # coined words that stay in use; the others are used for one month
@@ -97,7 +101,7 @@ class WorldConfig:
             raise ValueError(f"bursts_per_year must be at least 0, got {self.bursts_per_year}")
         for name in ("emerging_share", "background_share", "year_share", "publication_year_share",
                      "new_word_persist_share", "new_word_sentence_share", "burst_sentence_share",
-                     "burst_background_share", "rising_share"):
+                     "burst_background_share", "rising_share", "later_year_share"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be a share from 0 to 1, got {value}")
@@ -586,12 +590,16 @@ class _Builder:
 
     def _year_phrase(self, date: datetime.date, shown: datetime.date, fact: Optional[int], background: bool) -> str:
         """A phrase naming a year: the day shown (the document's, or the day a reported change began) with
-        probability `publication_year_share`, else an earlier year (the year a fact began, when it began earlier)."""
+        probability `publication_year_share`, else a later year (`later_year_share` of them) or an earlier one (the
+        year a fact began, when it began earlier)."""
         rng = self.rng
         if rng.random() < self.config.publication_year_share:
             if rng.random() < 0.5:
                 return f" on {format_date(shown)}"
             return f" in {calendar.month_name[shown.month]} {shown.year}"
+        # (the share is tested before drawing: a world without it draws the numbers it always drew)
+        if self.config.later_year_share and rng.random() < self.config.later_year_share:
+            return f" ahead of {date.year + rng.randint(1, 2)}"
         start = self.facts[fact].start if fact is not None else None
         year = start.year if start is not None and start.year < date.year else date.year - rng.randint(1, 8)
         return f" for the first time since {year}" if background else f" since {year}"

@@ -37,7 +37,7 @@ _AT_LEAST_ONE = frozenset({"vocab_size", "steps", "yearly_steps", "adapt_steps",
                            "train_count_documents", "ms_segments", "pad_vocab_to", "trainings_at_once"})
 # Numeric fields that are shares, from 0 to 1.
 _SHARES = frozenset({"heldout_fraction", "dropout_rate", "burst_background_share", "emerging_share",
-                     "burst_sentence_share", "rising_share"})
+                     "burst_sentence_share", "rising_share", "later_year_share"})
 
 
 def _check_numbers(kind: str, study: Any) -> None:
@@ -112,6 +112,7 @@ class Preset:
     # share of the background sentences about one while it is in the news.
     bursts_per_year: int = 2
     burst_background_share: float = 0.0
+    later_year_share: float = 0.0  # the world's year phrases that name a later year (WorldConfig's field)
 
     def __post_init__(self):
         require_field_types(self, "templm.Study")
@@ -198,7 +199,8 @@ def world_config(preset: Union["Preset", "StreamPreset"], seed: int) -> WorldCon
     """The embedded world one half of a study draws: the preset's years, entity pools and news volume, from `seed`."""
     if isinstance(preset, Preset):
         mechanisms = {"bursts_per_year": preset.bursts_per_year,
-                      "burst_background_share": preset.burst_background_share}
+                      "burst_background_share": preset.burst_background_share,
+                      "later_year_share": preset.later_year_share}
     else:
         mechanisms = {"emerging_share": preset.emerging_share, "burst_sentence_share": preset.burst_sentence_share,
                       "rising_share": preset.rising_share}

@@ -199,7 +199,8 @@ def test_bursts_are_concentrated(news, world):
 
 ALTERED = WorldConfig(seed=11, start_year=2012, end_year=2017, subjects_per_relation=12, docs_per_month=30,
                       background_share=0.3, year_share=0.2, publication_year_share=0.25, topic_drift=0.0,
-                      new_words_per_month=0.5, new_word_persist_share=1.0, new_word_sentence_share=0.05)
+                      new_words_per_month=0.5, new_word_persist_share=1.0, new_word_sentence_share=0.05,
+                      later_year_share=0.4)
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +231,7 @@ def _close(count, n, p, allowance=0.0):
 @pytest.mark.parametrize("which", ["default", "altered"])
 def test_background_and_year_mentions_have_their_configured_shares(which, world_dir, altered_dir):
     """Most sentences are background; a few per cent name a year (Dhingra et al.: 3.9 % of CustomNews sentences, 2.1
-    % their publication year); the altered config moves every share."""
+    % their publication year), the others an earlier year or a later one; the altered config moves every share."""
     world_dir, config = (world_dir, WorldConfig()) if which == "default" else (altered_dir, ALTERED)
     sentences = _sentences(world_dir)
     n = len(sentences)
@@ -243,6 +244,9 @@ def test_background_and_year_mentions_have_their_configured_shares(which, world_
     # Change reports show the day the change began, which may fall in the year before: a small allowance.
     publication = sum(str(date.year) in y for (date, _, _), y in zip(sentences, years))
     assert _close(publication, n, config.year_share * config.publication_year_share, allowance=0.002)
+    # Of the other years named, `later_year_share` are later than the document's (none in the default world).
+    later = sum(any(int(year) > date.year for year in y) for (date, _, _), y in zip(sentences, years))
+    assert _close(later, n, config.year_share * (1 - config.publication_year_share) * config.later_year_share)
 
 
 @pytest.mark.parametrize("which", ["default", "altered"])
