@@ -16,7 +16,8 @@ paraphrases.
   calibration.jsonl          queries of relations with a known change class, with their candidate set
   world.json                 every entity (with its first date), every fact (with its interval), every coined word
   mentions.jsonl             per document: the facts it states, the character spans of the entities it names, and
-                             each sentence's span with its source (a relation, "topic:<name>" or "burst")
+                             each sentence's span with its source (a relation, "topic:<name>", "burst" or
+                             "rising")
   stats.json                 counts by year, share of multi-answer queries, emerging names and words per year
 Same config, same bytes. Everything is drawn from one `random.Random(seed)`.
 """
@@ -43,6 +44,12 @@ from templm.outputs import build_output_folder, check_output_folder
 # Part of the embedded world's cache name (templm.data.task_data.world_cache_dir): raised whenever the same config
 # draws other text, so a cache of an older generator is never read as this one's.
 WORLD_VERSION = 3
+
+
+# WorldConfig's fields that are shares, from 0 to 1.
+SHARES = ("emerging_share", "background_share", "year_share", "publication_year_share", "later_year_share",
+          "new_word_persist_share", "new_word_sentence_share", "burst_sentence_share", "burst_background_share",
+          "rising_share")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,9 +106,7 @@ class WorldConfig:
             raise ValueError(f"rising_days must be at least 1, got {self.rising_days}")
         if self.bursts_per_year < 0:
             raise ValueError(f"bursts_per_year must be at least 0, got {self.bursts_per_year}")
-        for name in ("emerging_share", "background_share", "year_share", "publication_year_share",
-                     "new_word_persist_share", "new_word_sentence_share", "burst_sentence_share",
-                     "burst_background_share", "rising_share", "later_year_share"):
+        for name in SHARES:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be a share from 0 to 1, got {value}")

@@ -19,7 +19,7 @@ import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from templm import CONFIG_DIR, config_search_paths
-from templm.data.world import WorldConfig
+from templm.data.world import SHARES as WORLD_SHARES, WorldConfig
 from templm.errors import ConfigError, field_kinds, require_field_types, require_numbers
 
 GIN_DIR = CONFIG_DIR  # the package's gin configs (templm/gin_configs, shipped in the wheel)
@@ -35,9 +35,8 @@ _AT_LEAST_ONE = frozenset({"vocab_size", "steps", "yearly_steps", "adapt_steps",
                            "max_gap", "calibration_years", "docs_per_month", "subjects_per_relation",
                            "test_docs_per_month", "train_steps", "test_months", "min_test_count", "n_topics",
                            "train_count_documents", "ms_segments", "pad_vocab_to", "trainings_at_once"})
-# Numeric fields that are shares, from 0 to 1.
-_SHARES = frozenset({"heldout_fraction", "dropout_rate", "burst_background_share", "emerging_share",
-                     "burst_sentence_share", "rising_share", "later_year_share"})
+# Numeric fields that are shares, from 0 to 1: the world's settings a half binds, and the study's own.
+_SHARES = frozenset({"heldout_fraction", "dropout_rate", *WORLD_SHARES})
 
 
 def _check_numbers(kind: str, study: Any) -> None:
@@ -196,17 +195,13 @@ class StreamPreset:
 
 
 def world_config(preset: Union["Preset", "StreamPreset"], seed: int) -> WorldConfig:
-    """The embedded world one half of a study draws: the preset's years, entity pools and news volume, from `seed`."""
-    if isinstance(preset, Preset):
-        mechanisms = {"bursts_per_year": preset.bursts_per_year,
-                      "burst_background_share": preset.burst_background_share,
-                      "later_year_share": preset.later_year_share}
-    else:
-        mechanisms = {"emerging_share": preset.emerging_share, "burst_sentence_share": preset.burst_sentence_share,
-                      "rising_share": preset.rising_share}
-    return WorldConfig(seed=seed, start_year=preset.start_year, end_year=preset.end_year,
-                       subjects_per_relation=preset.subjects_per_relation, docs_per_month=preset.docs_per_month,
-                       **mechanisms)
+    """The embedded world one half of a study draws, from `seed`: each field of the half's preset named as a
+    WorldConfig field is that setting (its years, entity pools, news volume and the mechanisms it binds); the others
+    keep WorldConfig's defaults."""
+    return WorldConfig(seed=seed, **{name: getattr(preset, name) for name in _WORLD_FIELDS if hasattr(preset, name)})
+
+
+_WORLD_FIELDS = tuple(field.name for field in dataclasses.fields(WorldConfig) if field.name != "seed")
 
 
 @dataclasses.dataclass(frozen=True)
