@@ -66,7 +66,7 @@ ROWS = (
 
 def sentences(world_dir: str) -> List[Tuple[datetime.date, str, str]]:
     """(document date, sentence, source) of every sentence of a world, from news.jsonl and mentions.jsonl's spans (the
-    source as mentions.jsonl names it: a relation, "topic:..." or "burst")."""
+    source as mentions.jsonl names it: a relation, "topic:...", "burst" or "rising")."""
     with open(os.path.join(world_dir, "mentions.jsonl"), encoding="utf-8") as f:
         spans = [json.loads(line)["sentences"] for line in f]
     out = []

@@ -338,7 +338,8 @@ def build_calm_corpus_from_texts(src_dir: str, out_dir: str, level: str, overwri
 
 
 # The embedded world records the source of every sentence (mentions.jsonl): a relation id (FACT_TEMPLATES),
-# "topic:<name>" (TOPICS) or "burst" (BURST_TEMPLATES). Each source belongs to at most one domain.
+# "topic:<name>" (TOPICS), "burst" (BURST_TEMPLATES) or "rising" (RISING_TEMPLATES). Each source belongs to at most
+# one domain.
 WORLD_DOMAINS: Dict[str, Tuple[str, ...]] = {
     "sports": ("P54", "P286", "topic:sport"),
     "politics": ("P39", "P102", "P6"),
@@ -348,13 +349,13 @@ WORLD_DOMAINS: Dict[str, Tuple[str, ...]] = {
     "weather": ("topic:weather",),
     "health": ("topic:health",),
 }
-# Left out by default: "burst" (storms, scandals, strikes, summits: no single domain), "host_city" (games, cups,
-# festivals, expos) and "located_in" (landmarks).
+# Left out by default: "burst" (storms, scandals, strikes, summits: no single domain), "rising" (passing mentions of
+# any kind of name), "host_city" (games, cups, festivals, expos) and "located_in" (landmarks).
 
 
 def world_sources() -> List[str]:
     """Every sentence source of the embedded world's news."""
-    return list(FACT_TEMPLATES) + [f"topic:{topic}" for topic in TOPICS] + ["burst"]
+    return list(FACT_TEMPLATES) + [f"topic:{topic}" for topic in TOPICS] + ["burst", "rising"]
 
 
 def _world_lines(path: str, what: str):
