@@ -50,6 +50,7 @@ WORLD_VERSION = 3
 SHARES = ("emerging_share", "background_share", "year_share", "publication_year_share", "later_year_share",
           "new_word_persist_share", "new_word_sentence_share", "burst_sentence_share", "burst_background_share",
           "rising_share")
+BURST_NAMES = ("coined", "places")  # WorldConfig.burst_names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +88,13 @@ class WorldConfig:
     # ("Mind the Gap"'s emerging words include those far less frequent in training than in the test period). 0: none.
     rising_share: float = 0.0
     rising_days: int = 1095
+    # What a short-lived event is named: 'coined', a word never seen before it broke (as "Novichok"), or 'places', the
+    # name of a city or country of the world, known before it (as a summit or a storm named after where it happens):
+    # the event's words are then not new, only far more frequent while it is news ("Mind the Gap", section 3.4).
+    burst_names: str = "coined"
+    # Persons' given names: 0, each a word of its own; N, drawn from a stock of N given names shared by all persons
+    # (as in real news, where a new person's given name is seldom a new word; the family name stays their own).
+    given_names: int = 0
 
     def __post_init__(self):
         require_field_types(self, "templm.WorldConfig")  # a quoted number or an infinity from gin, named
@@ -106,6 +114,11 @@ class WorldConfig:
             raise ValueError(f"rising_days must be at least 1, got {self.rising_days}")
         if self.bursts_per_year < 0:
             raise ValueError(f"bursts_per_year must be at least 0, got {self.bursts_per_year}")
+        if self.burst_names not in BURST_NAMES:
+            raise ValueError(f"burst_names must be one of {', '.join(map(repr, BURST_NAMES))}, got {self.burst_names!r}")
+        if self.given_names < 0:
+            raise ValueError(f"given_names must be at least 0 (0: each person's given name a word of its own), got "
+                             f"{self.given_names}")
         for name in SHARES:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
@@ -364,7 +377,8 @@ class _Builder:
     def make_entities(self) -> None:
         n = self.config.subjects_per_relation
         w = self.names.word
-        person = lambda: f"{w((2, 2))} {w((2, 3))}"  # noqa: E731
+        given = [w((2, 2)) for _ in range(self.config.given_names)]
+        person = lambda: f"{self.rng.choice(given) if given else w((2, 2))} {w((2, 3))}"  # noqa: E731
         for _ in range(max(6, n // 2)):
             self._add("country", w((2, 3)).rstrip(_VOWELS) + self.rng.choice(["ia", "land", "stan", "ora"]))
         for _ in range(max(n, 12)):  # clubs and universities are named after cities
@@ -394,11 +408,15 @@ class _Builder:
             self._add("event", f"{w()} {self.rng.choice(['Games', 'Festival', 'Expo', 'Cup'])}")
         for _ in range(max(4, n // 2)):
             self._add("landmark", f"{w()} {self.rng.choice(['Tower', 'Bridge', 'Cathedral', 'Gate'])}")
-        # Burst events: `bursts_per_year` a year, each with a name that did not exist before it broke.
+        # Burst events: `bursts_per_year` a year, each named with a word that did not exist before it broke, or
+        # after a place of the world (`burst_names`).
+        places = self.by_type["city"] + self.by_type["country"]
         for year in range(self.config.start_year, self.config.end_year + 1):
             for _ in range(self.config.bursts_per_year):
                 kind = self.rng.choice(["Summit", "Scandal", "Storm", "Strike"])
-                self._add("burst", f"{w()} {kind}", _date_in_year(self.rng, year))
+                name = (self.names.unique(lambda: f"{self.rng.choice(places).name} {kind}")
+                        if self.config.burst_names == "places" else f"{w()} {kind}")
+                self._add("burst", name, _date_in_year(self.rng, year))
 
     def _pool(self, type_: str) -> List[Entity]:
         if type_ == "place":

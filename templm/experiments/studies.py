@@ -19,7 +19,7 @@ import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from templm import CONFIG_DIR, config_search_paths
-from templm.data.world import SHARES as WORLD_SHARES, WorldConfig
+from templm.data.world import BURST_NAMES, SHARES as WORLD_SHARES, WorldConfig
 from templm.errors import ConfigError, field_kinds, require_field_types, require_numbers
 
 GIN_DIR = CONFIG_DIR  # the package's gin configs (templm/gin_configs, shipped in the wheel)
@@ -156,6 +156,8 @@ class StreamPreset:
     emerging_share: float = 0.25
     burst_sentence_share: float = 0.2
     rising_share: float = 0.0  # of the background sentences, names in passing before their entity emerges
+    burst_names: str = "coined"  # an event's name: a word never seen before ('coined') or a place's ('places')
+    given_names: int = 0  # persons' given names from a stock of this many (0: each person's a word of its own)
     # A larger TIME-STRATIFIED model for Mind the Gap's model-size comparison (section 4): keys of `model` with
     # other values, trained like the others and scored against the same CONTROL model; None: no such model.
     larger_model: Optional[Dict[str, Any]] = None
@@ -177,6 +179,9 @@ class StreamPreset:
                 object.__setattr__(self, "cutoff", datetime.date.fromisoformat(self.cutoff))
             except ValueError:
                 raise ConfigError(f"StreamStudy.cutoff: expected a date 'YYYY-MM-DD', got {self.cutoff!r}") from None
+        if self.burst_names not in BURST_NAMES:
+            raise ConfigError(f"templm.StreamStudy.burst_names: expected one of {', '.join(map(repr, BURST_NAMES))}, "
+                              f"got {self.burst_names!r}")
         object.__setattr__(self, "model", dict(self.model))
         object.__setattr__(self, "dynamic", tuple(dict(v) for v in self.dynamic))
         if self.larger_model is not None:

@@ -333,6 +333,36 @@ def test_rising_names_are_in_the_news_rarely_before_their_entity_emerges(tmp_pat
     assert not any(source == "rising" for mention in news[1] for _, _, source in mention["sentences"])
 
 
+def test_events_named_after_places_and_given_names_from_a_stock_are_words_seen_before(tmp_path, world):
+    """`burst_names='places'`: each event is named after a city or country of the world ("Kavo Summit"), a name in
+    the news before the event breaks; `given_names=N`: persons share N given names while each keeps a
+    family name of its own. The default world coins a new word for each event and each person's given name."""
+    config = WorldConfig(seed=23, start_year=2014, end_year=2017, subjects_per_relation=8, docs_per_month=20,
+                         burst_names="places", given_names=10)
+    out = str(tmp_path / "w")
+    generate_world(config, out)
+    entities = load_world(out)["entities"].values()
+    places = {e.name for e in entities if e.type in ("city", "country")}
+    bursts = [e for e in entities if e.type == "burst"]
+    assert len(bursts) == 2 * 4 and all(e.name.rsplit(" ", 1)[0] in places for e in bursts)
+    persons = [e.name.split(" ") for e in entities if e.type in RISING_TYPES and e.type not in ("club", "company")]
+    assert len({given for given, _ in persons}) == 10 and len({family for _, family in persons}) == len(persons)
+    waiting = sorted((e for e in bursts if e.first_date.year > config.start_year), key=lambda e: e.first_date)
+    assert len(waiting) == 6
+    seen, known_before = set(), []
+    for doc in JsonlReader(os.path.join(out, "news.jsonl")):  # in date order
+        while waiting and waiting[0].first_date <= doc.date:  # the words seen before the event broke
+            known_before.append(set(waiting.pop(0).name.rsplit(" ", 1)[0].split(" ")) <= seen)
+        seen.update(re.findall(r"[A-Za-z]+", doc.text))
+    assert known_before == [True] * 6
+    default_places = {e.name for e in world["entities"].values() if e.type in ("city", "country")}
+    default_bursts = [e.name.rsplit(" ", 1)[0] for e in world["entities"].values() if e.type == "burst"]
+    assert default_bursts and not set(default_bursts) & default_places
+    given = collections.Counter(e.name.split(" ")[0] for e in world["entities"].values()
+                                if e.type in RISING_TYPES and e.type not in ("club", "company"))
+    assert set(given.values()) == {1}
+
+
 def test_what_the_training_period_did_not_see_grows_with_distance(world_dir, world):
     """Cut off after 2016: the share of the later years' words never seen before grows year by year, and emerging
     names keep appearing in every year to the last."""
@@ -418,6 +448,10 @@ def test_entity_names_are_unique(world):
 def test_bad_config_is_refused():
     with pytest.raises(ValueError, match="end_year"):
         WorldConfig(start_year=2015, end_year=2010)
+    with pytest.raises(ValueError, match="burst_names must be one of 'coined', 'places', got 'cities'"):
+        WorldConfig(burst_names="cities")
+    with pytest.raises(ValueError, match="given_names must be at least 0"):
+        WorldConfig(given_names=-1)
 
 
 @pytest.mark.parametrize("years", [(1850, 1852), (2099, 2101)])

@@ -78,6 +78,13 @@ def test_a_study_file_with_an_unknown_or_missing_field_is_one_message(tmp_path):
     objective.write_text("include 'study/smoke.gin'\ntemplm.Study.bursts_per_year = -2\n")
     with pytest.raises(ConfigError, match=r"templm.Study.bursts_per_year"):
         load_study(str(objective))
+    objective.write_text("include 'study/smoke.gin'\ntemplm.StreamStudy.burst_names = 'cities'\n")
+    with pytest.raises(ConfigError, match=r"templm.StreamStudy.burst_names: expected one of 'coined', 'places', got "
+                                          r"'cities'"):
+        load_study(str(objective))
+    objective.write_text("include 'study/smoke.gin'\ntemplm.StreamStudy.given_names = -3\n")
+    with pytest.raises(ConfigError, match=r"templm.StreamStudy.given_names"):
+        load_study(str(objective))
 
 
 def test_each_half_draws_its_world_with_its_own_mechanisms():
@@ -85,13 +92,16 @@ def test_each_half_draws_its_world_with_its_own_mechanisms():
     from templm.experiments.studies import world_config
 
     study = load_study("smoke", {"Study": {"bursts_per_year": 3},
-                                 "StreamStudy": {"emerging_share": 0.1, "burst_sentence_share": 0.05}})
+                                 "StreamStudy": {"emerging_share": 0.1, "burst_sentence_share": 0.05,
+                                                 "burst_names": "places", "given_names": 12}})
     t5, stream = world_config(study.preset, 7), world_config(study.stream, 7)
     default = WorldConfig()
     assert (t5.seed, t5.bursts_per_year, t5.emerging_share, t5.burst_sentence_share) == \
         (7, 3, default.emerging_share, default.burst_sentence_share)
     assert (stream.seed, stream.bursts_per_year, stream.emerging_share, stream.burst_sentence_share) == \
         (7, default.bursts_per_year, 0.1, 0.05)
+    assert (t5.burst_names, t5.given_names, stream.burst_names, stream.given_names) == \
+        (default.burst_names, default.given_names, "places", 12)
 
 
 def test_the_larger_model_changes_sizes_of_the_model_and_nothing_else(tmp_path):
