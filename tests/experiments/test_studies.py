@@ -63,28 +63,20 @@ def test_a_study_file_with_an_unknown_or_missing_field_is_one_message(tmp_path):
     with pytest.raises(ConfigError, match="unknown study 'huge'"):
         load_study("huge")
     objective = tmp_path / "objective.gin"
-    objective.write_text("include 'study/smoke.gin'\ntemplm.Study.pretrain_objective = 'random'\n")
-    with pytest.raises(ConfigError, match=r"templm.Study.pretrain_objective must be one of 'salient_spans', "
-                                          r"'random_spans', got 'random'"):
-        load_study(str(objective))
-    objective.write_text("include 'study/smoke.gin'\ntemplm.Study.pretrain_snapshot = 'True'\n")
-    with pytest.raises(ConfigError, match=r"templm.Study.pretrain_snapshot: expected True or False"):
-        load_study(str(objective))
-    for share in ("Study.burst_background_share", "Study.heldout_fraction", "Study.dropout_rate",
-                  "StreamStudy.emerging_share", "StreamStudy.burst_sentence_share"):  # shares: at most 1
-        objective.write_text(f"include 'study/smoke.gin'\ntemplm.{share} = 1.5\n")
-        with pytest.raises(ConfigError, match=rf"templm.{share}: must be at most 1, got 1.5"):
+    shares = ("Study.burst_background_share", "Study.heldout_fraction", "Study.dropout_rate",
+              "StreamStudy.emerging_share", "StreamStudy.burst_sentence_share")  # shares: at most 1
+    refused = [("Study.pretrain_objective = 'random'",
+                r"templm.Study.pretrain_objective must be one of 'salient_spans', 'random_spans', got 'random'"),
+               ("Study.pretrain_snapshot = 'True'", r"templm.Study.pretrain_snapshot: expected True or False"),
+               *((f"{share} = 1.5", rf"templm.{share}: must be at most 1, got 1.5") for share in shares),
+               ("Study.bursts_per_year = -2", r"templm.Study.bursts_per_year"),
+               ("StreamStudy.burst_names = 'cities'",
+                r"templm.StreamStudy.burst_names: expected one of 'coined', 'places', got 'cities'"),
+               ("StreamStudy.given_names = -3", r"templm.StreamStudy.given_names")]
+    for binding, message in refused:
+        objective.write_text(f"include 'study/smoke.gin'\ntemplm.{binding}\n")
+        with pytest.raises(ConfigError, match=message):
             load_study(str(objective))
-    objective.write_text("include 'study/smoke.gin'\ntemplm.Study.bursts_per_year = -2\n")
-    with pytest.raises(ConfigError, match=r"templm.Study.bursts_per_year"):
-        load_study(str(objective))
-    objective.write_text("include 'study/smoke.gin'\ntemplm.StreamStudy.burst_names = 'cities'\n")
-    with pytest.raises(ConfigError, match=r"templm.StreamStudy.burst_names: expected one of 'coined', 'places', got "
-                                          r"'cities'"):
-        load_study(str(objective))
-    objective.write_text("include 'study/smoke.gin'\ntemplm.StreamStudy.given_names = -3\n")
-    with pytest.raises(ConfigError, match=r"templm.StreamStudy.given_names"):
-        load_study(str(objective))
 
 
 def test_each_half_draws_its_world_with_its_own_mechanisms():
