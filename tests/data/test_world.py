@@ -345,7 +345,7 @@ def test_events_named_after_places_and_given_names_from_a_stock_are_words_seen_b
     places = {e.name for e in entities if e.type in ("city", "country")}
     bursts = [e for e in entities if e.type == "burst"]
     assert len(bursts) == 2 * 4 and all(e.name.rsplit(" ", 1)[0] in places for e in bursts)
-    persons = [e.name.split(" ") for e in entities if e.type in RISING_TYPES and e.type not in ("club", "company")]
+    persons = _person_names(entities)
     assert len({given for given, _ in persons}) == 10 and len({family for _, family in persons}) == len(persons)
     waiting = sorted((e for e in bursts if e.first_date.year > config.start_year), key=lambda e: e.first_date)
     assert len(waiting) == 6
@@ -358,9 +358,13 @@ def test_events_named_after_places_and_given_names_from_a_stock_are_words_seen_b
     default_places = {e.name for e in world["entities"].values() if e.type in ("city", "country")}
     default_bursts = [e.name.rsplit(" ", 1)[0] for e in world["entities"].values() if e.type == "burst"]
     assert default_bursts and not set(default_bursts) & default_places
-    given = collections.Counter(e.name.split(" ")[0] for e in world["entities"].values()
-                                if e.type in RISING_TYPES and e.type not in ("club", "company"))
+    given = collections.Counter(given for given, _ in _person_names(world["entities"].values()))
     assert set(given.values()) == {1}
+
+
+def _person_names(entities):
+    """(given name, family name) of every person among `entities`."""
+    return [e.name.split(" ") for e in entities if e.type in RISING_TYPES and e.type not in ("club", "company")]
 
 
 def test_what_the_training_period_did_not_see_grows_with_distance(world_dir, world):
