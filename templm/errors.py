@@ -168,6 +168,26 @@ def deferred_signals() -> Iterator[None]:
             os.kill(os.getpid(), noted[0])
 
 
+def result_in_place() -> None:
+    """Says that the command's result is whole where it goes (a verb calls it once it has written it, before printing
+    its summary): a SIGTERM or Ctrl-C that arrives from here on is noted, not raised, so that nothing stops the
+    summary halfway or calls the finished result unwritten; the command line answers it when the verb returns
+    (`signal_after_result`). Outside the main thread it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def note(received, _):
+        _SIGINT.setdefault("after_result", received)
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, note)
+
+
+def signal_after_result() -> Optional[int]:
+    """The first signal noted after `result_in_place`, or None."""
+    return _SIGINT.get("after_result")
+
+
 def signal_during_commit() -> bool:
     """Whether the signal that stopped the command arrived while a result was being put in place (deferred_signals):
     the result is complete and written."""

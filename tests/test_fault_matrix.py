@@ -480,6 +480,45 @@ def test_sigterm_while_the_verb_works_is_exit_75_one_line_and_no_result(verb_inp
         assert whole or not [p for p in left if not os.path.basename(p).startswith(".")], left
 
 
+_RENAMED = {"target": None, "fired": False}
+
+
+def _on_rename(event, args):
+    if event == "os.rename" and _RENAMED["target"] is not None and not _RENAMED["fired"] and \
+            os.fspath(args[1]) == _RENAMED["target"]:
+        import signal
+
+        _RENAMED["fired"] = True
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_once_the_result_is_written_lets_the_report_finish_and_says_the_result_is_complete(verb_inputs,
+                                                                                                     tmp_path):
+    """SIGTERM as is-eval's report went into place (its results already written) stopped the verb before its figure
+    and said that no result was written; `templm stream` under load printed its whole summary and then said the same
+    (tests/experiments/test_streaming.py). Once a verb has written its result (errors.result_in_place) a signal waits
+    for the report and the summary: exit 75 as for any stop, the line saying the result is complete."""
+    import sys
+
+    out = tmp_path / "out"
+    if not getattr(sys, "_templm_fault_matrix_rename_hook", False):
+        sys.addaudithook(_on_rename)  # for the rest of the process; idle unless a target is set
+        sys._templm_fault_matrix_rename_hook = True
+    _RENAMED.update(target=str(out / "is_eval.md"), fired=False)
+    try:
+        result = run_templm(*[a.replace("{out}", str(out)) for a in _full_disk_cases(verb_inputs)["is-eval"][0]])
+    finally:
+        fired = _RENAMED["fired"]
+        _RENAMED.update(target=None, fired=False)
+    assert fired, "is-eval never put is_eval.md in place"
+    assert result.returncode == 75, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "templm is-eval: stopped by SIGTERM after its results were written; they are complete"), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert result.stdout == (out / "is_eval.md").read_text(encoding="utf-8") + "\n"  # the summary, whole
+    assert (out / "is_eval.png").read_bytes().startswith(b"\x89PNG")  # the report's figure, after the signal
+
+
 def test_a_model_too_large_for_the_machine_is_refused_before_anything_is_allocated(verb_inputs, tmp_path):
     """An emb_dim of 2^26 (1.2 TiB of parameters) grew `templm train` until the system killed it; the parameters'
     size is computed from their shapes first (templm.training.state.require_params_fit)."""

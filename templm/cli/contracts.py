@@ -87,7 +87,9 @@ ROWS: List[Tuple[Tuple[str, ...], Dict[str, str]]] = [
         "a bad output folder": _BAD_FOLDER + " (`--overwrite`, or the gin binding `overwrite` for `stream` and "
                                "`calm`, writes into it)",
         "full disk (4)": "the file named; each result file whole or absent",
-        "Ctrl-C (130) / SIGTERM (75)": "one line, no result from unfinished work (dynamic evaluation included)",
+        "Ctrl-C (130) / SIGTERM (75)": "one line, no result from unfinished work (dynamic evaluation included); "
+                                       "once results.json is written a signal waits for the report and the summary, "
+                                       "and the line says the result is complete",
         "a second run at once": "refused (`OUT.lock` beside the folder, for the whole verb), naming the first",
         "run again": "runs again into its own folder",
     }),

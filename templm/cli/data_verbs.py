@@ -12,7 +12,7 @@ from absl import flags
 from templm import paths, remote
 from templm.cli.options import (CORPUS_HELP, FLAGS, bounds, corpus_documents, corpus_flag, define_corpus_flags,
                                 define_overwrite)
-from templm.errors import ConfigError
+from templm.errors import ConfigError, result_in_place
 
 
 def define_data_world():
@@ -50,6 +50,7 @@ def main_data_world():
                               ("seed", "start_year", "end_year", "subjects_per_relation", "docs_per_month")
                               if FLAGS[name].value is not None})
     stats = generate_world(config, FLAGS.out, overwrite=FLAGS.overwrite)
+    result_in_place()
     print(format_world_summary(stats, FLAGS.out))
 
 
@@ -159,7 +160,9 @@ def main_data_splits():
             summary["yearly"] = yearly["years"]
         return summary
 
-    print(json.dumps(build_output_folder(FLAGS.out, SPLITS_KIND, build, FLAGS.overwrite)))
+    summary = build_output_folder(FLAGS.out, SPLITS_KIND, build, FLAGS.overwrite)
+    result_in_place()
+    print(json.dumps(summary))
 
 
 def define_data_streams():
@@ -195,6 +198,7 @@ def main_data_streams():
         build = lambda folder: write_streams(corpus_flag(), split_files, FLAGS.spm_model, folder,  # noqa: E731
                                              FLAGS.format, FLAGS.on_error)
     manifest = build_output_folder(FLAGS.out, STREAMS_KIND, build, FLAGS.overwrite)
+    result_in_place()
     print(json.dumps({"out": FLAGS.out, "splits": {name: {k: entry[k] for k in ("documents", "tokens", "missing")}
                                                    for name, entry in manifest["splits"].items()}}))
 
@@ -216,6 +220,7 @@ def main_data_spm():
     docs, report = corpus_documents()
     path = train_spm(docs, FLAGS.out, vocab_size=FLAGS.vocab_size, max_sentences=FLAGS.max_sentences,
                      seed=FLAGS.seed)
+    result_in_place()
     print(json.dumps({"model": path, **report()}))
 
 
@@ -267,6 +272,7 @@ def main_data_templama():
     else:
         build = lambda folder: build_templama(FLAGS.dump, folder, **settings)  # noqa: E731
     stats = build_output_folder(FLAGS.out, TEMPLAMA_KIND, build, FLAGS.overwrite)
+    result_in_place()
     print(json.dumps({k: stats[k] for k in ("subjects", "queries", "splits")}))
 
 
@@ -287,6 +293,7 @@ def main_data_cronquestions():
 
     manifest = build_output_folder(FLAGS.out, CRONQUESTIONS_KIND, lambda folder: convert_release(
         FLAGS.release, folder, max_questions=FLAGS.max_questions), FLAGS.overwrite)
+    result_in_place()
     print(json.dumps({"out": FLAGS.out, "splits": manifest["splits"]}))
 
 
@@ -333,6 +340,7 @@ def main_data_tasks():
 
         via = OnBeam(beam_options())
     manifest = prepare_task_data(config, FLAGS.out, overwrite=FLAGS.overwrite, via=via)
+    result_in_place()
     totals = {folder: {split: sum(by_year.values()) for split, by_year in splits.items()}
               for folder, splits in manifest["counts"].items()}
     print(json.dumps({"out": FLAGS.out, "years": manifest["years"], "future_years": manifest["future_years"],
@@ -370,4 +378,5 @@ def main_data_calm():
         world = world_config(**({} if FLAGS.seed is None else {"seed": FLAGS.seed}))
         summary = build_world_corpus(FLAGS.world_dir, FLAGS.out, FLAGS.level, FLAGS.domains, world,
                                      overwrite=FLAGS.overwrite)
+    result_in_place()
     print(json.dumps({"out": FLAGS.out, "level": FLAGS.level, **summary}))

@@ -20,7 +20,8 @@ from templm.cli.options import (FLAGS, STATE, Verb, define_gin_flags, load_tenso
 from templm.settings import Settings
 from templm.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_SYSTEM, EXIT_TRAINING, EXIT_USAGE,
                            SYSTEM_ERRNOS, ConfigError, Preempted, Terminated, TrainingError, check_interrupted,
-                           note_sigint, note_sigterm, reset_signal_notes, signal_during_commit)
+                           note_sigint, note_sigterm, reset_signal_notes, signal_after_result,
+                           signal_during_commit)
 
 
 VERBS: Dict[str, Verb] = {v.name: v for v in [
@@ -348,6 +349,11 @@ def _run_verb(name: str, v: Verb, err: TextIO) -> int:
             parse_gin(first + list(FLAGS.gin_file), FLAGS.gin_bindings, FLAGS.gin_search_paths)
         refuse_unserved_urls(name)
         status = v.main() or 0
+        late = signal_after_result()
+        if late is not None and status == 0:  # the verb had written its result (errors.result_in_place)
+            stopped = "interrupted" if late == signal.SIGINT else "stopped by SIGTERM"
+            print(f"templm {name}: {stopped} after its results were written; they are complete", file=err)
+            return EXIT_INTERRUPTED if late == signal.SIGINT else EXIT_PREEMPTED
         check_interrupted()  # a Ctrl-C whose KeyboardInterrupt was dropped on the way
         return status
     except Preempted as e:

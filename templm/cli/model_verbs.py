@@ -11,7 +11,7 @@ from absl import flags
 from templm import console, paths
 from templm.cli.options import (FLAGS, STATE, bound_value, bounds, configure_tasks, define_distributed,
                                 join_processes, writable_folder)
-from templm.errors import ConfigError, loads_json, require_numbers
+from templm.errors import ConfigError, loads_json, require_numbers, result_in_place
 from templm.outputs import holding
 
 
@@ -39,6 +39,7 @@ def main_train():
     with tasks.seqio_cache_dirs(FLAGS.seqio_additional_cache_dirs):  # the tasks registered inside: they find it
         configure_tasks()
         result = trainer.train(options=RunOptions(evaluator=evaluate_params, config_gin=gin.config_str()))
+    result_in_place()
     if jax.process_index() == 0:
         print(json.dumps(jsonable(result.summary())))
 
@@ -309,6 +310,7 @@ def main_infer():
     atomic_write(FLAGS.output, "".join(
         json.dumps({**row, "model_inputs": text, "prediction": prediction}, ensure_ascii=False) + "\n"
         for row, text, prediction in zip(rows, texts, predictions)))
+    result_in_place()
     print(json.dumps({"output": FLAGS.output, "predictions": len(predictions)}))
 
 
@@ -324,6 +326,7 @@ def main_train_lm():
     from templm.training.loop import RunOptions
 
     result = lm_trainer.train_lm(options=RunOptions(config_gin=gin.config_str()))
+    result_in_place()
     print(json.dumps(jsonable(result.summary())))
 
 
@@ -344,6 +347,7 @@ def _main_stream():
     from templm.reports.stream import write_stream_report
 
     results = stream_evaluation()
+    result_in_place()  # results.json is written: the report and figures follow it whatever signal comes
     out_dir = paths.dirname(results["files"]["results.json"])
     files = {**results["files"], **write_stream_report(results, out_dir)}
     print(json.dumps({**summarize(results), "files": files}, indent=1))

@@ -11,7 +11,7 @@ from templm import paths as storage, remote
 from templm.cli.data_verbs import world_configurable
 from templm.cli.options import (CORPUS_HELP, FLAGS, STATE, bound_value, bounds, corpus_flag, corpus_value,
                                 define_distributed, define_overwrite, join_processes, load_tensorflow)
-from templm.errors import ConfigError
+from templm.errors import ConfigError, result_in_place
 from templm.outputs import holding
 
 
@@ -33,6 +33,7 @@ def _main_calm():
     from templm.reports.calm import write_calm_report
 
     results = run_calm()
+    result_in_place()  # results.json is written: the report follows it whatever signal comes
     written = write_calm_report(results, results["config"]["out_dir"])
     with storage.open(written["report.md"], encoding="utf-8") as f:
         print(f.read())
@@ -114,6 +115,7 @@ def _main_is_eval():
                              vocab_size=FLAGS.vocab_size, num_docs=FLAGS.num_docs, doc_length=FLAGS.doc_length,
                              mean_sentence_length=FLAGS.mean_sentence_length, peakedness=FLAGS.peakedness,
                              overwrite=FLAGS.overwrite)
+    result_in_place()
     written = write_is_report(result, FLAGS.out)
     with storage.open(written["md"], encoding="utf-8") as f:
         print(f.read())
@@ -215,6 +217,7 @@ def main_reproduce():
         # files as they were, never a mix of two runs
         paths = write_report(results, out, results_json=True) if seeds is None else write_seeds_report(
             results, out, results_json=True)
+        result_in_place()
     if seeds is None:
         print(f"templm reproduce: {name} preset, seed {FLAGS.seed}: {paths['report']}")
     else:
@@ -270,6 +273,7 @@ def _main_appendices():
 
     results = run_appendices(FLAGS.out, FLAGS.which, FLAGS.preset, FLAGS.seed, [int(s) for s in FLAGS.shifts],
                              [int(g) for g in FLAGS.gaps], corpus_flag(), overwrite=FLAGS.overwrite)
+    result_in_place()
     written = write_appendices_report(results, storage.absolute(FLAGS.out))
     with storage.open(written["report.md"], encoding="utf-8") as f:
         print(f.read())

@@ -74,7 +74,9 @@ def test_a_signal_during_dynamic_evaluation_is_one_line_and_no_crash(runs, tmp_p
     thread pool, and the interpreter's teardown freed the device it used (gdb: the compile thread in
     SingleDeviceSharding::Create). The process now ends with its status after its line (dispatch.run). Here the
     signal is sent as the test stream's dynamic step starts; this tiny model compiles in milliseconds, so the test
-    holds the contract (75, the line last, no result, no fatal error) rather than catching that window each time."""
+    holds the contract (75, the line last, no fatal error) rather than catching that window each time. On a loaded
+    machine the process can finish before this one reads the line: the signal then comes after results.json, and the
+    line says the result is complete (it said "no result was written" beside a whole summary); else there is none."""
     import signal
     import subprocess
     import sys
@@ -100,7 +102,11 @@ def test_a_signal_during_dynamic_evaluation_is_one_line_and_no_crash(runs, tmp_p
     last = rest.strip().splitlines()[-1]  # (after the progress lines already under way)
     assert last.startswith("templm stream: stopped by SIGTERM") and "Traceback" not in rest and \
         "Fatal Python error" not in rest, rest[-3000:]
-    assert out == "" and not (tmp_path / "out" / "results.json").exists()
+    if last.endswith("after its results were written; they are complete"):
+        assert json.loads(out)["files"]["report.md"] == str(tmp_path / "out" / "report.md")
+        assert (tmp_path / "out" / "results.json").exists() and (tmp_path / "out" / "report.md").exists()
+    else:
+        assert out == "" and not (tmp_path / "out" / "results.json").exists()
 
 
 @pytest.mark.e2e
