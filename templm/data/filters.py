@@ -16,14 +16,20 @@ Its `stats()` go to stats.json, so a split records what was removed and with whi
 
 from __future__ import annotations
 
+import array
 import collections
 import dataclasses
+import hashlib
+import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from templm import paths
 from templm.data.records import Document
+from templm.io import atomic_write
+from templm.settings import Settings
 
 REASONS = ("other_language", "near_duplicate")
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -70,12 +76,55 @@ class FilterConfig:
 
 
 def _identifier():
-    """langid's identifier with normalised probabilities, loaded once (unpacking its model takes about a second)."""
+    """langid's identifier with normalised probabilities, loaded once a process (`_langid_model`)."""
     if "langid" not in _IDENTIFIER:
         from langid import langid
 
-        _IDENTIFIER["langid"] = langid.LanguageIdentifier.from_modelstring(langid.model, norm_probs=True)
+        _IDENTIFIER["langid"] = langid.LanguageIdentifier(*_langid_model(langid.model), norm_probs=True)
     return _IDENTIFIER["langid"]
+
+
+def _langid_model(modelstring: bytes) -> tuple:
+    """The arguments of langid's LanguageIdentifier for its model string. Unpacking the string (a bz2-compressed
+    pickle of Python lists) takes 1-3 s, paid by every process that filters a corpus (each Beam worker's too: a
+    minute of the test suite); its arrays are kept in templm's cache as an .npz named after the string's digest,
+    written whole, and read back in milliseconds. A cache that cannot be read or written is unpacked again, and one
+    in a bucket is not used (a download for every process)."""
+    digest = hashlib.sha256(modelstring if isinstance(modelstring, bytes) else modelstring.encode()).hexdigest()[:16]
+    cache = Settings.from_environment().cache_dir
+    path = None if paths.is_url(cache) else os.path.join(cache, f"langid-{digest}.npz")
+    if path is not None:
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                outputs = np.split(z["tk_output_values"], np.cumsum(z["tk_output_lengths"])[:-1])
+                return (z["nb_ptc"], z["nb_pc"], int(z["nb_numfeats"]), z["nb_classes"].tolist(),
+                        array.array(str(z["tk_nextmove_type"]), z["tk_nextmove"].tobytes()),
+                        {int(k): tuple(v.tolist()) for k, v in zip(z["tk_output_keys"], outputs)})
+        except (OSError, ValueError, KeyError):
+            pass
+    from langid import langid
+
+    model = langid.LanguageIdentifier.from_modelstring(modelstring)
+    if path is not None:
+        keys = sorted(model.tk_output)
+        arrays = {"nb_ptc": model.nb_ptc, "nb_pc": model.nb_pc, "nb_numfeats": np.int64(model.nb_numfeats),
+                  "nb_classes": np.array(model.nb_classes),
+                  "tk_nextmove": np.frombuffer(model.tk_nextmove.tobytes(), np.uint8),
+                  "tk_nextmove_type": np.array(model.tk_nextmove.typecode),
+                  "tk_output_keys": np.array(keys, np.int64),
+                  "tk_output_lengths": np.array([len(model.tk_output[k]) for k in keys], np.int64),
+                  "tk_output_values": np.array([f for k in keys for f in model.tk_output[k]], np.int64)}
+
+        def write(tmp):
+            with open(tmp, "wb") as f:
+                np.savez(f, **arrays)
+
+        try:
+            os.makedirs(cache, exist_ok=True)
+            atomic_write(path, write)
+        except OSError:
+            pass
+    return (model.nb_ptc, model.nb_pc, model.nb_numfeats, model.nb_classes, model.tk_nextmove, model.tk_output)
 
 
 def language_of(text: str) -> str:

@@ -172,3 +172,37 @@ def test_the_languages_a_config_accepts_are_langids_and_importing_templm_unpacks
             "print(sorted(f._IDENTIFIER), f.FilterConfig(language='de').language)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["[]", "de"]
+
+
+def test_langids_model_is_unpacked_once_into_the_cache_and_read_back_as_langid_unpacks_it(tmp_path, monkeypatch):
+    """Unpacking langid's model string took 1-3 s in every process that filtered a corpus; its arrays go to templm's
+    cache once (an .npz named after the string's digest) and the next process reads them back: the identifier's
+    arguments are langid's own, element for element, from the cache as when first unpacked. A damaged cache file is
+    unpacked again and replaced; a cache that cannot be written still gives the model."""
+    import numpy as np
+    from langid import langid
+
+    from templm.data.filters import _langid_model
+
+    reference = langid.LanguageIdentifier.from_modelstring(langid.model)
+    expected = (reference.nb_ptc, reference.nb_pc, reference.nb_numfeats, list(reference.nb_classes),
+                reference.tk_nextmove, reference.tk_output)
+
+    def same(got):
+        assert got[0].dtype == expected[0].dtype and np.array_equal(got[0], expected[0])
+        assert got[1].dtype == expected[1].dtype and np.array_equal(got[1], expected[1])
+        assert got[2:] == expected[2:]
+
+    monkeypatch.setenv("TEMPLM_CACHE", str(tmp_path / "cache"))
+    same(_langid_model(langid.model))  # unpacked, then written
+    (cached,) = (tmp_path / "cache").iterdir()
+    assert cached.name.startswith("langid-") and cached.suffix == ".npz"
+    written = cached.stat().st_mtime_ns
+    same(_langid_model(langid.model))  # read back
+    assert cached.stat().st_mtime_ns == written
+    cached.write_bytes(b"not an npz")
+    same(_langid_model(langid.model))
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [cached.name] and cached.read_bytes()[:2] == b"PK"
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("TEMPLM_CACHE", str(tmp_path / "file" / "cache"))  # under a file: nothing can be written
+    same(_langid_model(langid.model))
