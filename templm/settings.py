@@ -9,7 +9,7 @@ call of `templm.cli.main` and hands it to `templm.tasks.configure`), so nothing 
 | TEMPLM_EXTRA_IDS | extra_ids | the sentinels seqio appends to it (100, or 0 for a file that holds its own) |
 | TEMPLM_TRAIN_YEARS | train_years | the years the training splits hold ("2010-2018" or "2010,2012") |
 | TEMPLM_CRONQUESTIONS_DIR | cronquestions_dir | CronQuestions records (`templm data cronquestions --out`) |
-| TEMPLM_CACHE | cache_dir | templm's cache: the embedded world's task data, the compilation cache |
+| TEMPLM_CACHE | cache_dir | templm's cache: the embedded world's task data, compiled steps, langid's unpacked model |
 """
 
 from __future__ import annotations
