@@ -13,20 +13,25 @@ DIR` (one column per seed: Logan et al.'s effects on the knowledge-graph LM, the
 the results.json of `templm appendices --seed S --out DIR` (one column per seed: Mind the Gap's appendices). The
 table goes between the page's two marker lines, one column per file: for each finding of the registry
 (templm.metrics.findings) the verdict over the seeds, the mean effect with its 95 % interval and p, and each seed's
-verdict; then the wall time and, under the table, the command, machine and package versions of each column. Below
-it, the streaming half's relative increase, its monthly slope and the gain from dynamic evaluation, each seed's and
-their mean, beside "Mind the Gap"'s values.
+verdict; then the wall time and, under the table, the command, machine and package versions of each column (a
+column's name and command carry the settings its run had that the preset's gin file does not, and its --only and
+--skip). Below it, the streaming half's relative increase, its monthly slope and the gain from dynamic evaluation,
+each seed's and their mean, beside "Mind the Gap"'s values.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
+import shlex
 import sys
-from typing import Any, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Sequence
 
+from templm.errors import ConfigError
+from templm.experiments.studies import load_study
 from templm.io import atomic_write, format_duration
 from templm.metrics import statistics
 from templm.metrics.findings import APPENDICES, BY_NAME, IMPORTANCE_SAMPLING, STUDY, of_half
@@ -78,9 +83,35 @@ def cell(finding: Mapping[str, Any], direction: int = 0) -> str:
     return text
 
 
+def overrides(results: Mapping[str, Any]) -> Dict[str, Any]:
+    """The time-aware settings a run had that its preset's gin file (gin_configs/study/PRESET.gin as it is now)
+    does not: {field: the run's value}, what `--gin.Study.FIELD=VALUE` gave it (or what the preset has changed since
+    the run). {} for a run of the preset as it stands, or of a preset this templm does not ship."""
+    config = _seeds(results)[0].get("config")
+    try:
+        preset = dataclasses.asdict(load_study(str(results.get("preset"))).preset)
+    except ConfigError:
+        return {}
+    if not isinstance(config, dict):
+        return {}
+    as_json = functools.partial(json.dumps, sort_keys=True)
+    return {key: config[key] for key in sorted(preset)
+            if key not in _NOT_NUMBERS and key in config and as_json(config[key]) != as_json(preset[key])}
+
+
+# Settings that leave every number as it is: the preset's name, the ETA's first guess, trainings run side by side.
+_NOT_NUMBERS = ("name", "estimated_steps_per_s", "trainings_at_once")
+
+
+def _gin_value(value: Any) -> str:
+    return repr(tuple(value) if isinstance(value, list) else value)
+
+
 def _column(results: Mapping[str, Any]) -> str:
     seeds = results.get("seeds") or [results.get("seed")]
-    return f"{results.get('preset')}, seed{'s' if len(seeds) > 1 else ''} {','.join(str(s) for s in seeds)}"
+    changed = ", ".join(f"{key}={_gin_value(value)}" for key, value in overrides(results).items())
+    return (f"{results.get('preset')}, seed{'s' if len(seeds) > 1 else ''} {','.join(str(s) for s in seeds)}"
+            + (f" ({changed})" if changed else ""))
 
 
 def _wall(results: Mapping[str, Any]) -> str:
@@ -223,7 +254,13 @@ def table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str], signs: bool
         flag = f"--seeds {','.join(str(s) for s in seeds)}" if len(seeds) > 1 else f"--seed {seeds[0]}"
         timing = r.get("timing") or {}
         machine = (timing.get("machine") or "machine not recorded") + software_text(timing.get("software"), ", with ")
-        lines.append(f"- {_column(r)}: `templm reproduce --preset {r.get('preset')} {flag} --out "
+        bindings = "".join(" " + shlex.quote(f"--gin.Study.{key}={_gin_value(value)}")
+                           for key, value in overrides(r).items())
+        # --only and --skip, as the run recorded them: the reason of each stage they left out
+        left_out = {why for seed in _seeds(r) for why in (seed.get("skipped") or {}).values()
+                    if isinstance(why, str) and why.startswith(("--only ", "--skip "))}
+        bindings = "".join(f" {flag}" for flag in sorted(left_out)) + bindings
+        lines.append(f"- {_column(r)}: `templm reproduce --preset {r.get('preset')} {flag}{bindings} --out "
                      f"{os.path.dirname(source) or '.'}` on {machine}.")
     return "\n".join(lines)
 

@@ -1,6 +1,7 @@
 """tools/readme_tables.py: README's findings table is written from runs' results.json, not typed."""
 
 import copy
+import dataclasses
 import json
 import os
 import sys
@@ -12,6 +13,7 @@ sys.path.insert(0, os.path.join(REPO, "tools"))
 
 import readme_tables  # noqa: E402
 from templm.experiments.reproduce import combine_seeds  # noqa: E402
+from templm.experiments.studies import load_study  # noqa: E402
 
 
 def test_a_cell_holds_the_verdict_the_effect_its_interval_p_and_each_seeds_verdict():
@@ -44,6 +46,7 @@ def test_the_table_of_a_run_over_seeds_replaces_what_is_between_the_markers(tmp_
     row per finding of the registry with the combined numbers, the wall time, and the command that made it."""
     with open(os.path.join(REPO, "tests", "fixtures", "reproduce_results.json"), encoding="utf-8") as f:
         first = json.load(f)
+    first["config"].update(dataclasses.asdict(load_study("smoke").preset))  # the preset as it is now
     second = copy.deepcopy(first)
     second["seed"] = 1
     second["findings"]["streaming_gap"]["effect"] += 0.2
@@ -78,6 +81,32 @@ def test_the_table_of_a_run_over_seeds_replaces_what_is_between_the_markers(tmp_
     assert row.endswith(f"{readme_tables.cell(gap)}; the paper's sign on 1 of 2 |")
 
 
+def test_a_setting_the_run_changed_from_its_preset_is_in_its_column_and_command(tmp_path):
+    """A run made with `--gin.Study.yearly_steps=...` (or before the preset changed) says so in its column's name and
+    in its command; settings that leave the numbers as they are (the ETA's guess, trainings side by side) do not."""
+    with open(os.path.join(REPO, "tests", "fixtures", "reproduce_results.json"), encoding="utf-8") as f:
+        results = json.load(f)
+    preset = dataclasses.asdict(load_study("smoke").preset)
+    results["config"].update(preset, yearly_steps=preset["yearly_steps"] + 7, alphas=[0.25, 0.5],
+                             estimated_steps_per_s=1.5, trainings_at_once=3)
+    results["skipped"] = {"adapt": "--skip adaptation", "streaming": "--only time_aware", "calibration": "no file"}
+    assert readme_tables.overrides(results) == {"alphas": [0.25, 0.5], "yearly_steps": preset["yearly_steps"] + 7}
+    source = tmp_path / "one" / "results.json"
+    source.parent.mkdir()
+    source.write_text(json.dumps(results))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{readme_tables.BEGIN}\n{readme_tables.END}\n")
+    assert readme_tables.main([str(source), "--readme", str(readme)]) == 0
+    name = f"smoke, seed 0 (alphas=(0.25, 0.5), yearly_steps={preset['yearly_steps'] + 7})"
+    text = readme.read_text()
+    assert f"| finding | {name} |" in text
+    assert (f"- {name}: `templm reproduce --preset smoke --seed 0 --only time_aware --skip adaptation "
+            "'--gin.Study.alphas=(0.25, 0.5)' "
+            f"--gin.Study.yearly_steps={preset['yearly_steps'] + 7} --out {source.parent}`") in text
+    results["preset"] = "a_study_of_its_own"  # not one of templm's presets: nothing to compare with
+    assert readme_tables.overrides(results) == {}
+
+
 def test_a_named_block_is_written_between_its_own_markers_and_leaves_the_first_table():
     begin, end = readme_tables.markers("smoke10")
     assert begin != readme_tables.BEGIN and "smoke10" in begin and end == "<!-- readme_tables: end smoke10 -->"
@@ -101,6 +130,7 @@ def test_the_streaming_numbers_beside_the_papers_come_from_each_seeds_stream_run
     perplexities and slope, as the run's results.json holds them; their row shows every seed and the mean."""
     with open(os.path.join(REPO, "tests", "fixtures", "reproduce_results.json"), encoding="utf-8") as f:
         first = json.load(f)
+    first["config"].update(dataclasses.asdict(load_study("smoke").preset))  # the preset as it is now
     second = copy.deepcopy(first)
     ppl = second["extra"]["streaming"]["overall_word_ppl"]
     ppl["time_stratified/static"] = ppl["control/static"] * 1.2
