@@ -147,11 +147,12 @@ def note_sigterm() -> None:
 
 
 @contextlib.contextmanager
-def deferred_signals() -> Iterator[None]:
+def deferred_signals(final: bool = True) -> Iterator[None]:
     """Within it, SIGTERM and Ctrl-C are noted instead of answered, and answered when it ends (the signal sent again
     to the process, so that the handlers outside raise as usual): for the renames that put a result's files in
-    place together (results.json, report.md, figures), which must not stop halfway. `signal_during_commit()` then
-    says the result was complete when the signal was answered. Outside the main thread it defers nothing."""
+    place together (results.json, report.md, figures), which must not stop halfway. With `final` (the command's
+    result, not a part of it such as one seed's folder of a run over seeds) `signal_during_commit()` then says the
+    result was complete when the signal was answered. Outside the main thread it defers nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -164,7 +165,7 @@ def deferred_signals() -> Iterator[None]:
         for s, handler in previous.items():
             signal.signal(s, handler)
         if noted:
-            _SIGINT["during_commit"] = True
+            _SIGINT["during_commit"] = final
             os.kill(os.getpid(), noted[0])
 
 

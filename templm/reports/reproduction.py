@@ -663,16 +663,18 @@ def draw_figures(results: Mapping[str, Any]) -> Dict[str, bytes]:
     return out
 
 
-def write_report(results: Mapping[str, Any], out_dir: str, results_json: bool = False) -> Dict[str, Any]:
+def write_report(results: Mapping[str, Any], out_dir: str, results_json: bool = False,
+                 final: bool = True) -> Dict[str, Any]:
     """Writes report.md and figures/*.png into `out_dir` (beside the experiment's results.json; with `results_json`,
-    results.json too) as one commit (`commit`); returns their paths."""
+    results.json too) as one commit (`commit`; `final`: these files are the command's whole result); returns their
+    paths."""
     fig_dir = storage.join(out_dir, "figures")
     return _commit_report(out_dir, draw_figures(results), markdown(results, fig_dir),
-                          results if results_json else None)
+                          results if results_json else None, final)
 
 
 def _commit_report(out_dir: str, drawn: Mapping[str, bytes], report: str,
-                   results: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+                   results: Optional[Mapping[str, Any]], final: bool = True) -> Dict[str, Any]:
     """figures/NAME.png of `drawn`, report.md and (where `results` is given) results.json put in `out_dir` as one
     commit; returns their paths."""
     paths: Dict[str, Any] = {"figures": {name: storage.join(out_dir, "figures", f"{name}.png") for name in drawn},
@@ -682,17 +684,18 @@ def _commit_report(out_dir: str, drawn: Mapping[str, bytes], report: str,
     if results is not None:
         paths["results"] = storage.join(out_dir, "results.json")
         files[paths["results"]] = json_text(results, sort_keys=True)
-    commit(files)
+    commit(files, final)
     return paths
 
 
-def commit(files: Mapping[str, Any]) -> None:
+def commit(files: Mapping[str, Any], final: bool = True) -> None:
     """Puts a result's files in place together: each written to a temporary name beside its place first (a full
     disk fails here, leaving every earlier file as it was), then all renamed with SIGTERM and Ctrl-C deferred until
-    the last rename (errors.deferred_signals)."""
+    the last rename (errors.deferred_signals). `final`: they are the command's whole result, so a signal answered
+    after them is said to have come once the result was complete; one seed's folder of a run over seeds is not."""
     for path in files:
         storage.makedirs(storage.dirname(path))
-    with deferred_signals():
+    with deferred_signals(final):
         atomic_write_files(files)
 
 
@@ -741,7 +744,9 @@ def write_seeds_report(results: Mapping[str, Any], out_dir: str, results_json: b
     """The report of a run over several seeds: each seed's own report in out_dir/seed_<S>, and out_dir/report.md
     with figures/*.png from `seeds_view` (means with their intervals over the seeds), each folder's files one commit
     (with `results_json`, its results.json too). Returns the paths."""
-    per_seed = {s: write_report(results["per_seed"][str(s)], storage.join(out_dir, f"seed_{s}"), results_json)
+    # A signal while a seed's folder is put in place stops the run before its own results: not a whole result.
+    per_seed = {s: write_report(results["per_seed"][str(s)], storage.join(out_dir, f"seed_{s}"), results_json,
+                                final=False)
                 for s in results["seeds"]}
     view = seeds_view(results)
     title, _, rest = markdown(view).partition("\n\n")
