@@ -668,7 +668,7 @@ def combine(per_seed: Sequence[Mapping[str, Any]], direction: int, alpha: float 
     """One finding over several seeds (per_seed: its result on each seed, in seed order): the verdict from a
     one-sample t-test of the per-seed effects (statistics.combine_seeds), each seed's result under "per_seed"."""
     out = statistics.combine_seeds([dict(r) for r in per_seed], direction=direction, alpha=alpha)
-    if len(per_seed) > 1:
+    if len(per_seed) > 1 and any(r.get("effect") is not None for r in per_seed):  # else the reason it has none
         digits = _digits([r.get("effect") for r in per_seed])
         out["evidence"] = (f"mean of {len(per_seed)} seeds' effects {statistics.describe(out, digits=digits)}; per "
                            "seed: " + ", ".join(f"{_fmt(r.get('effect'), digits)} ({r.get('verdict')})"

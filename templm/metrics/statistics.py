@@ -472,7 +472,8 @@ def combine_seeds(per_seed: Sequence[Mapping[str, Any]], direction: int, alpha: 
     """One finding measured on several seeds: a one-sample t-test over the per-seed effects (`one_sample`), with the
     per-seed results kept, reduced to effect, interval, p_value, n and verdict, under "per_seed". Seeds whose effect
     is None (untested, or not applicable there) are left out and counted in "missing_seeds"; a claim not applicable
-    on every seed is not applicable over them. A single seed's result is returned as it is (plus "per_seed")."""
+    on every seed is not applicable over them, and one tested on no seed (a stage --skip left out) is untested over
+    them, with the first seed's reason. A single seed's result is returned as it is (plus "per_seed")."""
     direction = _check_direction(direction)
     per_seed = list(per_seed)
     if not per_seed:
@@ -482,6 +483,12 @@ def combine_seeds(per_seed: Sequence[Mapping[str, Any]], direction: int, alpha: 
         reason = per_seed[0].get("reason") or "not applicable"
         reason = reason.replace("not applicable: ", "")
         result = not_applicable(per_seed[0].get("test") or "", f"on every seed ({reason})")
+        result["per_seed"] = summaries
+        return result
+    if len(per_seed) > 1 and all(s["effect"] is None for s in summaries):
+        reasons = [r.get("reason") or "not tested" for r in per_seed]
+        reason = reasons[0] if len(set(reasons)) == 1 else f"on no seed (seed 1 of {len(reasons)}: {reasons[0]})"
+        result = untested(per_seed[0].get("test") or "", reason)
         result["per_seed"] = summaries
         return result
     if len(per_seed) == 1:

@@ -495,6 +495,26 @@ def test_seeds_combine_through_their_effects():
     assert "effects -0.0022 [" in slopes["evidence"]
 
 
+def test_a_finding_tested_on_no_seed_says_why_over_the_seeds():
+    """A run over seeds with --skip adaptation (or --only time_aware) combined each untested finding as a mean of
+    no effects ("mean of 3 seeds' effects n/a [n/a, n/a], p=n/a, n=0"); it says the stage was skipped, as each seed
+    does. A claim not applicable on every seed says that, not a mean of nothing."""
+    skipped = judge({}, TIME_AWARE, skipped={"adaptation": "--skip adaptation"})["adaptation"]
+    assert skipped["effect"] is None and skipped["skipped"] == "adaptation"
+    combined = combine([skipped] * 3, BY_NAME["adaptation"].direction)
+    assert combined["verdict"] == "inconclusive" and combined["effect"] is None and combined["n"] == 0
+    assert combined["evidence"] == "not tested: the adaptation stage was skipped (--skip adaptation)"
+    assert combined["test"] == skipped["test"] and len(combined["per_seed"]) == 3
+    other = {**skipped, "reason": "not tested: no TempLAMA"}
+    assert combine([skipped, other], +1)["evidence"] == ("on no seed (seed 1 of 2: not tested: the adaptation stage "
+                                                         "was skipped (--skip adaptation))")
+    flat = {"effect": None, "verdict": "not applicable", "reason": "not applicable: the static slope is not upward",
+            "test": "t-test"}
+    assert combine([flat, flat], -1)["evidence"] == "not applicable: on every seed (the static slope is not upward)"
+    tested = {"effect": 1.5, "verdict": "appears", "test": "t-test"}  # one seed with an effect: the mean of one
+    assert combine([tested, skipped], +1)["evidence"].startswith("mean of 2 seeds' effects +1.50")
+
+
 def test_each_finding_is_json_with_the_evidence_fields():
     for half in HALVES:
         for found in judge({}, half).values():  # nothing to test: every finding says so
