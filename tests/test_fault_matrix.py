@@ -12,7 +12,8 @@ import os
 import pytest
 
 from templm.cli import VERBS
-from templm_testing import REPO, VERB_T5, VERB_TASK_FLAGS, VERB_WORLD_FLAGS, folder_contents, run_templm
+from templm_testing import (REPO, VERB_T5, VERB_TASK_FLAGS, VERB_WORLD_FLAGS, folder_contents, run_templm,
+                            sigterm_at_rename)
 
 # verb -> how its output folder is named on the command line (a function of the folder), or why it has none.
 OUTPUTS = {
@@ -480,37 +481,16 @@ def test_sigterm_while_the_verb_works_is_exit_75_one_line_and_no_result(verb_inp
         assert whole or not [p for p in left if not os.path.basename(p).startswith(".")], left
 
 
-_RENAMED = {"target": None, "fired": False}
-
-
-def _on_rename(event, args):
-    if event == "os.rename" and _RENAMED["target"] is not None and not _RENAMED["fired"] and \
-            os.fspath(args[1]) == _RENAMED["target"]:
-        import signal
-
-        _RENAMED["fired"] = True
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 def test_sigterm_once_the_result_is_written_lets_the_report_finish_and_says_the_result_is_complete(verb_inputs,
                                                                                                      tmp_path):
     """SIGTERM as is-eval's report went into place (its results already written) stopped the verb before its figure
     and said that no result was written; `templm stream` under load printed its whole summary and then said the same
     (tests/experiments/test_streaming.py). Once a verb has written its result (errors.result_in_place) a signal waits
     for the report and the summary: exit 75 as for any stop, the line saying the result is complete."""
-    import sys
-
     out = tmp_path / "out"
-    if not getattr(sys, "_templm_fault_matrix_rename_hook", False):
-        sys.addaudithook(_on_rename)  # for the rest of the process; idle unless a target is set
-        sys._templm_fault_matrix_rename_hook = True
-    _RENAMED.update(target=str(out / "is_eval.md"), fired=False)
-    try:
+    with sigterm_at_rename(out / "is_eval.md") as hook:
         result = run_templm(*[a.replace("{out}", str(out)) for a in _full_disk_cases(verb_inputs)["is-eval"][0]])
-    finally:
-        fired = _RENAMED["fired"]
-        _RENAMED.update(target=None, fired=False)
-    assert fired, "is-eval never put is_eval.md in place"
+    assert hook.fired, "is-eval never put is_eval.md in place"
     assert result.returncode == 75, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == (
         "templm is-eval: stopped by SIGTERM after its results were written; they are complete"), result.stderr[-2000:]

@@ -230,46 +230,29 @@ def test_results_report_and_figures_are_one_commit(results, tmp_path):
         reset_signal_notes()
 
 
-_RENAMED = {"target": None, "fired": False}
-
-
-def _sigterm_on_rename(event, args):
-    if event == "os.rename" and _RENAMED["target"] is not None and not _RENAMED["fired"] and \
-            os.fspath(args[1]) == _RENAMED["target"]:
-        import signal
-
-        _RENAMED["fired"] = True
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 def test_a_signal_while_a_seeds_folder_is_put_in_place_is_not_a_whole_result(results, tmp_path):
     """A run over seeds commits each seed's folder, then the run's own results.json, report and figures. SIGTERM
     while the first seed's report went into place was answered after that folder's commit and said the run's result
     was complete and written whole, though the run's own files were never written. It is answered there, and says
     no result (the run's) was written; the seed's folder is whole."""
     import signal
-    import sys
 
     from templm.errors import Terminated, note_sigterm, reset_signal_notes, signal_during_commit
+    from templm_testing import sigterm_at_rename
 
     other = copy.deepcopy(results)
     other["seed"] = 1
     combined = combine_seeds({"0": results, "1": other})
     combined["timing"] = {"total_s": 100.0, "machine": "test", "per_seed_s": {"0": 50.0, "1": 50.0}}
-    if not getattr(sys, "_templm_report_rename_hook", False):
-        sys.addaudithook(_sigterm_on_rename)  # for the rest of the process; idle unless a target is set
-        sys._templm_report_rename_hook = True
     previous = signal.getsignal(signal.SIGTERM)
     reset_signal_notes()
     note_sigterm()
-    _RENAMED.update(target=str(tmp_path / "seed_0" / "report.md"), fired=False)
     try:
-        with pytest.raises(Terminated):
+        with sigterm_at_rename(tmp_path / "seed_0" / "report.md") as hook, pytest.raises(Terminated):
             report.write_seeds_report(combined, str(tmp_path), results_json=True)
-        assert _RENAMED["fired"]
+        assert hook.fired
         assert not signal_during_commit()  # the command line says: no result was written
     finally:
-        _RENAMED.update(target=None)
         signal.signal(signal.SIGTERM, previous)
         reset_signal_notes()
     assert sorted(os.listdir(tmp_path)) == ["seed_0"]  # not the run's results, report or figures, nor seed 1's

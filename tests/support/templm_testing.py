@@ -242,6 +242,38 @@ def run_templm_stopped(when, *args, sig=None, timeout=300, **kwargs):
     return result
 
 
+_RENAMED = {"target": None, "fired": False}
+
+
+def _sigterm_on_rename(event, args):
+    if event == "os.rename" and _RENAMED["target"] is not None and not _RENAMED["fired"] and \
+            os.fspath(args[1]) == _RENAMED["target"]:
+        import signal
+
+        _RENAMED["fired"] = True
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+class sigterm_at_rename:
+    """Within it, this process sends itself SIGTERM the first time a file is renamed to `target` (an audit hook,
+    installed once for the rest of the process and idle outside the block); `.fired` says whether it did."""
+
+    def __init__(self, target):
+        self.target, self.fired = str(target), False
+
+    def __enter__(self):
+        if not getattr(sys, "_templm_rename_hook", False):
+            sys.addaudithook(_sigterm_on_rename)
+            sys._templm_rename_hook = True
+        _RENAMED.update(target=self.target, fired=False)
+        return self
+
+    def __exit__(self, *exc):
+        self.fired = _RENAMED["fired"]
+        _RENAMED.update(target=None, fired=False)
+        return False
+
+
 def wait_for_path(path, proc, timeout=240, poll=0.01):
     """Returns once `path` exists while `proc` (a Popen with stderr piped) runs; an AssertionError if the process
     ends first (with its error output) or the path does not appear in `timeout` seconds (the process is killed)."""
