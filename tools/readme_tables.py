@@ -104,6 +104,10 @@ _NOT_NUMBERS = ("name", "estimated_steps_per_s", "trainings_at_once")
 
 
 def _gin_value(value: Any) -> str:
+    """A setting as gin reads it: a tuple for a JSON list, a dict for a list of (name, value) pairs (Study.model)."""
+    if isinstance(value, list) and value and all(isinstance(v, list) and len(v) == 2 and isinstance(v[0], str)
+                                                 for v in value):
+        return repr({k: v for k, v in value})
     return repr(tuple(value) if isinstance(value, list) else value)
 
 

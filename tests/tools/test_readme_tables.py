@@ -103,6 +103,7 @@ def test_a_setting_the_run_changed_from_its_preset_is_in_its_column_and_command(
     assert (f"- {name}: `templm reproduce --preset smoke --seed 0 --only time_aware --skip adaptation "
             "'--gin.Study.alphas=(0.25, 0.5)' "
             f"--gin.Study.yearly_steps={preset['yearly_steps'] + 7} --out {source.parent}`") in text
+    assert readme_tables._gin_value([["num_heads", 2], ["emb_dim", 32]]) == "{'num_heads': 2, 'emb_dim': 32}"
     results["preset"] = "a_study_of_its_own"  # not one of templm's presets: nothing to compare with
     assert readme_tables.overrides(results) == {}
 
