@@ -131,7 +131,6 @@ def test_the_streaming_numbers_beside_the_papers_come_from_each_seeds_stream_run
     perplexities and slope, as the run's results.json holds them; their row shows every seed and the mean."""
     with open(os.path.join(REPO, "tests", "fixtures", "reproduce_results.json"), encoding="utf-8") as f:
         first = json.load(f)
-    first["config"].update(dataclasses.asdict(load_study("smoke").preset))  # the preset as it is now
     second = copy.deepcopy(first)
     ppl = second["extra"]["streaming"]["overall_word_ppl"]
     ppl["time_stratified/static"] = ppl["control/static"] * 1.2
