@@ -111,11 +111,12 @@ def _gin_value(value: Any) -> str:
     return repr(tuple(value) if isinstance(value, list) else value)
 
 
-def _column(results: Mapping[str, Any]) -> str:
+def _column(results: Mapping[str, Any], changed: Mapping[str, Any]) -> str:
+    """A column's name: the preset, the seeds and the settings `changed` from the preset (`overrides`)."""
     seeds = results.get("seeds") or [results.get("seed")]
-    changed = ", ".join(f"{key}={_gin_value(value)}" for key, value in overrides(results).items())
+    settings = ", ".join(f"{key}={_gin_value(value)}" for key, value in changed.items())
     return (f"{results.get('preset')}, seed{'s' if len(seeds) > 1 else ''} {','.join(str(s) for s in seeds)}"
-            + (f" ({changed})" if changed else ""))
+            + (f" ({settings})" if settings else ""))
 
 
 def _wall(results: Mapping[str, Any]) -> str:
@@ -236,7 +237,9 @@ def table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str], signs: bool
     """The Markdown between the page's markers: the table, then the streaming numbers beside the paper's, then how
     each column was made. `signs`: each finding's cell says on how many seeds its effect has the claim's sign."""
     names = [f.name for f in STUDY if all(f.name in (r.get("findings") or {}) for r in runs)]
-    lines = ["| finding | " + " | ".join(_column(r) for r in runs) + " |",
+    changed = [overrides(r) for r in runs]  # each reads the preset's gin file: once a run
+    columns = [_column(r, c) for r, c in zip(runs, changed)]
+    lines = ["| finding | " + " | ".join(columns) + " |",
              "|---|" + "---|" * len(runs)]
     for name in names:
         lines.append(f"| `{name}`: {BY_NAME[name].claim} | "
@@ -245,7 +248,7 @@ def table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str], signs: bool
     lines.append("| wall time | " + " | ".join(_wall(r) for r in runs) + " |")
     lines.append("")
     numbers = [streaming_numbers(r, source) for r, source in zip(runs, sources)]
-    lines.append("| the streaming half beside the paper | " + " | ".join(_column(r) for r in runs)
+    lines.append("| the streaming half beside the paper | " + " | ".join(columns)
                  + " | Mind the Gap |")
     lines.append("|---|" + "---|" * (len(runs) + 1))
     for name, label in STREAMING_ROWS:
@@ -253,18 +256,17 @@ def table(runs: Sequence[Mapping[str, Any]], sources: Sequence[str], signs: bool
         cells = [_percent(n[name], digits, _pooled(n) if name == "gap_closed" else None) for n in numbers]
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {PAPER_STREAMING[name]} |")
     lines.append("")
-    for r, source in zip(runs, sources):
+    for r, source, column, settings in zip(runs, sources, columns, changed):
         seeds = r.get("seeds") or [r.get("seed")]
         flag = f"--seeds {','.join(str(s) for s in seeds)}" if len(seeds) > 1 else f"--seed {seeds[0]}"
         timing = r.get("timing") or {}
         machine = (timing.get("machine") or "machine not recorded") + software_text(timing.get("software"), ", with ")
-        bindings = "".join(" " + shlex.quote(f"--gin.Study.{key}={_gin_value(value)}")
-                           for key, value in overrides(r).items())
-        # --only and --skip, as the run recorded them: the reason of each stage they left out
+        # --only and --skip, as the run recorded them (the reason of each stage they left out), then the settings
         left_out = {why for seed in _seeds(r) for why in (seed.get("skipped") or {}).values()
                     if isinstance(why, str) and why.startswith(("--only ", "--skip "))}
-        bindings = "".join(f" {flag}" for flag in sorted(left_out)) + bindings
-        lines.append(f"- {_column(r)}: `templm reproduce --preset {r.get('preset')} {flag}{bindings} --out "
+        bindings = "".join(f" {choice}" for choice in sorted(left_out)) + "".join(
+            " " + shlex.quote(f"--gin.Study.{key}={_gin_value(value)}") for key, value in settings.items())
+        lines.append(f"- {column}: `templm reproduce --preset {r.get('preset')} {flag}{bindings} --out "
                      f"{os.path.dirname(source) or '.'}` on {machine}.")
     return "\n".join(lines)
 
