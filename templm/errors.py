@@ -156,6 +156,7 @@ def deferred_signals(final: bool = True) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    check_interrupted()  # a signal whose exception was dropped earlier: the result is not put in place
     noted: list = []
     previous = {s: signal.signal(s, lambda received, _: noted.append(received))
                 for s in (signal.SIGINT, signal.SIGTERM)}
@@ -176,6 +177,7 @@ def result_in_place() -> None:
     (`signal_after_result`). Outside the main thread it changes nothing."""
     if threading.current_thread() is not threading.main_thread():
         return
+    _SIGINT["in_place"] = True
 
     def note(received, _):
         _SIGINT.setdefault("after_result", received)
@@ -185,8 +187,14 @@ def result_in_place() -> None:
 
 
 def signal_after_result() -> Optional[int]:
-    """The first signal noted after `result_in_place`, or None."""
-    return _SIGINT.get("after_result")
+    """The first signal noted after `result_in_place`, or None; or, once the result is in place, a signal whose
+    exception was dropped (raised in a finaliser, where Python prints and drops it) after the verb's last
+    `check_interrupted` before it wrote the result: the work went on and the result is complete."""
+    if _SIGINT.get("after_result") is not None or not _SIGINT.get("in_place"):
+        return _SIGINT.get("after_result")
+    if _SIGINT["received"]:
+        return signal.SIGINT
+    return signal.SIGTERM if _SIGINT.get("terminated") else None
 
 
 def signal_during_commit() -> bool:

@@ -418,6 +418,37 @@ def test_a_full_disk_while_data_tasks_writes_records_or_the_vocabulary_is_exit_4
         assert _no_leftovers(out)
 
 
+IS_EVAL = ("is-eval", "--seed=1", "--ks=1,4", "--temperatures=0.5", "--repeats=2", "--num_docs=3", "--doc_length=8")
+
+
+@pytest.mark.parametrize("stop,when", [("SIGTERM", "work"), ("SIGINT", "work"), ("SIGTERM", "result")])
+def test_a_signal_whose_exception_was_dropped_writes_no_result_or_says_the_result_is_complete(tmp_path, stop, when):
+    """A signal that lands in a finaliser raises its exception there, and Python drops it: the work goes on. stream
+    (seen in the suite), is-eval, calm, appendices and infer then wrote their result and printed their summary, and
+    the command ended with "no result was written: run the same command again". The verbs now look for such a
+    signal before they write their result: none is written. One dropped while the result is being put in place (the
+    rename of is_eval.json) is answered as a signal after it: the result is complete, and the line says so."""
+    import signal
+
+    from templm_testing import signal_dropped_at
+
+    out = tmp_path / "is"
+    where = {"made": out} if when == "work" else {"renamed": out / "is_eval.json"}
+    with signal_dropped_at(getattr(signal, stop), **where) as dropped:
+        result = templm(*IS_EVAL, f"--out={out}")
+    assert dropped.fired
+    stopped = "interrupted" if stop == "SIGINT" else "stopped by SIGTERM"
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == (130 if stop == "SIGINT" else 75), result.stderr[-2000:]
+    if when == "work":
+        assert last.startswith(f"templm is-eval: {stopped}; nothing half-written was left"), last
+        assert result.stdout == "" and not (out / "is_eval.json").exists()
+    else:
+        assert last == f"templm is-eval: {stopped} after its results were written; they are complete"
+        assert result.stdout == (out / "is_eval.md").read_text(encoding="utf-8") + "\n"  # the whole summary
+        assert sorted(os.listdir(out)) == [".templm.json", "is_eval.json", "is_eval.md", "is_eval.png"]
+
+
 @pytest.mark.parametrize("verb", ["tasks", "world"])
 @pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
 def test_ctrl_c_or_sigterm_stops_a_data_verb_with_its_status_and_removes_the_partial_folder(tmp_path, stop, verb):

@@ -11,7 +11,7 @@ from absl import flags
 from templm import console, paths
 from templm.cli.options import (FLAGS, STATE, bound_value, bounds, configure_tasks, define_distributed,
                                 join_processes, writable_folder)
-from templm.errors import ConfigError, loads_json, require_numbers, result_in_place
+from templm.errors import ConfigError, check_interrupted, loads_json, require_numbers, result_in_place
 from templm.outputs import holding
 
 
@@ -306,6 +306,7 @@ def main_infer():
     rows, texts = read_inference_inputs(FLAGS.input, FLAGS.regime)
     configure_tasks()
     predictions = infer_checkpoint(texts, method=FLAGS.method)
+    check_interrupted()  # a signal whose exception was dropped during the work: no result is written
     paths.makedirs(paths.dirname(paths.absolute(FLAGS.output)))
     atomic_write(FLAGS.output, "".join(
         json.dumps({**row, "model_inputs": text, "prediction": prediction}, ensure_ascii=False) + "\n"

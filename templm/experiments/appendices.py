@@ -31,6 +31,7 @@ from templm.data.readers import Corpus, read_documents
 from templm.data.splits import distance_splits, read_split_file
 from templm.data.vocab import train_spm
 from templm.data.world import generate_world
+from templm.errors import check_interrupted
 from templm.experiments.streaming import (DynamicEvalConfig, StreamAnalyses, StreamData, prepare_preset_data,
                                          run_stream_experiment, stream_evaluation, stream_preset, train_preset_lm)
 from templm.experiments.studies import StreamPreset, world_config
@@ -173,5 +174,6 @@ def run_appendices(out_dir: str, which: Sequence[str] = WHICH, preset: Union[str
         results["distance"] = run_increasing_distance(paths.join(out_dir, "distance"), p, seed, gaps, corpus, mesh)
     results["findings"] = judge(results, APPENDICES)
     results["config"]["seconds"] = round(time.time() - started, 1)
+    check_interrupted()  # a signal whose exception was dropped during the work: no result is written
     write_json(paths.join(out_dir, "results.json"), results)
     return results

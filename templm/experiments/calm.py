@@ -57,7 +57,7 @@ from templm.data.calm_log import LossLogger, read_loss_log
 from templm.data.calm_stream import CALM, check_segment_law, class_wraps, switch_points
 from templm.evaluation.calm_online import RULES, init_params, make_learner, pretrain, run_online, txl_config_for
 from templm.evaluation.dynamic_eval import adapt_mask, collect_ms
-from templm.errors import ConfigError, require_field_types
+from templm.errors import ConfigError, check_interrupted, require_field_types
 from templm.io import format_duration, write_json
 from templm.metrics.calm import BURN_IN_SEGMENTS, MIN_SEGMENTS, compute_metrics
 from templm.models.transformer_xl import TransformerXL
@@ -274,6 +274,7 @@ def run_calm(out_dir: Optional[str] = None, stream: CalmStreamConfig = CalmStrea
         "files": paths,
     }
     results["timing"]["total_s"] = time.time() - t0
+    check_interrupted()  # a signal whose exception was dropped during the work: no result is written
     write_json(paths["results.json"], results)
     console.say(f"CALM: wrote {', '.join(paths.values())} in {format_duration(results['timing']['total_s'])}")
     return results

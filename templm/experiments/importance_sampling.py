@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from templm import console, paths
-from templm.errors import require_memory
+from templm.errors import check_interrupted, require_memory
 from templm.data import linked_mentions as lm
 from templm.data.world import WorldConfig, generate_world
 from templm.evaluation.latent_lm_perplexity import exact_log_marginals, sample_token_log_weights, truncate_documents
@@ -164,6 +164,7 @@ def run_is_eval(out_dir: str, seed: int = 0, *, ks: Sequence[int] = tuple(2 ** i
                         f"ETA {format_duration(timing['eta_sec'])}")
 
     config["seconds"] = round(time.time() - start, 3)
+    check_interrupted()  # a signal whose exception was dropped during the work: no result is written
     path = write_json(paths.join(out_dir, "is_eval.json"), {"config": config, "rows": rows})
     console.say(f"is-eval: wrote {path} in {format_duration(time.time() - start)}")
     return {"config": config, "rows": rows, "files": {"json": path}}
@@ -350,6 +351,7 @@ def run_latent_is_eval(out_dir: str, seed: int = 0, *, world_dir: Optional[str] 
     }
     results["findings"] = judge(results, IMPORTANCE_SAMPLING)
     results["config"]["seconds"] = round(time.time() - start, 3)
+    check_interrupted()
     path = write_json(paths.join(out_dir, "is_eval.json"), results)
     say(f"is-eval: wrote {path} in {format_duration(time.time() - start)}")
     return {**results, "files": {"json": path}}

@@ -48,7 +48,8 @@ from templm.data.splits import UnsplittableCorpus, check_split_ids, make_splits,
 from templm.data.token_stream import TokenStream, build_stream, word_counts
 from templm.data.vocab import train_spm
 from templm.data.world import WorldConfig, generate_world
-from templm.errors import ConfigError, DataError, StageSkipped, require_field_types, require_macros, require_numbers
+from templm.errors import (ConfigError, DataError, StageSkipped, check_interrupted, require_field_types, require_macros,
+                           require_numbers)
 from templm.evaluation import dynamic_eval
 from templm.evaluation.stream_eval import evaluate_stream
 from templm.experiments.studies import StreamPreset, load_study, study_names, world_config
@@ -419,6 +420,7 @@ def stream_evaluation(out_dir: str = gin.REQUIRED, time_stratified_dir: str = gi
         results["tokenizer_comparison"] = comparison
     results["timings_sec"] = {**timings, "total": time.time() - started}
     path = paths.join(out_dir, "results.json")
+    check_interrupted()  # a signal whose exception was dropped during the work: no result is written
     if partitioning.is_lead():  # a multi-host run: every process evaluated alike, process 0 writes
         claim_output_folder(out_dir, STREAM_EVALUATION, overwrite)  # created and marked now that there are results
         write_json(path, results)

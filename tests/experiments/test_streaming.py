@@ -106,7 +106,7 @@ def test_a_signal_during_dynamic_evaluation_is_one_line_and_no_crash(runs, tmp_p
         assert json.loads(out)["files"]["report.md"] == str(tmp_path / "out" / "report.md")
         assert (tmp_path / "out" / "results.json").exists() and (tmp_path / "out" / "report.md").exists()
     else:
-        assert out == "" and not (tmp_path / "out" / "results.json").exists()
+        assert out == "" and not (tmp_path / "out" / "results.json").exists(), last
 
 
 @pytest.mark.e2e

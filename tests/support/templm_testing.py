@@ -274,6 +274,55 @@ class sigterm_at_rename:
         return False
 
 
+class signal_dropped_at:
+    """Within it, this process sends itself `signum` from inside a garbage-collection callback, where the handler's
+    exception (KeyboardInterrupt, Terminated) is printed and dropped as in a finaliser, as a signal that lands in one
+    is in a real run: the first time a folder is made at `made` (the work has begun), or a file renamed to `renamed`
+    (its result is being put in place). An audit hook, installed once for the rest of the process and idle outside
+    the block; `.fired` says whether it did."""
+
+    def __init__(self, signum, made=None, renamed=None):
+        self.signum, self.made, self.renamed, self.fired = signum, made and str(made), renamed and str(renamed), False
+
+    def __enter__(self):
+        import gc
+
+        if not getattr(sys, "_templm_drop_hook", False):
+            sys.addaudithook(_drop_on_event)
+            gc.callbacks.append(_drop_in_collection)
+            sys._templm_drop_hook = True
+        _DROP.update(watch=self, due=False)
+        return self
+
+    def __exit__(self, *exc):
+        _DROP.update(watch=None, due=False)
+        return False
+
+
+_DROP = {"watch": None, "due": False}
+
+
+def _drop_on_event(event, args):
+    watch = _DROP["watch"]
+    if watch is None or watch.fired or _DROP["due"]:
+        return
+    if (event == "os.mkdir" and watch.made == os.fspath(args[0])) or \
+            (event == "os.rename" and watch.renamed == os.fspath(args[1])):
+        import gc
+
+        _DROP["due"] = True
+        gc.collect()  # the callback sends the signal now, before the rename or after the folder is made
+
+
+def _drop_in_collection(phase, info):
+    watch = _DROP["watch"]
+    if phase == "start" and watch is not None and _DROP["due"] and not watch.fired:
+        watch.fired = True
+        os.kill(os.getpid(), watch.signum)
+        for _ in range(1000):  # Python runs the handler at a jump of this loop: its exception ends the callback
+            pass
+
+
 def wait_for_path(path, proc, timeout=240, poll=0.01):
     """Returns once `path` exists while `proc` (a Popen with stderr piped) runs; an AssertionError if the process
     ends first (with its error output) or the path does not appear in `timeout` seconds (the process is killed)."""
