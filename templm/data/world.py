@@ -95,6 +95,10 @@ class WorldConfig:
     # Persons' given names: 0, each a word of its own; N, drawn from a stock of N given names shared by all persons
     # (as in real news, where a new person's given name is seldom a new word; the family name stays their own).
     given_names: int = 0
+    # How much more often a fact is told while it is news (its first CHANGE_DAYS days) than later on: the weight of
+    # such a fact among the valid facts a sentence states, the others' 1. Higher, more of the news is about what has
+    # just changed and less about what has lasted.
+    change_news_weight: float = 8.0
 
     def __post_init__(self):
         require_field_types(self, "templm.WorldConfig")  # a quoted number or an infinity from gin, named
@@ -116,6 +120,9 @@ class WorldConfig:
             raise ValueError(f"bursts_per_year must be at least 0, got {self.bursts_per_year}")
         if self.burst_names not in BURST_NAMES:
             raise ValueError(f"burst_names must be one of {', '.join(map(repr, BURST_NAMES))}, got {self.burst_names!r}")
+        if not 1.0 <= self.change_news_weight <= 1000.0:
+            raise ValueError(f"change_news_weight must be from 1 to 1000 (1: a fact is told as often when it is news "
+                             f"as later), got {self.change_news_weight}")
         if self.given_names < 0:
             raise ValueError(f"given_names must be at least 0 (0: each person's given name a word of its own), got "
                              f"{self.given_names}")
@@ -538,7 +545,8 @@ class _Builder:
         valid = [(i, f) for i, f in active if f.valid_on(date)
                  and entity[f.subject].first_date <= date and entity[f.object].first_date <= date]
         # Facts that began in the last CHANGE_DAYS days are news: drawn far more often (a burst of coverage).
-        weights = [8.0 if f.start is not None and 0 <= (date - f.start).days <= CHANGE_DAYS else 1.0 for _, f in valid]
+        weights = [config.change_news_weight if f.start is not None and 0 <= (date - f.start).days <= CHANGE_DAYS
+                   else 1.0 for _, f in valid]
         live_bursts = [b for b in live_bursts if 0 <= (date - b.first_date).days <= BURST_DAYS]
         words = [w for w in words if w.first_date <= date <= w.last_date]
         word_weights = [3.0 if (date - w.first_date).days <= 30 else 1.0 for w in words]

@@ -34,7 +34,8 @@ _AT_LEAST_ONE = frozenset({"vocab_size", "steps", "yearly_steps", "adapt_steps",
                            "retrain_eval_points", "inputs_length", "targets_length", "batch_size", "eval_batch_size",
                            "max_gap", "calibration_years", "docs_per_month", "subjects_per_relation",
                            "test_docs_per_month", "train_steps", "test_months", "min_test_count", "n_topics",
-                           "train_count_documents", "ms_segments", "pad_vocab_to", "trainings_at_once"})
+                           "train_count_documents", "ms_segments", "pad_vocab_to", "trainings_at_once",
+                           "change_news_weight"})
 # Numeric fields that are shares, from 0 to 1: the world's settings a half binds, and the study's own.
 _SHARES = frozenset({"heldout_fraction", "dropout_rate", *WORLD_SHARES})
 
@@ -112,6 +113,7 @@ class Preset:
     bursts_per_year: int = 2
     burst_background_share: float = 0.0
     later_year_share: float = 0.0  # the world's year phrases that name a later year (WorldConfig's field)
+    change_news_weight: float = 8.0  # how much more often a fact is told in its first days than later (WorldConfig's)
 
     def __post_init__(self):
         require_field_types(self, "templm.Study")

@@ -70,6 +70,7 @@ def test_a_study_file_with_an_unknown_or_missing_field_is_one_message(tmp_path):
                ("Study.pretrain_snapshot = 'True'", r"templm.Study.pretrain_snapshot: expected True or False"),
                *((f"{share} = 1.5", rf"templm.{share}: must be at most 1, got 1.5") for share in shares),
                ("Study.bursts_per_year = -2", r"templm.Study.bursts_per_year"),
+               ("Study.change_news_weight = 0.5", r"templm.Study.change_news_weight: must be at least 1, got 0.5"),
                ("StreamStudy.burst_names = 'cities'",
                 r"templm.StreamStudy.burst_names: expected one of 'coined', 'places', got 'cities'"),
                ("StreamStudy.given_names = -3", r"templm.StreamStudy.given_names")]
@@ -83,7 +84,7 @@ def test_each_half_draws_its_world_with_its_own_mechanisms():
     from templm.data.world import WorldConfig
     from templm.experiments.studies import world_config
 
-    study = load_study("smoke", {"Study": {"bursts_per_year": 3},
+    study = load_study("smoke", {"Study": {"bursts_per_year": 3, "change_news_weight": 20.0},
                                  "StreamStudy": {"emerging_share": 0.1, "burst_sentence_share": 0.05,
                                                  "burst_names": "places", "given_names": 12}})
     t5, stream = world_config(study.preset, 7), world_config(study.stream, 7)
@@ -94,6 +95,7 @@ def test_each_half_draws_its_world_with_its_own_mechanisms():
         (7, default.bursts_per_year, 0.1, 0.05)
     assert (t5.burst_names, t5.given_names, stream.burst_names, stream.given_names) == \
         (default.burst_names, default.given_names, "places", 12)
+    assert (t5.change_news_weight, stream.change_news_weight) == (20.0, default.change_news_weight)
 
 
 def test_the_larger_model_changes_sizes_of_the_model_and_nothing_else(tmp_path):
