@@ -430,11 +430,11 @@ def test_a_signal_whose_exception_was_dropped_writes_no_result_or_says_the_resul
     rename of is_eval.json) is answered as a signal after it: the result is complete, and the line says so."""
     import signal
 
-    from templm_testing import signal_dropped_at
+    from templm_testing import signal_at
 
     out = tmp_path / "is"
     where = {"made": out} if when == "work" else {"renamed": out / "is_eval.json"}
-    with signal_dropped_at(getattr(signal, stop), **where) as dropped:
+    with signal_at(getattr(signal, stop), dropped=True, **where) as dropped:
         result = templm(*IS_EVAL, f"--out={out}")
     assert dropped.fired
     stopped = "interrupted" if stop == "SIGINT" else "stopped by SIGTERM"

@@ -13,7 +13,7 @@ import pytest
 
 from templm.cli import VERBS
 from templm_testing import (REPO, VERB_T5, VERB_TASK_FLAGS, VERB_WORLD_FLAGS, folder_contents, run_templm,
-                            sigterm_at_rename)
+                            signal_at)
 
 # verb -> how its output folder is named on the command line (a function of the folder), or why it has none.
 OUTPUTS = {
@@ -487,8 +487,10 @@ def test_sigterm_once_the_result_is_written_lets_the_report_finish_and_says_the_
     and said that no result was written; `templm stream` under load printed its whole summary and then said the same
     (tests/experiments/test_streaming.py). Once a verb has written its result (errors.result_in_place) a signal waits
     for the report and the summary: exit 75 as for any stop, the line saying the result is complete."""
+    import signal
+
     out = tmp_path / "out"
-    with sigterm_at_rename(out / "is_eval.md") as hook:
+    with signal_at(signal.SIGTERM, renamed=out / "is_eval.md") as hook:
         result = run_templm(*[a.replace("{out}", str(out)) for a in _full_disk_cases(verb_inputs)["is-eval"][0]])
     assert hook.fired, "is-eval never put is_eval.md in place"
     assert result.returncode == 75, result.stderr[-2000:]

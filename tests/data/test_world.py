@@ -316,13 +316,13 @@ def test_a_fact_is_told_change_news_weight_times_as_often_while_it_is_news(tmp_p
         generate_world(WorldConfig(seed=5, start_year=2014, end_year=2016, subjects_per_relation=6,
                                    docs_per_month=40, change_news_weight=weight), out)
         facts = load_world(out)["facts"]
+        with open(os.path.join(out, "mentions.jsonl"), encoding="utf-8") as f:
+            mentions = [json.loads(line) for line in f]
         fresh = old = 0
-        for doc, mention in zip(JsonlReader(os.path.join(out, "news.jsonl")),
-                                map(json.loads, open(os.path.join(out, "mentions.jsonl"), encoding="utf-8"))):
-            date = doc.date
+        for doc, mention in zip(JsonlReader(os.path.join(out, "news.jsonl")), mentions):
             for i in mention["facts"]:
                 start = facts[i].start
-                if start is not None and 0 <= (date - start).days <= 60:
+                if start is not None and 0 <= (doc.date - start).days <= 60:
                     fresh += 1
                 else:
                     old += 1

@@ -238,7 +238,7 @@ def test_a_signal_while_a_seeds_folder_is_put_in_place_is_not_a_whole_result(res
     import signal
 
     from templm.errors import Terminated, note_sigterm, reset_signal_notes, signal_during_commit
-    from templm_testing import sigterm_at_rename
+    from templm_testing import signal_at
 
     other = copy.deepcopy(results)
     other["seed"] = 1
@@ -248,7 +248,7 @@ def test_a_signal_while_a_seeds_folder_is_put_in_place_is_not_a_whole_result(res
     reset_signal_notes()
     note_sigterm()
     try:
-        with sigterm_at_rename(tmp_path / "seed_0" / "report.md") as hook, pytest.raises(Terminated):
+        with signal_at(signal.SIGTERM, renamed=tmp_path / "seed_0" / "report.md") as hook, pytest.raises(Terminated):
             report.write_seeds_report(combined, str(tmp_path), results_json=True)
         assert hook.fired
         assert not signal_during_commit()  # the command line says: no result was written

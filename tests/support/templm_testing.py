@@ -242,81 +242,55 @@ def run_templm_stopped(when, *args, sig=None, timeout=300, **kwargs):
     return result
 
 
-_RENAMED = {"target": None, "fired": False}
+class signal_at:
+    """Within it, this process sends itself `signum` the first time a folder is made at `made` (the work has begun)
+    or a file renamed to `renamed` (its result is being put in place): an audit hook, installed once for the rest of
+    the process and idle outside the block. With `dropped`, the signal is sent from inside a garbage-collection
+    callback, where the handler's exception (KeyboardInterrupt, Terminated) is printed and dropped, as in a real run a
+    signal that lands in a finaliser. `.fired` says whether it was sent."""
 
-
-def _sigterm_on_rename(event, args):
-    if event == "os.rename" and _RENAMED["target"] is not None and not _RENAMED["fired"] and \
-            os.fspath(args[1]) == _RENAMED["target"]:
-        import signal
-
-        _RENAMED["fired"] = True
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-class sigterm_at_rename:
-    """Within it, this process sends itself SIGTERM the first time a file is renamed to `target` (an audit hook,
-    installed once for the rest of the process and idle outside the block); `.fired` says whether it did."""
-
-    def __init__(self, target):
-        self.target, self.fired = str(target), False
-
-    def __enter__(self):
-        if not getattr(sys, "_templm_rename_hook", False):
-            sys.addaudithook(_sigterm_on_rename)
-            sys._templm_rename_hook = True
-        _RENAMED.update(target=self.target, fired=False)
-        return self
-
-    def __exit__(self, *exc):
-        self.fired = _RENAMED["fired"]
-        _RENAMED.update(target=None, fired=False)
-        return False
-
-
-class signal_dropped_at:
-    """Within it, this process sends itself `signum` from inside a garbage-collection callback, where the handler's
-    exception (KeyboardInterrupt, Terminated) is printed and dropped as in a finaliser, as a signal that lands in one
-    is in a real run: the first time a folder is made at `made` (the work has begun), or a file renamed to `renamed`
-    (its result is being put in place). An audit hook, installed once for the rest of the process and idle outside
-    the block; `.fired` says whether it did."""
-
-    def __init__(self, signum, made=None, renamed=None):
-        self.signum, self.made, self.renamed, self.fired = signum, made and str(made), renamed and str(renamed), False
+    def __init__(self, signum, made=None, renamed=None, dropped=False):
+        self.signum, self.dropped = signum, dropped
+        self.made, self.renamed = made and str(made), renamed and str(renamed)
+        self.fired = self.due = False
 
     def __enter__(self):
         import gc
 
-        if not getattr(sys, "_templm_drop_hook", False):
-            sys.addaudithook(_drop_on_event)
-            gc.callbacks.append(_drop_in_collection)
-            sys._templm_drop_hook = True
-        _DROP.update(watch=self, due=False)
+        if not getattr(sys, "_templm_signal_hook", False):
+            sys.addaudithook(_signal_on_event)
+            gc.callbacks.append(_signal_in_collection)
+            sys._templm_signal_hook = True
+        _WATCH["watch"] = self
         return self
 
     def __exit__(self, *exc):
-        _DROP.update(watch=None, due=False)
+        _WATCH["watch"] = None
         return False
 
 
-_DROP = {"watch": None, "due": False}
+_WATCH = {"watch": None}
 
 
-def _drop_on_event(event, args):
-    watch = _DROP["watch"]
-    if watch is None or watch.fired or _DROP["due"]:
+def _signal_on_event(event, args):
+    watch = _WATCH["watch"]
+    if watch is None or watch.fired or watch.due:
         return
     if (event == "os.mkdir" and watch.made == os.fspath(args[0])) or \
             (event == "os.rename" and watch.renamed == os.fspath(args[1])):
-        import gc
+        if watch.dropped:
+            import gc
 
-        _DROP["due"] = True
-        gc.collect()  # the callback sends the signal now, before the rename or after the folder is made
+            watch.due = True
+            gc.collect()  # the callback sends the signal now, before the rename or after the folder is made
+        else:
+            watch.fired = True
+            os.kill(os.getpid(), watch.signum)
 
 
-def _drop_in_collection(phase, info):
-    watch = _DROP["watch"]
-    if phase == "start" and watch is not None and _DROP["due"] and not watch.fired:
+def _signal_in_collection(phase, info):
+    watch = _WATCH["watch"]
+    if phase == "start" and watch is not None and watch.due and not watch.fired:
         watch.fired = True
         os.kill(os.getpid(), watch.signum)
         for _ in range(1000):  # Python runs the handler at a jump of this loop: its exception ends the callback
